@@ -1,0 +1,139 @@
+//! Agents: an id, instructions, tools and limits. `#[agent]` implements [`Agent`].
+
+use std::{fmt, sync::Arc};
+
+use crate::{Model, Tool, ToolSet};
+
+/// Default `max_steps`: model responses per turn before the run ends with
+/// [`RunStatus::MaxSteps`](crate::RunStatus::MaxSteps).
+pub const DEFAULT_MAX_STEPS: usize = 8;
+/// Default `max_tool_concurrency`: calls of one batch running at once.
+pub const DEFAULT_MAX_TOOL_CONCURRENCY: usize = 8;
+/// Default `max_tool_result_tokens`: the cap on a result as it enters the transcript.
+pub const DEFAULT_MAX_TOOL_RESULT_TOKENS: usize = 8000;
+
+/// Something that declares an agent. `#[agent]` implements it for a unit struct; an
+/// [`AgentDef`] implements it too, for agents built at run time.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a kuralle agent",
+    note = "annotate a unit struct with `#[kuralle::agent(id = \"...\", tools = [...])]`, or build an `AgentDef`"
+)]
+pub trait Agent: Send + Sync + 'static {
+    /// The agent's definition.
+    fn definition(&self) -> AgentDef;
+}
+
+/// An agent's definition.
+///
+/// ```
+/// use kuralle::{AgentDef, tool};
+///
+/// /// Echo back the provided text.
+/// #[tool]
+/// async fn echo(text: String) -> String { text }
+///
+/// let agent = AgentDef::new("support", "Use the echo tool when asked.").tool(Echo).max_steps(4);
+/// assert_eq!(agent.id, "support");
+/// assert_eq!(agent.tools.len(), 1);
+/// ```
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct AgentDef {
+    /// Agent id (`[a-z0-9_-]+`).
+    pub id: String,
+    /// System text.
+    pub instructions: String,
+    /// The tools the model may call.
+    pub tools: ToolSet,
+    /// Model responses per turn before the turn ends with status `max_steps`.
+    pub max_steps: usize,
+    /// Calls of one batch running at once.
+    pub max_tool_concurrency: usize,
+    /// Cap on a result as it enters the transcript, in estimated tokens.
+    pub max_tool_result_tokens: usize,
+    /// The agent's own model; `None` uses the runtime's default model.
+    pub model: Option<Arc<dyn Model>>,
+}
+
+impl fmt::Debug for AgentDef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AgentDef")
+            .field("id", &self.id)
+            .field("tools", &self.tools)
+            .field("max_steps", &self.max_steps)
+            .field("max_tool_concurrency", &self.max_tool_concurrency)
+            .field("max_tool_result_tokens", &self.max_tool_result_tokens)
+            .field("model", &self.model.as_ref().map(|m| m.name().to_owned()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentDef {
+    /// An agent with default limits and no tools.
+    pub fn new(id: impl Into<String>, instructions: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            instructions: instructions.into(),
+            tools: ToolSet::new(),
+            max_steps: DEFAULT_MAX_STEPS,
+            max_tool_concurrency: DEFAULT_MAX_TOOL_CONCURRENCY,
+            max_tool_result_tokens: DEFAULT_MAX_TOOL_RESULT_TOKENS,
+            model: None,
+        }
+    }
+
+    /// Adds a tool.
+    #[must_use]
+    pub fn tool(mut self, tool: impl Tool) -> Self {
+        self.tools.push(Arc::new(tool));
+        self
+    }
+
+    /// Replaces the tool set.
+    #[must_use]
+    pub fn tools(mut self, tools: ToolSet) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// Sets `max_steps` (at least 1).
+    #[must_use]
+    pub fn max_steps(mut self, n: usize) -> Self {
+        self.max_steps = n.max(1);
+        self
+    }
+
+    /// Sets `max_tool_concurrency` (at least 1).
+    #[must_use]
+    pub fn max_tool_concurrency(mut self, n: usize) -> Self {
+        self.max_tool_concurrency = n.max(1);
+        self
+    }
+
+    /// Sets `max_tool_result_tokens`.
+    #[must_use]
+    pub fn max_tool_result_tokens(mut self, n: usize) -> Self {
+        self.max_tool_result_tokens = n;
+        self
+    }
+
+    /// Gives the agent its own model.
+    #[must_use]
+    pub fn model(mut self, model: impl Model) -> Self {
+        self.model = Some(Arc::new(model));
+        self
+    }
+
+    /// Gives the agent a shared model.
+    #[must_use]
+    pub fn model_arc(mut self, model: Arc<dyn Model>) -> Self {
+        self.model = Some(model);
+        self
+    }
+}
+
+impl Agent for AgentDef {
+    fn definition(&self) -> AgentDef {
+        self.clone()
+    }
+}

@@ -1,0 +1,47 @@
+//! kuralle: annotate ordinary async fns with [`#[tool]`](tool), declare agents with
+//! [`#[agent]`](agent), and run the model ↔ tool loop with a durable, append-only journal.
+//!
+//! ```
+//! use kuralle::{ToolSet, tool};
+//!
+//! /// Echo back the provided text.
+//! #[tool(parallel_safe)]
+//! async fn echo(
+//!     /// The text to echo.
+//!     text: String,
+//! ) -> String {
+//!     text
+//! }
+//!
+//! let specs = ToolSet::new().with(Echo).specs();
+//! assert_eq!(specs[0].description, "Echo back the provided text.");
+//! assert_eq!(specs[0].input_schema["properties"]["text"]["description"], "The text to echo.");
+//! ```
+
+extern crate self as kuralle;
+
+mod agent;
+mod context;
+mod error;
+pub mod journal;
+mod model;
+pub mod schema;
+mod store;
+pub mod stores;
+pub mod testing;
+mod tool;
+
+pub use agent::{Agent, AgentDef, DEFAULT_MAX_STEPS, DEFAULT_MAX_TOOL_CONCURRENCY, DEFAULT_MAX_TOOL_RESULT_TOKENS};
+pub use context::ToolContext;
+pub use error::ToolError;
+pub use kuralle_macros::{agent, tool};
+pub use model::{FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, ToolCallRequest, Usage};
+pub use store::{
+    NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord, StepStatus,
+    StoreError, StoreFuture,
+};
+pub use tool::{PreparedCall, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded};
+
+// Not public API. Used by code that `#[tool]` and `#[agent]` generate; may change in any release.
+#[doc(hidden)]
+pub mod __private;

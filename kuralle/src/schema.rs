@@ -1,0 +1,281 @@
+//! JSON Schemas for tools: generation from Rust types (schemars, draft 2020-12) and the
+//! OpenAI strict-mode transform applied at the provider edge.
+
+use schemars::{JsonSchema, generate::SchemaSettings};
+use serde_json::{Map, Value, json};
+
+use crate::ToolSpec;
+
+/// The input schema of `T`: draft 2020-12, root `type: object`, root `title` and
+/// `description` removed (they are noise to a model; the tool has its own description).
+///
+/// ```
+/// #[derive(schemars::JsonSchema, serde::Deserialize)]
+/// /// Ignored at the root.
+/// struct Input { city: String, units: Option<String> }
+/// let s = kuralle::schema::input_schema::<Input>();
+/// assert_eq!(s["type"], "object");
+/// assert_eq!(s["required"], serde_json::json!(["city"]));
+/// assert!(s.get("title").is_none());
+/// ```
+pub fn input_schema<T: JsonSchema>() -> Value {
+    let generator = SchemaSettings::draft2020_12().into_generator();
+    let mut value = generator.into_root_schema_for::<T>().to_value();
+    strip_root(&mut value);
+    if let Value::Object(map) = &mut value {
+        map.entry("type").or_insert_with(|| json!("object"));
+    }
+    value
+}
+
+/// The output schema of `T` (serialize contract), root `title` removed.
+pub fn output_schema<T: JsonSchema>() -> Value {
+    let generator = SchemaSettings::draft2020_12().for_serialize().into_generator();
+    let mut value = generator.into_root_schema_for::<T>().to_value();
+    strip_root(&mut value);
+    value
+}
+
+fn strip_root(value: &mut Value) {
+    if let Value::Object(map) = value {
+        map.remove("title");
+        map.remove("description");
+    }
+}
+
+/// What OpenAI strict mode cannot express, with the JSON path (a JSON Pointer into the
+/// tool's input schema) where it occurs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tool `{tool}`: strict mode cannot express {what} at `{path}`")]
+pub struct StrictSchemaError {
+    /// Tool name.
+    pub tool: String,
+    /// JSON Pointer of the offending schema node (`""` is the root).
+    pub path: String,
+    /// What it is (for example "an open map (schema-valued `additionalProperties`)").
+    pub what: String,
+}
+
+/// One OpenAI `tools` entry: `{"type":"function","function":{name,description,parameters,strict}}`.
+pub(crate) fn openai_function(spec: &ToolSpec, strict: bool) -> Result<Value, StrictSchemaError> {
+    let parameters =
+        if strict { to_strict(&spec.name, &spec.input_schema)? } else { without_dialect(&spec.input_schema) };
+    Ok(json!({
+        "type": "function",
+        "function": {
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": parameters,
+            "strict": strict,
+        }
+    }))
+}
+
+fn without_dialect(schema: &Value) -> Value {
+    let mut s = schema.clone();
+    if let Value::Object(map) = &mut s {
+        map.remove("$schema");
+    }
+    s
+}
+
+/// Keywords strict mode rejects that carry no meaning a model needs; dropped silently.
+const DROPPED: &[&str] = &[
+    "$schema",
+    "default",
+    "examples",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "contentEncoding",
+    "contentMediaType",
+    "$comment",
+];
+
+/// Keywords whose meaning strict mode cannot express; refused with a typed error.
+const REFUSED: &[(&str, &str)] = &[
+    ("patternProperties", "`patternProperties`"),
+    ("propertyNames", "`propertyNames`"),
+    ("unevaluatedProperties", "`unevaluatedProperties`"),
+    ("prefixItems", "a tuple (`prefixItems`)"),
+    ("allOf", "`allOf`"),
+    ("not", "`not`"),
+    ("if", "a conditional (`if`)"),
+    ("dependentSchemas", "`dependentSchemas`"),
+    ("dependentRequired", "`dependentRequired`"),
+];
+
+/// `format` values strict mode accepts; others (`uint32`, `int64`, `double`, ...) are dropped.
+const FORMATS: &[&str] = &["date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"];
+
+/// Applies OpenAI's strict-mode rules to a schema: `additionalProperties: false` on every object,
+/// every property required with the optional ones made nullable, no siblings next to `$ref`,
+/// `oneOf` as `anyOf`, unsupported annotation keywords dropped, and a typed error naming the
+/// JSON path of anything strict mode cannot express (open maps, tuples, unconstrained values).
+///
+/// # Errors
+/// [`StrictSchemaError`] for the first construct strict mode cannot express.
+///
+/// ```
+/// let schema = serde_json::json!({
+///     "type": "object",
+///     "properties": {"city": {"type": "string"}, "units": {"type": ["string", "null"]}},
+///     "required": ["city"]
+/// });
+/// let strict = kuralle::schema::to_strict("weather", &schema).unwrap();
+/// assert_eq!(strict["required"], serde_json::json!(["city", "units"]));
+/// assert_eq!(strict["additionalProperties"], false);
+///
+/// let map = serde_json::json!({"type": "object", "properties": {
+///     "tags": {"type": "object", "additionalProperties": {"type": "string"}}}});
+/// let err = kuralle::schema::to_strict("tagger", &map).unwrap_err();
+/// assert_eq!(err.path, "/properties/tags");
+/// ```
+pub fn to_strict(tool: &str, schema: &Value) -> Result<Value, StrictSchemaError> {
+    let mut out = schema.clone();
+    let fail = |path: &str, what: &str| StrictSchemaError {
+        tool: tool.to_owned(),
+        path: path.to_owned(),
+        what: what.to_owned(),
+    };
+    if out.get("type") != Some(&json!("object")) {
+        return Err(fail("", "a root that is not `type: object`"));
+    }
+    walk(&mut out, String::new(), &fail)?;
+    Ok(out)
+}
+
+fn walk(
+    node: &mut Value,
+    path: String,
+    fail: &dyn Fn(&str, &str) -> StrictSchemaError,
+) -> Result<(), StrictSchemaError> {
+    let map = match node {
+        Value::Object(map) => map,
+        Value::Bool(_) => return Err(fail(&path, "an unconstrained value (a boolean schema)")),
+        _ => return Ok(()),
+    };
+    if map.is_empty() {
+        return Err(fail(&path, "an unconstrained value (an empty schema)"));
+    }
+    for (key, what) in REFUSED {
+        if map.contains_key(*key) {
+            return Err(fail(&path, what));
+        }
+    }
+    for key in DROPPED {
+        map.remove(*key);
+    }
+    if let Some(Value::String(f)) = map.get("format") {
+        if !FORMATS.contains(&f.as_str()) {
+            map.remove("format");
+        }
+    }
+    if let Some(one_of) = map.remove("oneOf") {
+        map.insert("anyOf".into(), one_of);
+    }
+    if map.contains_key("$ref") && map.len() > 1 {
+        // Strict mode forbids keywords beside `$ref`; keep the description on a one-branch
+        // `anyOf` wrapper so the model still reads it.
+        let reference = map.remove("$ref").unwrap_or(Value::Null);
+        let description = map.remove("description");
+        map.clear();
+        map.insert("anyOf".into(), json!([{ "$ref": reference }]));
+        if let Some(d) = description {
+            map.insert("description".into(), d);
+        }
+    }
+
+    let is_object = type_includes(map, "object") || map.contains_key("properties");
+    if is_object {
+        match map.get("additionalProperties") {
+            None | Some(Value::Bool(false)) => {}
+            Some(_) => return Err(fail(&path, "an open map (schema-valued `additionalProperties`)")),
+        }
+        map.insert("additionalProperties".into(), Value::Bool(false));
+        let props = map.entry("properties").or_insert_with(|| Value::Object(Map::new()));
+        let required: Vec<String> = map
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default();
+        let Some(Value::Object(props)) = map.get_mut("properties") else {
+            return Err(fail(&path, "`properties` that is not an object"));
+        };
+        let mut all = Vec::with_capacity(props.len());
+        for (name, prop) in props.iter_mut() {
+            walk(prop, format!("{path}/properties/{}", escape(name)), fail)?;
+            if !required.contains(name) {
+                make_nullable(prop);
+            }
+            all.push(Value::String(name.clone()));
+        }
+        map.insert("required".into(), Value::Array(all));
+    }
+
+    for key in ["items", "contains"] {
+        if let Some(child) = map.get_mut(key) {
+            walk(child, format!("{path}/{key}"), fail)?;
+        }
+    }
+    for key in ["anyOf"] {
+        if let Some(Value::Array(branches)) = map.get_mut(key) {
+            for (i, b) in branches.iter_mut().enumerate() {
+                walk(b, format!("{path}/{key}/{i}"), fail)?;
+            }
+        }
+    }
+    for key in ["$defs", "definitions"] {
+        if let Some(Value::Object(defs)) = map.get_mut(key) {
+            for (name, d) in defs.iter_mut() {
+                walk(d, format!("{path}/{key}/{}", escape(name)), fail)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn type_includes(map: &Map<String, Value>, ty: &str) -> bool {
+    match map.get("type") {
+        Some(Value::String(t)) => t == ty,
+        Some(Value::Array(ts)) => ts.iter().any(|t| t == ty),
+        _ => false,
+    }
+}
+
+fn is_nullable(map: &Map<String, Value>) -> bool {
+    type_includes(map, "null")
+        || map
+            .get("anyOf")
+            .and_then(Value::as_array)
+            .is_some_and(|bs| bs.iter().any(|b| b.get("type") == Some(&json!("null"))))
+        || map.get("const") == Some(&Value::Null)
+        || map.get("enum").and_then(Value::as_array).is_some_and(|e| e.contains(&Value::Null))
+}
+
+fn make_nullable(prop: &mut Value) {
+    let Value::Object(map) = prop else { return };
+    if is_nullable(map) {
+        return;
+    }
+    let simple = map.keys().all(|k| !matches!(k.as_str(), "anyOf" | "$ref" | "enum" | "const"));
+    match map.get_mut("type") {
+        Some(Value::String(t)) if simple => {
+            let t = std::mem::take(t);
+            map.insert("type".into(), json!([t, "null"]));
+        }
+        Some(Value::Array(ts)) if simple => ts.push(json!("null")),
+        _ => {
+            let description = map.remove("description");
+            let inner = Value::Object(std::mem::take(map));
+            map.insert("anyOf".into(), json!([inner, {"type": "null"}]));
+            if let Some(d) = description {
+                map.insert("description".into(), d);
+            }
+        }
+    }
+}
+
+fn escape(segment: &str) -> String {
+    segment.replace('~', "~0").replace('/', "~1")
+}

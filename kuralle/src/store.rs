@@ -1,0 +1,317 @@
+//! The `RunStore` contract: where runs and their append-only journals live.
+//!
+//! Implementations are in [`crate::stores`]. Every store passes the same conformance suite
+//! (`tests/store_conformance.rs`).
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Lifecycle of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// A turn is in progress (or was, when its process died: resume it).
+    Running,
+    /// Waiting for a human decision.
+    Paused,
+    /// The last turn finished with a model answer.
+    Finished,
+    /// The last turn reached `max_steps` before the model answered.
+    MaxSteps,
+    /// The caller interrupted the last turn.
+    Interrupted,
+    /// The last turn failed with an error that is not retryable.
+    Failed,
+}
+
+impl RunStatus {
+    /// The status as stored (`"running"`, `"max_steps"`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Paused => "paused",
+            Self::Finished => "finished",
+            Self::MaxSteps => "max_steps",
+            Self::Interrupted => "interrupted",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// Parses [`as_str`](Self::as_str) output.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "running" => Self::Running,
+            "paused" => Self::Paused,
+            "finished" => Self::Finished,
+            "max_steps" => Self::MaxSteps,
+            "interrupted" => Self::Interrupted,
+            "failed" => Self::Failed,
+            _ => return None,
+        })
+    }
+}
+
+/// A run's state row. `state` is owned by the runtime (transcript, current turn); stores
+/// keep it opaque.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// Run id.
+    pub run_id: String,
+    /// The agent that owns the run.
+    pub agent_id: String,
+    /// Lifecycle status.
+    pub status: RunStatus,
+    /// Current turn epoch; journal keys of earlier turns never match.
+    pub epoch: u64,
+    /// Optimistic-concurrency version, bumped by every successful [`RunStore::put_run`].
+    pub version: u64,
+    /// Runtime-owned state.
+    pub state: Value,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_at_ms: i64,
+    /// Last update time, milliseconds since the Unix epoch.
+    pub updated_at_ms: i64,
+}
+
+/// What [`RunStore::list_runs`] returns per run: no state, no journal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// Run id.
+    pub run_id: String,
+    /// The agent that owns the run.
+    pub agent_id: String,
+    /// Lifecycle status.
+    pub status: RunStatus,
+    /// Last update time, milliseconds since the Unix epoch.
+    pub updated_at_ms: i64,
+}
+
+/// Which runs [`RunStore::list_runs`] returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunFilter {
+    /// Only runs with this status.
+    pub status: Option<RunStatus>,
+    /// At most this many, most recently updated first.
+    pub limit: Option<usize>,
+}
+
+/// What a journal step records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepKind {
+    /// A tool call (model-issued or nested `ctx.tool`).
+    Tool,
+    /// A model response.
+    Model,
+    /// `ctx.now()`.
+    Now,
+    /// `ctx.uuid()`.
+    Uuid,
+}
+
+impl StepKind {
+    /// The kind as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tool => "tool",
+            Self::Model => "model",
+            Self::Now => "now",
+            Self::Uuid => "uuid",
+        }
+    }
+
+    /// Parses [`as_str`](Self::as_str) output.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "tool" => Self::Tool,
+            "model" => Self::Model,
+            "now" => Self::Now,
+            "uuid" => Self::Uuid,
+            _ => return None,
+        })
+    }
+}
+
+/// Where a step is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepStatus {
+    /// Intent written; no outcome yet (or the process died before it was written).
+    Running,
+    /// Finished with a result.
+    Finished,
+    /// Finished with a typed error.
+    Failed,
+}
+
+impl StepStatus {
+    /// The status as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Finished => "finished",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// Parses [`as_str`](Self::as_str) output.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "running" => Self::Running,
+            "finished" => Self::Finished,
+            "failed" => Self::Failed,
+            _ => return None,
+        })
+    }
+}
+
+/// An intent to append: the store assigns the ordinal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewStep {
+    /// Effect key, unique within the run.
+    pub key: String,
+    /// What the step records.
+    pub kind: StepKind,
+    /// Tool name, or `"model"`, `"now"`, `"uuid"`.
+    pub name: String,
+    /// The run epoch the step belongs to.
+    pub epoch: u64,
+    /// Start time, milliseconds since the Unix epoch.
+    pub started_at_ms: i64,
+}
+
+/// The outcome that finalizes a `Running` step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum StepOutcome {
+    /// A result value.
+    Finished(Value),
+    /// A typed error, serialized (for tool steps, a [`crate::ToolError`]).
+    Failed(Value),
+}
+
+/// One journal entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// Position in the run's journal: dense, from 0, in intent order.
+    pub ordinal: u64,
+    /// Effect key, unique within the run.
+    pub key: String,
+    /// What the step records.
+    pub kind: StepKind,
+    /// Tool name, or `"model"`, `"now"`, `"uuid"`.
+    pub name: String,
+    /// The run epoch the step belongs to.
+    pub epoch: u64,
+    /// Where the step is.
+    pub status: StepStatus,
+    /// The result, when finished.
+    pub result: Option<Value>,
+    /// The serialized typed error, when failed.
+    pub error: Option<Value>,
+    /// Start time, milliseconds since the Unix epoch.
+    pub started_at_ms: i64,
+    /// Finish time, milliseconds since the Unix epoch.
+    pub finished_at_ms: Option<i64>,
+}
+
+/// Why a store operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// No run with that id.
+    #[error("run `{0}` not found")]
+    RunNotFound(String),
+    /// [`RunStore::create_run`] for an id that exists.
+    #[error("run `{0}` already exists")]
+    RunExists(String),
+    /// [`RunStore::put_run`] lost an optimistic-concurrency race.
+    #[error("version conflict on run `{run_id}`: expected version {expected}, stored version is {actual}")]
+    VersionConflict {
+        /// Run id.
+        run_id: String,
+        /// The version the writer read.
+        expected: u64,
+        /// The version the store holds.
+        actual: u64,
+    },
+    /// An intent whose key the run's journal already holds.
+    #[error("step key `{key}` is already journaled for run `{run_id}`")]
+    DuplicateKey {
+        /// Run id.
+        run_id: String,
+        /// The effect key.
+        key: String,
+    },
+    /// No step at that ordinal, or it is not `Running`.
+    #[error("no running step {ordinal} in run `{run_id}`")]
+    StepNotRunning {
+        /// Run id.
+        run_id: String,
+        /// The ordinal.
+        ordinal: u64,
+    },
+    /// The store cannot be reached or written right now (locked, read-only, disk full,
+    /// connection lost). Nothing was lost; the operation can be retried and the run resumed.
+    #[error("store unavailable (retryable): {0}")]
+    Unavailable(String),
+    /// The file or database is not a usable kuralle store.
+    #[error("store is corrupt or not a kuralle store: {0}")]
+    Corrupt(String),
+    /// A limit of the store was reached (for example a value too large to store).
+    #[error("store limit exceeded: {0}")]
+    LimitExceeded(String),
+}
+
+impl StoreError {
+    /// Whether retrying the same operation later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
+
+/// Shorthand for store futures.
+pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
+
+/// Durable storage of runs and their journals.
+///
+/// Contract (checked by the conformance suite):
+/// - [`append_steps`](Self::append_steps) assigns ordinals atomically: concurrent appenders
+///   get unique, gap-free ordinals, and one call's steps are contiguous and in the given order.
+///   A call is one durable commit.
+/// - [`put_run`](Self::put_run) is a compare-and-swap on `version`: of writers that read the
+///   same version exactly one wins.
+/// - A step moves `Running → Finished | Failed` once.
+pub trait RunStore: Send + Sync + 'static {
+    /// Creates a run (its `version` is stored as given, normally 0).
+    fn create_run(&self, run: RunRecord) -> StoreFuture<'_, ()>;
+
+    /// The run, if it exists.
+    fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunRecord>>;
+
+    /// Replaces the run's row if its stored version is `run.version`; returns the new version
+    /// (`run.version + 1`).
+    fn put_run(&self, run: RunRecord) -> StoreFuture<'_, u64>;
+
+    /// Runs matching `filter`, most recently updated first.
+    fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>>;
+
+    /// Deletes a run and its journal; `false` if it did not exist.
+    fn delete_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, bool>;
+
+    /// Appends `Running` intents at the next ordinals, atomically, in one durable commit;
+    /// returns their ordinals.
+    fn append_steps<'a>(&'a self, run_id: &'a str, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>>;
+
+    /// Finalizes a `Running` step.
+    fn finish_step<'a>(
+        &'a self,
+        run_id: &'a str,
+        ordinal: u64,
+        outcome: StepOutcome,
+        finished_at_ms: i64,
+    ) -> StoreFuture<'a, ()>;
+
+    /// The run's journal in ordinal order (empty for an unknown run).
+    fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>>;
+}

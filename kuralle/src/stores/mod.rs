@@ -1,0 +1,1 @@
+//! [`RunStore`](crate::RunStore) implementations.

@@ -1,0 +1,144 @@
+//! `ScriptedModel`: a model that plays scripted turns, for tests and offline demos.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::stream::{self, BoxStream, StreamExt};
+
+use crate::{
+    Model,
+    model::{FinishReason, ModelError, ModelEvent, ModelRequest, ToolCallRequest, Usage},
+};
+
+/// One scripted model response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Turn {
+    text: String,
+    calls: Vec<ToolCallRequest>,
+    error: Option<String>,
+}
+
+impl Turn {
+    /// A response that answers with `text` and stops.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self { text: text.into(), calls: Vec::new(), error: None }
+    }
+
+    /// A response that calls tools: `(call_id, name, raw_arguments)`; the argument text is
+    /// passed on as is, so it may be invalid JSON.
+    pub fn tool_calls<I, A, B, C>(calls: I) -> Self
+    where
+        I: IntoIterator<Item = (A, B, C)>,
+        A: Into<String>,
+        B: Into<String>,
+        C: Into<String>,
+    {
+        let calls = calls
+            .into_iter()
+            .map(|(id, name, args)| ToolCallRequest { call_id: id.into(), name: name.into(), arguments: args.into() })
+            .collect();
+        Self { text: String::new(), calls, error: None }
+    }
+
+    /// A response that fails with a provider error after its text, if any.
+    pub fn error(message: impl Into<String>) -> Self {
+        Self { text: String::new(), calls: Vec::new(), error: Some(message.into()) }
+    }
+
+    /// Adds text before the tool calls.
+    #[must_use]
+    pub fn with_text(mut self, text: impl Into<String>) -> Self {
+        self.text = text.into();
+        self
+    }
+}
+
+#[derive(Debug, Default)]
+struct Script {
+    turns: Vec<Turn>,
+    next: usize,
+    requests: Vec<ModelRequest>,
+}
+
+/// Replays scripted [`Turn`]s in order, one per request, and records every request.
+///
+/// Clones share the script and the recorded requests, so a test can hand one clone to the
+/// runtime and inspect the other.
+///
+/// ```
+/// use kuralle::testing::{ScriptedModel, Turn};
+/// let model = ScriptedModel::new([
+///     Turn::tool_calls([("call_1", "echo", r#"{"text":"hi"}"#)]),
+///     Turn::text("Done."),
+/// ]);
+/// let seen = model.clone();
+/// assert!(seen.requests().is_empty());
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ScriptedModel {
+    script: Arc<Mutex<Script>>,
+}
+
+impl ScriptedModel {
+    /// A model that plays `turns` in order; a request past the end fails with
+    /// [`ModelError::ScriptExhausted`].
+    pub fn new(turns: impl IntoIterator<Item = Turn>) -> Self {
+        Self { script: Arc::new(Mutex::new(Script { turns: turns.into_iter().collect(), ..Script::default() })) }
+    }
+
+    /// Every request the model received, in order.
+    pub fn requests(&self) -> Vec<ModelRequest> {
+        self.lock().requests.clone()
+    }
+
+    /// How many scripted turns have been played.
+    pub fn played(&self) -> usize {
+        self.lock().next
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Script> {
+        // A panic elsewhere while holding the lock leaves the script consistent (every
+        // mutation is a single push or increment), so a poisoned lock is still usable.
+        self.script.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn estimate_tokens(text: &str) -> u64 {
+    (text.chars().count() as u64).div_ceil(4)
+}
+
+impl Model for ScriptedModel {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+
+    fn stream(&self, request: ModelRequest) -> BoxStream<'static, Result<ModelEvent, ModelError>> {
+        let mut script = self.lock();
+        let input_tokens = estimate_tokens(&serde_json::to_string(&request.messages).unwrap_or_default());
+        script.requests.push(request);
+        let index = script.next;
+        let Some(turn) = script.turns.get(index).cloned() else {
+            return stream::iter([Err(ModelError::ScriptExhausted(index))]).boxed();
+        };
+        script.next += 1;
+        drop(script);
+
+        let mut events = Vec::new();
+        // Stream word by word so consumers see real incremental deltas.
+        let mut rest = turn.text.as_str();
+        while !rest.is_empty() {
+            let cut = rest.char_indices().skip(1).find(|&(_, c)| c == ' ').map_or(rest.len(), |(i, _)| i);
+            events.push(Ok(ModelEvent::TextDelta { delta: rest[..cut].to_owned() }));
+            rest = &rest[cut..];
+        }
+        if let Some(message) = turn.error {
+            events.push(Err(ModelError::Provider(message)));
+            return stream::iter(events).boxed();
+        }
+        let output_tokens =
+            estimate_tokens(&turn.text) + turn.calls.iter().map(|c| estimate_tokens(&c.arguments) + 1).sum::<u64>();
+        let reason = if turn.calls.is_empty() { FinishReason::Stop } else { FinishReason::ToolCalls };
+        events.extend(turn.calls.into_iter().map(|c| Ok(ModelEvent::ToolCall(c))));
+        events.push(Ok(ModelEvent::Finish { reason, usage: Usage { input_tokens, output_tokens } }));
+        stream::iter(events).boxed()
+    }
+}

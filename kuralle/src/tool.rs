@@ -1,0 +1,289 @@
+//! The `Tool` contract: what `#[tool]` implements and what the runtime dispatches.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use futures::stream::{self, BoxStream, StreamExt};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{ToolContext, ToolError, schema};
+
+/// What a running tool call emits: progress values, then exactly one outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolEvent {
+    /// A progress value (`yield` in a generator tool); shown live, never journaled.
+    Progress(Value),
+    /// The call's single outcome. Nothing follows it.
+    Outcome(Result<Value, ToolError>),
+}
+
+/// The stream a tool call produces. See [`ToolEvent`].
+pub type ToolStream = BoxStream<'static, ToolEvent>;
+
+/// An item of a streaming tool's stream: a progress value, or the final return value.
+///
+/// A `#[tool]` fn that uses `yield` is rewritten to return
+/// `impl Stream<Item = Yielded<P, R>>`, and a tool may return such a stream explicitly:
+///
+/// ```
+/// use futures::{Stream, StreamExt};
+/// use kuralle::Yielded;
+///
+/// fn count(to: u32) -> impl Stream<Item = Yielded<u32, String>> {
+///     async_stream::stream! {
+///         for i in 1..=to {
+///             yield Yielded::Progress(i);
+///         }
+///         yield Yielded::Return(format!("counted to {to}"));
+///     }
+/// }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let items: Vec<_> = count(2).collect().await;
+/// assert_eq!(items.last(), Some(&Yielded::Return("counted to 2".to_owned())));
+/// # });
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Yielded<P, R> {
+    /// A progress value.
+    Progress(P),
+    /// The tool's return value; it ends the stream.
+    Return(R),
+}
+
+/// A call whose arguments have been validated, ready to run.
+///
+/// Obtained from [`Tool::prepare`]; validation happened exactly once, there.
+pub trait PreparedCall: Send {
+    /// The idempotency key the tool derives from its validated input, if it overrides the
+    /// journal's derived key (`#[tool(idempotency_key = ...)]`).
+    fn idempotency_key(&self) -> Option<String> {
+        None
+    }
+
+    /// Runs the call.
+    fn execute(self: Box<Self>, ctx: ToolContext) -> ToolStream;
+}
+
+/// A tool the runtime can dispatch. `#[tool]` implements it; it is object-safe, so tools are
+/// stored as `Arc<dyn Tool>`.
+///
+/// ```
+/// use kuralle::{Tool, ToolContext, tool};
+///
+/// /// Echo back the provided text.
+/// #[tool(parallel_safe)]
+/// async fn echo(text: String) -> String {
+///     text
+/// }
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let tool: &dyn Tool = &Echo;
+/// assert_eq!(tool.name(), "echo");
+/// let out = tool.call(serde_json::json!({"text": "hi"}), ToolContext::detached()).await;
+/// assert_eq!(out, Ok(serde_json::json!("hi")));
+/// # });
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a kuralle tool",
+    note = "annotate an async fn with `#[kuralle::tool]` and list the generated PascalCase struct"
+)]
+pub trait Tool: Send + Sync + 'static {
+    /// The model-facing name.
+    fn name(&self) -> &str;
+
+    /// The model-facing description.
+    fn description(&self) -> &str;
+
+    /// JSON Schema (2020-12) of the arguments; the root is always `type: object`.
+    fn input_schema(&self) -> &Value;
+
+    /// JSON Schema of the result, when the result type implements `JsonSchema`.
+    fn output_schema(&self) -> Option<&Value> {
+        None
+    }
+
+    /// Whether this call may run concurrently with sibling calls, judged on the **raw** model
+    /// arguments before validation. The runtime treats a panic as `false`.
+    fn parallel_safe(&self, raw_args: &Value) -> bool {
+        let _ = raw_args;
+        false
+    }
+
+    /// Upper bound on one call's duration.
+    fn timeout(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Whether a caller interrupt cancels this call (a timeout always does).
+    fn interruptible(&self) -> bool {
+        true
+    }
+
+    /// Whether a finished call may be answered from the journal.
+    fn replay(&self) -> bool {
+        true
+    }
+
+    /// Whether a human must approve each call before it runs.
+    fn needs_approval(&self) -> bool {
+        false
+    }
+
+    /// Whether a call cut off by a crash must never be re-run.
+    fn at_most_once(&self) -> bool {
+        false
+    }
+
+    /// Validates raw arguments (exactly once) into a runnable call.
+    ///
+    /// # Errors
+    /// [`ToolError::InvalidInput`] naming the field and the problem.
+    fn prepare(&self, args: &Value) -> Result<Box<dyn PreparedCall>, ToolError>;
+
+    /// Validates `args` and runs the call: progress values, then one outcome.
+    fn execute(&self, args: &Value, ctx: ToolContext) -> ToolStream {
+        match self.prepare(args) {
+            Ok(call) => call.execute(ctx),
+            Err(e) => stream::once(async move { ToolEvent::Outcome(Err(e)) }).boxed(),
+        }
+    }
+
+    /// Runs the call to its outcome, dropping progress.
+    fn call(&self, args: Value, ctx: ToolContext) -> futures::future::BoxFuture<'static, Result<Value, ToolError>> {
+        let mut s = self.execute(&args, ctx);
+        let name = self.name().to_owned();
+        Box::pin(async move {
+            while let Some(ev) = s.next().await {
+                if let ToolEvent::Outcome(out) = ev {
+                    return out;
+                }
+            }
+            Err(ToolError::InvalidOutput { tool: name, message: "the tool ended without a result".into() })
+        })
+    }
+}
+
+/// The model-facing description of one tool: schema only, never an executor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// Tool name.
+    pub name: String,
+    /// What the tool does.
+    pub description: String,
+    /// JSON Schema 2020-12 of the arguments.
+    pub input_schema: Value,
+    /// JSON Schema of the result, when known.
+    pub output_schema: Option<Value>,
+}
+
+impl ToolSpec {
+    /// The spec of `tool`.
+    pub fn of(tool: &dyn Tool) -> Self {
+        Self {
+            name: tool.name().to_owned(),
+            description: tool.description().to_owned(),
+            input_schema: tool.input_schema().clone(),
+            output_schema: tool.output_schema().cloned(),
+        }
+    }
+}
+
+/// An ordered set of tools, and its model-facing export.
+///
+/// ```
+/// use kuralle::{ToolSet, tool};
+///
+/// /// Echo back the provided text.
+/// #[tool]
+/// async fn echo(text: String) -> String { text }
+///
+/// let set = ToolSet::new().with(Echo);
+/// assert_eq!(set.specs()[0].name, "echo");
+/// let openai = set.to_openai().unwrap();
+/// assert_eq!(openai[0]["function"]["strict"], true);
+/// ```
+#[derive(Clone, Default)]
+pub struct ToolSet {
+    tools: Vec<Arc<dyn Tool>>,
+}
+
+impl fmt::Debug for ToolSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.tools.iter().map(|t| t.name())).finish()
+    }
+}
+
+impl ToolSet {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a tool. A later tool with the same name replaces the earlier one.
+    #[must_use]
+    pub fn with(mut self, tool: impl Tool) -> Self {
+        self.push(Arc::new(tool));
+        self
+    }
+
+    /// Adds a shared tool. A later tool with the same name replaces the earlier one.
+    pub fn push(&mut self, tool: Arc<dyn Tool>) {
+        if let Some(slot) = self.tools.iter_mut().find(|t| t.name() == tool.name()) {
+            *slot = tool;
+        } else {
+            self.tools.push(tool);
+        }
+    }
+
+    /// The tool named `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.iter().find(|t| t.name() == name)
+    }
+
+    /// The tools, in insertion order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn Tool>> {
+        self.tools.iter()
+    }
+
+    /// Number of tools.
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// Comma-separated names, for error messages.
+    pub(crate) fn names(&self) -> String {
+        self.tools.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
+    }
+
+    /// The specs of every tool, in insertion order.
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.tools.iter().map(|t| ToolSpec::of(t.as_ref())).collect()
+    }
+
+    /// OpenAI `tools` entries, with the strict-mode transform.
+    ///
+    /// # Errors
+    /// [`schema::StrictSchemaError`] naming the JSON path of what strict mode cannot express.
+    pub fn to_openai(&self) -> Result<Vec<Value>, schema::StrictSchemaError> {
+        self.to_openai_with(true)
+    }
+
+    /// OpenAI `tools` entries; `strict = false` sends the schemas as they are.
+    ///
+    /// # Errors
+    /// See [`ToolSet::to_openai`].
+    pub fn to_openai_with(&self, strict: bool) -> Result<Vec<Value>, schema::StrictSchemaError> {
+        self.specs().iter().map(|s| schema::openai_function(s, strict)).collect()
+    }
+}
+
+impl<T: Tool> From<T> for ToolSet {
+    fn from(tool: T) -> Self {
+        Self::new().with(tool)
+    }
+}
