@@ -40,7 +40,9 @@ pub use store::{
     NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord, StepStatus,
     StoreError, StoreFuture,
 };
-pub use tool::{PreparedCall, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded};
+pub use tool::{
+    MAX_TOOL_ARGS_BYTES, PreparedCall, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded, parse_args,
+};
 
 // Not public API. Used by code that `#[tool]` and `#[agent]` generate; may change in any release.
 #[doc(hidden)]

@@ -287,3 +287,53 @@ impl<T: Tool> From<T> for ToolSet {
         Self::new().with(tool)
     }
 }
+
+/// The largest raw argument text [`parse_args`] accepts: 1 MiB. Larger arguments are refused
+/// with [`ToolError::InvalidInput`] before parsing, so a runaway model cannot make the runtime
+/// parse (and journal) megabytes of arguments.
+pub const MAX_TOOL_ARGS_BYTES: usize = 1 << 20;
+
+/// Parses a model's raw argument text: empty text is `{}`, anything else must be a JSON object
+/// of at most [`MAX_TOOL_ARGS_BYTES`], nested at most 128 deep.
+///
+/// # Errors
+/// [`ToolError::InvalidInput`] saying what is wrong, in words a model can act on.
+///
+/// ```
+/// use kuralle::{ToolError, parse_args};
+/// assert_eq!(parse_args("echo", r#"{"text":"hi"}"#).unwrap()["text"], "hi");
+/// assert!(matches!(parse_args("echo", "[1]"), Err(ToolError::InvalidInput { .. })));
+/// assert!(matches!(parse_args("echo", "{\"text\":"), Err(ToolError::InvalidInput { .. })));
+/// ```
+pub fn parse_args(tool: &str, raw: &str) -> Result<Value, ToolError> {
+    if raw.len() > MAX_TOOL_ARGS_BYTES {
+        return Err(ToolError::invalid_input(
+            tool,
+            format!("the arguments are {} bytes; the limit is {MAX_TOOL_ARGS_BYTES} bytes", raw.len()),
+        ));
+    }
+    if raw.trim().is_empty() {
+        return Ok(Value::Object(serde_json::Map::new()));
+    }
+    let value: Value = serde_json::from_str(raw)
+        .map_err(|e| ToolError::invalid_input(tool, format!("the arguments are not valid JSON ({e})")))?;
+    if !value.is_object() {
+        return Err(ToolError::invalid_input(
+            tool,
+            format!("the arguments must be a JSON object, not {}", kind(&value)),
+        ));
+    }
+    Ok(value)
+}
+
+/// "a string", "an array", ... for error messages.
+pub(crate) fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
