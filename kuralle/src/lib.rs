@@ -18,24 +18,34 @@
 //! assert_eq!(specs[0].input_schema["properties"]["text"]["description"], "The text to echo.");
 //! ```
 
+// Lets doc tests and unit tests use the `::kuralle::` paths that the macros generate.
+#[allow(unused_extern_crates)]
 extern crate self as kuralle;
 
 mod agent;
 mod context;
+mod dispatch;
 mod error;
 pub mod journal;
 mod model;
+mod runtime;
 pub mod schema;
 mod store;
 pub mod stores;
 pub mod testing;
 mod tool;
+pub mod truncate;
 
 pub use agent::{Agent, AgentDef, DEFAULT_MAX_STEPS, DEFAULT_MAX_TOOL_CONCURRENCY, DEFAULT_MAX_TOOL_RESULT_TOKENS};
 pub use context::ToolContext;
-pub use error::ToolError;
+pub use error::{RunError, ToolError};
 pub use kuralle_macros::{agent, tool};
 pub use model::{FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, ToolCallRequest, Usage};
+pub use runtime::{
+    DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN, Decision, InterruptHandle, RunHandle, RunRequest, Runtime,
+    RuntimeBuilder,
+    event::{BatchCall, Event, PendingApproval, RunOutput},
+};
 pub use store::{
     NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord, StepStatus,
     StoreError, StoreFuture,
