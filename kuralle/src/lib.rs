@@ -25,6 +25,7 @@ mod context;
 mod error;
 pub mod journal;
 mod model;
+pub mod models;
 pub mod schema;
 mod store;
 pub mod stores;
