@@ -952,3 +952,89 @@ impl<S: Stream> Stream for Instrumented<S> {
         this.inner.poll_next(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_all(pieces: &[&[u8]]) -> Vec<SseEvent> {
+        let mut parser = SseParser::default();
+        let mut events = Vec::new();
+        for piece in pieces {
+            events.extend(parser.push(piece).unwrap());
+        }
+        events.extend(parser.finish().unwrap());
+        events
+    }
+
+    #[test]
+    fn sse_events_survive_every_split_point() {
+        let body =
+            "data: {\"a\":\"é\"}\r\n\r\n: keep-alive\n\nevent: error\ndata: x\ndata: y\n\ndata: [DONE]\n\n".as_bytes();
+        let expected = vec![
+            SseEvent { event: None, data: "{\"a\":\"é\"}".into() },
+            SseEvent { event: Some("error".into()), data: "x\ny".into() },
+            SseEvent { event: None, data: "[DONE]".into() },
+        ];
+        assert_eq!(parse_all(&[body]), expected);
+        for split in 0..body.len() {
+            assert_eq!(parse_all(&[&body[..split], &body[split..]]), expected, "split at {split}");
+        }
+        let bytes: Vec<&[u8]> = body.chunks(1).collect();
+        assert_eq!(parse_all(&bytes), expected);
+    }
+
+    #[test]
+    fn sse_last_event_without_blank_line_is_dispatched_at_the_end() {
+        assert_eq!(parse_all(&[b"data: [DONE]"]), vec![SseEvent { event: None, data: "[DONE]".into() }]);
+    }
+
+    #[test]
+    fn retry_delays_double_and_are_capped() {
+        let retry = Retry { max_retries: 5, base: Duration::from_millis(200), max: Duration::from_secs(1) };
+        let delays: Vec<_> = (1..=4).map(|a| retry.delay(a, None).as_millis()).collect();
+        assert_eq!(delays, [200, 400, 800, 1000]);
+        assert_eq!(retry.delay(1, Some(Duration::from_secs(30))), Duration::from_secs(1));
+        let mut headers = HeaderMap::new();
+        headers.insert("retry-after", HeaderValue::from_static("2"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(2)));
+        headers.insert("retry-after-ms", HeaderValue::from_static("150"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_millis(150)));
+    }
+
+    fn vars(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| (*v).to_owned())
+    }
+
+    #[test]
+    fn environment_configuration() {
+        let err = OpenAi::from_lookup("m".into(), vars(&[])).unwrap_err();
+        assert_eq!(err, ConfigError::MissingApiKey);
+        let openai = OpenAi::from_lookup("gpt-4o-mini".into(), vars(&[("OPENAI_API_KEY", "sk-test")])).unwrap();
+        assert_eq!(openai.base_url(), DEFAULT_BASE_URL);
+        assert_eq!(openai.name(), "gpt-4o-mini");
+        assert!(!format!("{openai:?}").contains("sk-test"));
+        let local =
+            OpenAi::from_lookup("llama3.2".into(), vars(&[("OPENAI_BASE_URL", "http://localhost:11434/v1/")])).unwrap();
+        assert_eq!(local.base_url(), "http://localhost:11434/v1");
+        assert_eq!(local.inner.endpoint, "http://localhost:11434/v1/chat/completions");
+
+        assert!(OpenAi::from_lookup_if_configured(DEFAULT_MODEL, vars(&[("OPENAI_API_KEY", " ")])).is_none());
+        let configured = OpenAi::from_lookup_if_configured(
+            DEFAULT_MODEL,
+            vars(&[("OPENAI_BASE_URL", "http://localhost:11434/v1"), ("OPENAI_MODEL", "qwen3")]),
+        );
+        assert_eq!(configured.unwrap().unwrap().name(), "qwen3");
+        let default = OpenAi::from_lookup_if_configured(DEFAULT_MODEL, vars(&[("OPENAI_API_KEY", "k")]));
+        assert_eq!(default.unwrap().unwrap().name(), DEFAULT_MODEL);
+    }
+
+    #[test]
+    fn builder_validation() {
+        assert_eq!(OpenAi::builder().api_key("k").build().unwrap_err(), ConfigError::MissingModel);
+        let bad_url = OpenAi::builder().base_url("ftp://x").model("m").build().unwrap_err();
+        assert!(matches!(bad_url, ConfigError::InvalidBaseUrl { .. }), "{bad_url}");
+        let bad_header = OpenAi::builder().api_key("k").model("m").header("bad header", "v").build().unwrap_err();
+        assert!(matches!(bad_header, ConfigError::InvalidHeader { .. }), "{bad_header}");
+    }
+}
