@@ -792,3 +792,45 @@ async fn schema_strict_mode_cannot_express_is_an_invalid_request() {
     );
     assert!(server.requests().is_empty());
 }
+
+#[tokio::test]
+async fn a_non_streamed_json_completion_is_accepted() {
+    let completion = json!({
+        "id": "chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT",
+        "object": "chat.completion",
+        "created": 1_741_569_952,
+        "model": "gpt-4o-mini-2024-07-18",
+        "choices": [{
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": "Let me check.",
+                "tool_calls": [
+                    {"id": "call_x1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}},
+                    {"id": "call_x2", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Rome\"}"}}
+                ],
+                "refusal": null,
+                "annotations": []
+            },
+            "logprobs": null,
+            "finish_reason": "tool_calls"
+        }],
+        "usage": {"prompt_tokens": 40, "completion_tokens": 30, "total_tokens": 70},
+        "service_tier": "default",
+        "system_fingerprint": "fp_06737a9306"
+    });
+    let server =
+        Server::start(vec![Reply::Status { status: 200, reason: "OK", headers: vec![], body: completion.to_string() }])
+            .await;
+    let model = client(&server).build().unwrap();
+    let events = collect(&model, user_request("Weather in Oslo and Rome?")).await;
+    assert_eq!(
+        events,
+        vec![
+            delta("Let me check."),
+            call("call_x1", "get_weather", r#"{"city":"Oslo"}"#),
+            call("call_x2", "get_weather", r#"{"city":"Rome"}"#),
+            finished(FinishReason::ToolCalls, 40, 30),
+        ]
+    );
+}

@@ -410,6 +410,14 @@ impl Model for OpenAi {
         let events = async_stream::try_stream! {
             let body = body?;
             let response = inner.send(&body).await?;
+            if is_json(&response) {
+                // A server (or proxy) that ignored `stream: true` and sent one whole completion.
+                let body = response.bytes().await.map_err(|e| ModelError::Transport(error_chain(&e)))?;
+                for model_event in completion_events(&body)? {
+                    yield model_event;
+                }
+                return;
+            }
             let mut bytes = response.bytes_stream();
             let mut sse = SseParser::default();
             let mut assembler = Assembler::default();
@@ -542,6 +550,35 @@ impl Inner {
             _ => excerpt(text.trim(), 2000),
         }
     }
+}
+
+fn is_json(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("application/json"))
+}
+
+/// The events of a non-streamed `chat.completion` object: its message is treated as one delta.
+fn completion_events(body: &[u8]) -> Result<Vec<ModelEvent>, ModelError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ModelError::Protocol(format!("invalid completion JSON ({e}): {}", excerpt(&String::from_utf8_lossy(body), 500)))
+    })?;
+    if let Some(error) = value.get("error").filter(|e| !e.is_null()) {
+        return Err(ModelError::Provider(describe_error(error)));
+    }
+    let choice = value.get("choices").and_then(|c| c.get(0)).ok_or_else(|| {
+        ModelError::Protocol(format!("a completion without choices: {}", excerpt(&value.to_string(), 500)))
+    })?;
+    let chunk = json!({
+        "choices": [{"index": 0, "delta": choice.get("message"), "finish_reason": choice.get("finish_reason")}],
+        "usage": value.get("usage"),
+    });
+    let mut assembler = Assembler { done: true, ..Assembler::default() };
+    let mut events = assembler.on_event(&SseEvent { event: None, data: chunk.to_string() })?;
+    events.extend(assembler.end()?);
+    Ok(events)
 }
 
 /// One transcript message in chat-completions form.
