@@ -1,0 +1,259 @@
+//! `MemoryStore`: runs and journals in a process-local map.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use super::{DEFAULT_MAX_VALUE_BYTES, check_value_size};
+use crate::store::{
+    NewStep, RunFilter, RunRecord, RunStore, RunSummary, StepOutcome, StepRecord, StepStatus, StoreError, StoreFuture,
+};
+
+/// A [`RunStore`] that keeps runs and journals in memory, behind one mutex.
+///
+/// Nothing survives the process, so it suits tests, examples and runs that need no durability.
+/// Its semantics are exactly those of the durable stores (same errors, same ordering, same
+/// value size limit). Clones share the same data.
+///
+/// ```
+/// use kuralle::stores::MemoryStore;
+/// use kuralle::{NewStep, RunRecord, RunStatus, RunStore, StepKind, StepOutcome};
+///
+/// # futures::executor::block_on(async {
+/// let store = MemoryStore::new();
+/// let run = RunRecord {
+///     run_id: "run-1".into(),
+///     agent_id: "support".into(),
+///     status: RunStatus::Running,
+///     epoch: 0,
+///     version: 0,
+///     state: serde_json::json!({}),
+///     created_at_ms: 1,
+///     updated_at_ms: 1,
+/// };
+/// store.create_run(run).await?;
+/// let step = NewStep { key: "k1".into(), kind: StepKind::Tool, name: "echo".into(), epoch: 0, started_at_ms: 2 };
+/// let ordinals = store.append_steps("run-1", vec![step]).await?;
+/// assert_eq!(ordinals, [0]);
+/// store.finish_step("run-1", 0, StepOutcome::Finished(serde_json::json!("hi")), 3).await?;
+///
+/// // A clone sees the same journal.
+/// let steps = store.clone().steps("run-1").await?;
+/// assert_eq!(steps[0].result, Some(serde_json::json!("hi")));
+/// # Ok::<(), kuralle::StoreError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    inner: Arc<Mutex<State>>,
+    max_value_bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    runs: HashMap<String, RunEntry>,
+}
+
+#[derive(Debug)]
+struct RunEntry {
+    record: RunRecord,
+    /// Dense: `steps[i].ordinal == i`.
+    steps: Vec<StepRecord>,
+    /// Effect key → ordinal.
+    keys: HashMap<String, u64>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self { inner: Arc::default(), max_value_bytes: DEFAULT_MAX_VALUE_BYTES }
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    ///
+    /// ```
+    /// let store = kuralle::stores::MemoryStore::new();
+    /// # let _ = store;
+    /// ```
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the largest accepted JSON value, in bytes of compact JSON text (default
+    /// [`DEFAULT_MAX_VALUE_BYTES`](super::DEFAULT_MAX_VALUE_BYTES)); larger values are
+    /// rejected with [`StoreError::LimitExceeded`].
+    ///
+    /// ```
+    /// let store = kuralle::stores::MemoryStore::new().with_max_value_bytes(1024);
+    /// # let _ = store;
+    /// ```
+    pub fn with_max_value_bytes(mut self, max: usize) -> Self {
+        self.max_value_bytes = max;
+        self
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every mutation below is complete before it can panic, so a poisoned map is consistent.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn create_run_now(&self, run: RunRecord) -> Result<(), StoreError> {
+        check_value_size("run state", &run.state, self.max_value_bytes)?;
+        match self.lock().runs.entry(run.run_id.clone()) {
+            Entry::Occupied(_) => Err(StoreError::RunExists(run.run_id)),
+            Entry::Vacant(slot) => {
+                slot.insert(RunEntry { record: run, steps: Vec::new(), keys: HashMap::new() });
+                Ok(())
+            }
+        }
+    }
+
+    fn put_run_now(&self, run: RunRecord) -> Result<u64, StoreError> {
+        check_value_size("run state", &run.state, self.max_value_bytes)?;
+        let mut state = self.lock();
+        let Some(entry) = state.runs.get_mut(&run.run_id) else {
+            return Err(StoreError::RunNotFound(run.run_id));
+        };
+        let stored = &mut entry.record;
+        if stored.version != run.version {
+            return Err(StoreError::VersionConflict { run_id: run.run_id, expected: run.version, actual: stored.version });
+        }
+        let version = run.version + 1;
+        stored.agent_id = run.agent_id;
+        stored.status = run.status;
+        stored.epoch = run.epoch;
+        stored.version = version;
+        stored.state = run.state;
+        stored.updated_at_ms = run.updated_at_ms;
+        Ok(version)
+    }
+
+    fn list_runs_now(&self, filter: &RunFilter) -> Vec<RunSummary> {
+        let state = self.lock();
+        let mut runs: Vec<RunSummary> = state
+            .runs
+            .values()
+            .filter(|entry| filter.status.is_none_or(|status| entry.record.status == status))
+            .map(|entry| RunSummary {
+                run_id: entry.record.run_id.clone(),
+                agent_id: entry.record.agent_id.clone(),
+                status: entry.record.status,
+                updated_at_ms: entry.record.updated_at_ms,
+            })
+            .collect();
+        drop(state);
+        runs.sort_by(|a, b| b.updated_at_ms.cmp(&a.updated_at_ms).then_with(|| a.run_id.cmp(&b.run_id)));
+        if let Some(limit) = filter.limit {
+            runs.truncate(limit);
+        }
+        runs
+    }
+
+    fn append_steps_now(&self, run_id: &str, steps: Vec<NewStep>) -> Result<Vec<u64>, StoreError> {
+        let mut state = self.lock();
+        let Some(entry) = state.runs.get_mut(run_id) else {
+            return Err(StoreError::RunNotFound(run_id.to_owned()));
+        };
+        // Validate the whole call first: it is all or nothing.
+        for (i, step) in steps.iter().enumerate() {
+            if entry.keys.contains_key(&step.key) || steps[..i].iter().any(|earlier| earlier.key == step.key) {
+                return Err(StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key.clone() });
+            }
+        }
+        let first = entry.steps.len() as u64;
+        let mut ordinals = Vec::with_capacity(steps.len());
+        entry.steps.reserve(steps.len());
+        for (ordinal, step) in (first..).zip(steps) {
+            entry.keys.insert(step.key.clone(), ordinal);
+            entry.steps.push(StepRecord {
+                ordinal,
+                key: step.key,
+                kind: step.kind,
+                name: step.name,
+                epoch: step.epoch,
+                status: StepStatus::Running,
+                result: None,
+                error: None,
+                started_at_ms: step.started_at_ms,
+                finished_at_ms: None,
+            });
+            ordinals.push(ordinal);
+        }
+        Ok(ordinals)
+    }
+
+    fn finish_step_now(
+        &self,
+        run_id: &str,
+        ordinal: u64,
+        outcome: StepOutcome,
+        finished_at_ms: i64,
+    ) -> Result<(), StoreError> {
+        match &outcome {
+            StepOutcome::Finished(value) => check_value_size("step result", value, self.max_value_bytes)?,
+            StepOutcome::Failed(value) => check_value_size("step error", value, self.max_value_bytes)?,
+        }
+        let mut state = self.lock();
+        let Some(entry) = state.runs.get_mut(run_id) else {
+            return Err(StoreError::RunNotFound(run_id.to_owned()));
+        };
+        let step = usize::try_from(ordinal).ok().and_then(|i| entry.steps.get_mut(i));
+        let Some(step) = step.filter(|step| step.status == StepStatus::Running) else {
+            return Err(StoreError::StepNotRunning { run_id: run_id.to_owned(), ordinal });
+        };
+        match outcome {
+            StepOutcome::Finished(value) => {
+                step.status = StepStatus::Finished;
+                step.result = Some(value);
+            }
+            StepOutcome::Failed(value) => {
+                step.status = StepStatus::Failed;
+                step.error = Some(value);
+            }
+        }
+        step.finished_at_ms = Some(finished_at_ms);
+        Ok(())
+    }
+}
+
+// Each future does its work when first polled, like the durable stores' futures.
+impl RunStore for MemoryStore {
+    fn create_run(&self, run: RunRecord) -> StoreFuture<'_, ()> {
+        Box::pin(async move { self.create_run_now(run) })
+    }
+
+    fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunRecord>> {
+        Box::pin(async move { Ok(self.lock().runs.get(run_id).map(|entry| entry.record.clone())) })
+    }
+
+    fn put_run(&self, run: RunRecord) -> StoreFuture<'_, u64> {
+        Box::pin(async move { self.put_run_now(run) })
+    }
+
+    fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>> {
+        Box::pin(async move { Ok(self.list_runs_now(&filter)) })
+    }
+
+    fn delete_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, bool> {
+        Box::pin(async move { Ok(self.lock().runs.remove(run_id).is_some()) })
+    }
+
+    fn append_steps<'a>(&'a self, run_id: &'a str, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>> {
+        Box::pin(async move { self.append_steps_now(run_id, steps) })
+    }
+
+    fn finish_step<'a>(
+        &'a self,
+        run_id: &'a str,
+        ordinal: u64,
+        outcome: StepOutcome,
+        finished_at_ms: i64,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move { self.finish_step_now(run_id, ordinal, outcome, finished_at_ms) })
+    }
+
+    fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>> {
+        Box::pin(async move { Ok(self.lock().runs.get(run_id).map(|entry| entry.steps.clone()).unwrap_or_default()) })
+    }
+}
