@@ -28,6 +28,7 @@ mod dispatch;
 mod error;
 pub mod journal;
 mod model;
+pub mod models;
 mod runtime;
 pub mod schema;
 mod store;
