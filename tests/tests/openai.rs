@@ -834,3 +834,55 @@ async fn a_non_streamed_json_completion_is_accepted() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_full_agent_run_through_the_runtime_with_a_tool_round_trip() {
+    let server = Server::start(vec![
+        sse(&[
+            call_start_with_role(0, "call_echo_1", "echo"),
+            call_args(0, "{\"text\":"),
+            call_args(0, "\"hello world\"}"),
+            finish("tool_calls"),
+            usage(40, 9),
+        ]),
+        sse(&[role(), text("The tool said: "), text("hello world."), finish("stop"), usage(60, 7)]),
+    ])
+    .await;
+    let model = client(&server).build().unwrap();
+    let echo = kuralle_tests::FnTool::new("echo", |args, _| async move { Ok(json!({"echoed": args["text"]})) });
+    let runtime = kuralle::Runtime::builder()
+        .agent(kuralle::AgentDef::new("support", "Use the echo tool when asked.").tool(echo))
+        .model(model)
+        .build()
+        .unwrap();
+    let mut handle = runtime.run("Echo \"hello world\"");
+    let mut deltas = String::new();
+    let mut tool_results = Vec::new();
+    while let Some(event) = handle.next().await {
+        match event {
+            kuralle::Event::TextDelta { delta } => deltas.push_str(&delta),
+            kuralle::Event::ToolResult { result, .. } => tool_results.push(result),
+            _ => {}
+        }
+    }
+    let out = handle.await.unwrap();
+    assert_eq!(out.text, "The tool said: hello world.");
+    assert_eq!(deltas, out.text);
+    assert_eq!(out.usage, Usage { input_tokens: 100, output_tokens: 16 });
+    assert_eq!(tool_results, [json!({"echoed": "hello world"})]);
+
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0].body["tools"][0]["function"]["name"], "echo");
+    assert_eq!(
+        requests[1].body["messages"],
+        json!([
+            {"role": "system", "content": "Use the echo tool when asked."},
+            {"role": "user", "content": "Echo \"hello world\""},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_echo_1", "type": "function", "function": {"name": "echo", "arguments": "{\"text\":\"hello world\"}"}}
+            ]},
+            {"role": "tool", "tool_call_id": "call_echo_1", "content": "{\"echoed\":\"hello world\"}"}
+        ])
+    );
+}
