@@ -117,7 +117,11 @@ impl MemoryStore {
         };
         let stored = &mut entry.record;
         if stored.version != run.version {
-            return Err(StoreError::VersionConflict { run_id: run.run_id, expected: run.version, actual: stored.version });
+            return Err(StoreError::VersionConflict {
+                run_id: run.run_id,
+                expected: run.version,
+                actual: stored.version,
+            });
         }
         let version = run.version + 1;
         stored.agent_id = run.agent_id;

@@ -20,7 +20,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-use super::{DEFAULT_MAX_VALUE_BYTES, check_text_size};
+use super::{DEFAULT_MAX_VALUE_BYTES, check_text_size, check_value_size};
 use crate::store::{
     NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord, StepStatus,
     StoreError, StoreFuture,
@@ -229,12 +229,8 @@ impl SqliteStore {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(&path, flags).map_err(|e| errors.at_open(&path, e))?;
         configure_writer(&conn, &options, errors, Some(&path))?;
-        let readers = ReaderPool {
-            path: path.clone(),
-            idle: Mutex::new(Vec::new()),
-            max_idle: options.read_connections,
-            errors,
-        };
+        let readers =
+            ReaderPool { path: path.clone(), idle: Mutex::new(Vec::new()), max_idle: options.read_connections, errors };
         // Fail now, not at the first read, if the file cannot be read.
         readers.with(|_| Ok(()))?;
         Ok(Self::start(conn, Some(path), options, errors, Some(readers)))
@@ -455,7 +451,12 @@ impl RunStore for SqliteStore {
         let limit = filter.limit.map_or(-1, |limit| i64::try_from(limit).unwrap_or(i64::MAX));
         self.read(move |conn| {
             let map_row = |row: &rusqlite::Row<'_>| {
-                Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?, row.get::<_, String>(2)?, row.get::<_, i64>(3)?))
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, i64>(3)?,
+                ))
             };
             let rows = match filter.status {
                 Some(status) => conn
@@ -687,6 +688,7 @@ fn prepare_run(run: &RunRecord, max_value_bytes: usize) -> Result<(i64, i64, Str
 }
 
 fn to_json(what: &str, value: &Value, max: usize) -> Result<String, StoreError> {
+    check_value_size(what, value, max)?;
     let text = serde_json::to_string(value)
         .map_err(|e| StoreError::LimitExceeded(format!("{what} cannot be serialized: {e}")))?;
     check_text_size(what, &text, max)?;
@@ -769,7 +771,9 @@ fn configure_writer(
     if path.is_some() {
         let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)).map_err(fail)?;
         if !mode.eq_ignore_ascii_case("wal") {
-            return Err(StoreError::Unavailable(format!("could not switch the database to WAL mode (mode is `{mode}`)")));
+            return Err(StoreError::Unavailable(format!(
+                "could not switch the database to WAL mode (mode is `{mode}`)"
+            )));
         }
     }
     conn.pragma_update(None, "synchronous", "FULL").map_err(fail)?;
@@ -787,8 +791,10 @@ fn configure_writer(
 }
 
 fn check_schema_version(conn: &Connection, fail: impl Fn(rusqlite::Error) -> StoreError) -> Result<(), StoreError> {
-    let version: Option<i64> =
-        conn.query_row("SELECT version FROM kuralle_schema WHERE id = 1", [], |row| row.get(0)).optional().map_err(fail)?;
+    let version: Option<i64> = conn
+        .query_row("SELECT version FROM kuralle_schema WHERE id = 1", [], |row| row.get(0))
+        .optional()
+        .map_err(fail)?;
     match version {
         Some(SCHEMA_VERSION) => Ok(()),
         Some(version) if version > SCHEMA_VERSION => Err(StoreError::Corrupt(format!(
