@@ -180,6 +180,8 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // Readers close first so that the writer's connection is the last one and checkpoints.
+        drop(self.readers.take());
         // Closing the channel lets the writer finish the queued writes and exit.
         drop(self.writes.take());
         if let Some(writer) = self.writer.take() {
