@@ -1,5 +1,8 @@
-//! Shared helpers for the integration tests: a closure-backed `Tool` for runtime tests that
-//! need per-test behaviour, and a concurrency probe that counts overlapping calls.
+//! Shared helpers for the integration tests: the store conformance suite, a closure-backed
+//! `Tool` for runtime tests that need per-test behaviour, a concurrency probe that counts
+//! overlapping calls, and a store wrapper that simulates outages.
+
+pub mod conformance;
 
 use std::{
     future::Future,

@@ -28,31 +28,51 @@ use crate::StoreError;
 /// ```
 pub const DEFAULT_MAX_VALUE_BYTES: usize = 16 * 1024 * 1024;
 
-/// Counts the bytes of a value's compact JSON text without building it.
-#[derive(Default)]
-struct ByteCounter(usize);
-
-impl std::io::Write for ByteCounter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0 += buf.len();
-        Ok(buf.len())
+/// The length in bytes of `value`'s compact JSON text (as `serde_json::to_string` writes it),
+/// computed without building the text.
+pub(crate) fn json_len(value: &Value) -> usize {
+    match value {
+        Value::Null => 4,
+        Value::Bool(true) => 4,
+        Value::Bool(false) => 5,
+        Value::Number(number) => {
+            struct Count(usize);
+            impl std::fmt::Write for Count {
+                fn write_str(&mut self, s: &str) -> std::fmt::Result {
+                    self.0 += s.len();
+                    Ok(())
+                }
+            }
+            let mut count = Count(0);
+            // `Display` of a JSON number is its JSON text; writing to a counter cannot fail.
+            let _ = std::fmt::Write::write_fmt(&mut count, format_args!("{number}"));
+            count.0
+        }
+        Value::String(text) => json_str_len(text),
+        Value::Array(items) => 2 + items.len().saturating_sub(1) + items.iter().map(json_len).sum::<usize>(),
+        Value::Object(map) => {
+            2 + map.len().saturating_sub(1)
+                + map.iter().map(|(key, item)| json_str_len(key) + 1 + json_len(item)).sum::<usize>()
+        }
     }
+}
 
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+fn json_str_len(text: &str) -> usize {
+    2 + text
+        .bytes()
+        .map(|byte| match byte {
+            b'"' | b'\\' | 0x08 | b'\t' | b'\n' | 0x0c | b'\r' => 2,
+            0x00..=0x1f => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
 }
 
 /// Rejects a value whose compact JSON text is longer than `max` bytes.
 pub(crate) fn check_value_size(what: &str, value: &Value, max: usize) -> Result<(), StoreError> {
-    let mut counter = ByteCounter::default();
-    // Serializing a `Value` into a writer that never fails cannot fail.
-    let _ = serde_json::to_writer(&mut counter, value);
-    if counter.0 > max {
-        return Err(StoreError::LimitExceeded(format!(
-            "{what} is {} bytes of JSON; the limit is {max} bytes",
-            counter.0
-        )));
+    let len = json_len(value);
+    if len > max {
+        return Err(StoreError::LimitExceeded(format!("{what} is {len} bytes of JSON; the limit is {max} bytes")));
     }
     Ok(())
 }
@@ -67,4 +87,37 @@ pub(crate) fn check_text_size(what: &str, text: &str, max: usize) -> Result<(), 
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::json_len;
+
+    #[test]
+    fn json_len_matches_serde_json() {
+        let values = [
+            json!(null),
+            json!(true),
+            json!(false),
+            json!(0),
+            json!(-12345678901234_i64),
+            json!(u64::MAX),
+            json!(1.5),
+            json!(1e300),
+            json!(-0.000123),
+            json!(""),
+            json!("plain"),
+            json!("quote \" backslash \\ controls \u{0}\u{1}\u{8}\t\n\u{b}\u{c}\r\u{1f} del \u{7f}"),
+            json!("naïve café ☕ 日本語 🚀 / </script>"),
+            json!([]),
+            json!({}),
+            json!([1, "two", [3], {"four": 4}]),
+            json!({"a": {"b\"c": [null, false, 2.25]}, "é": "ü", "": ""}),
+        ];
+        for value in values {
+            assert_eq!(json_len(&value), serde_json::to_string(&value).unwrap().len(), "{value}");
+        }
+    }
 }

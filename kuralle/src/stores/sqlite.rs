@@ -20,7 +20,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-use super::{DEFAULT_MAX_VALUE_BYTES, check_text_size};
+use super::{DEFAULT_MAX_VALUE_BYTES, check_text_size, check_value_size};
 use crate::store::{
     NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord, StepStatus,
     StoreError, StoreFuture,
@@ -180,6 +180,8 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // Readers close first so that the writer's connection is the last one and checkpoints.
+        drop(self.readers.take());
         // Closing the channel lets the writer finish the queued writes and exit.
         drop(self.writes.take());
         if let Some(writer) = self.writer.take() {
@@ -688,6 +690,7 @@ fn prepare_run(run: &RunRecord, max_value_bytes: usize) -> Result<(i64, i64, Str
 }
 
 fn to_json(what: &str, value: &Value, max: usize) -> Result<String, StoreError> {
+    check_value_size(what, value, max)?;
     let text = serde_json::to_string(value)
         .map_err(|e| StoreError::LimitExceeded(format!("{what} cannot be serialized: {e}")))?;
     check_text_size(what, &text, max)?;

@@ -1,0 +1,444 @@
+//! The `RunStore` conformance suite: the same cases run against every store.
+//!
+//! A store's test file instantiates every case as its own test with
+//! [`store_conformance!`](crate::store_conformance), giving it a function that returns a fresh
+//! store and a guard kept alive for the test (for example the store's temp dir):
+//!
+//! ```ignore
+//! mod memory {
+//!     kuralle_tests::store_conformance!(|| (kuralle::stores::MemoryStore::new(), ()));
+//! }
+//! ```
+//!
+//! [`run_all`] runs every case in sequence instead. The cases use only the `RunStore` trait, so
+//! new stores (PostgreSQL) join by adding one line.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use kuralle::stores::DEFAULT_MAX_VALUE_BYTES;
+use kuralle::{NewStep, RunFilter, RunRecord, RunStatus, RunStore, StepKind, StepOutcome, StepStatus, StoreError};
+use serde_json::{Value, json};
+
+/// A run record with the given id, status and update time; version 0.
+pub fn run(run_id: &str, status: RunStatus, updated_at_ms: i64) -> RunRecord {
+    RunRecord {
+        run_id: run_id.to_owned(),
+        agent_id: "support".to_owned(),
+        status,
+        epoch: 0,
+        version: 0,
+        state: json!({"transcript": [], "turn": 0}),
+        created_at_ms: updated_at_ms,
+        updated_at_ms,
+    }
+}
+
+/// A tool intent with the given key.
+pub fn step(key: &str) -> NewStep {
+    NewStep { key: key.to_owned(), kind: StepKind::Tool, name: "echo".to_owned(), epoch: 0, started_at_ms: 1_000 }
+}
+
+/// Runs every case against stores made by `make` (one fresh store per case).
+pub async fn run_all<S: RunStore, G>(make: impl Fn() -> (S, G)) {
+    macro_rules! each {
+        ($($case:ident),* $(,)?) => {$(
+            let (store, guard) = make();
+            $case(store).await;
+            drop(guard);
+        )*};
+    }
+    each!(
+        run_create_get_put,
+        run_list_filter_order_limit,
+        run_delete,
+        journal_round_trip,
+        journal_duplicate_key_rejected,
+        journal_finish_non_running_rejected,
+        run_not_found,
+        value_size_limit,
+        reservation_under_64_concurrent_reservers,
+        version_check_with_16_concurrent_writers,
+    );
+}
+
+/// Instantiates every conformance case as a `#[tokio::test]` in the calling module.
+///
+/// `$make` is an expression callable as `() -> (impl RunStore, Guard)`; the guard (a temp dir,
+/// or `()`) is dropped after the case.
+#[macro_export]
+macro_rules! store_conformance {
+    ($make:expr) => {
+        $crate::store_conformance!(@cases $make;
+            run_create_get_put,
+            run_list_filter_order_limit,
+            run_delete,
+            journal_round_trip,
+            journal_duplicate_key_rejected,
+            journal_finish_non_running_rejected,
+            run_not_found,
+            value_size_limit,
+            reservation_under_64_concurrent_reservers,
+            version_check_with_16_concurrent_writers,
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $case() {
+            let (store, guard) = ($make)();
+            $crate::conformance::$case(store).await;
+            drop(guard);
+        }
+    )*};
+}
+
+/// create / get / put: a created run reads back as given; creating it again is `RunExists`;
+/// `put_run` is a compare-and-swap that bumps the version and keeps `created_at_ms`.
+pub async fn run_create_get_put<S: RunStore>(store: S) {
+    let original = run("run-1", RunStatus::Running, 10);
+    store.create_run(original.clone()).await.unwrap();
+    assert_eq!(store.get_run("run-1").await.unwrap(), Some(original.clone()));
+    assert_eq!(store.get_run("run-2").await.unwrap(), None);
+
+    let again = store.create_run(run("run-1", RunStatus::Paused, 11)).await.unwrap_err();
+    assert_eq!(again, StoreError::RunExists("run-1".into()));
+    assert_eq!(store.get_run("run-1").await.unwrap(), Some(original.clone()), "a refused create changes nothing");
+
+    let mut next = original.clone();
+    next.status = RunStatus::Paused;
+    next.epoch = 3;
+    next.agent_id = "billing".into();
+    next.state = json!({"turn": 1, "note": "naïve café ☕ — 日本語 🚀", "nested": {"a": [1, 2.5, null, true]}});
+    next.updated_at_ms = 20;
+    next.created_at_ms = 999; // ignored: the stored creation time stays
+    assert_eq!(store.put_run(next.clone()).await.unwrap(), 1);
+    let stored = store.get_run("run-1").await.unwrap().unwrap();
+    assert_eq!(stored, RunRecord { version: 1, created_at_ms: 10, ..next.clone() });
+
+    // A stale writer loses and changes nothing.
+    let mut stale = original.clone();
+    stale.state = json!("stale");
+    let lost = store.put_run(stale).await.unwrap_err();
+    assert_eq!(lost, StoreError::VersionConflict { run_id: "run-1".into(), expected: 0, actual: 1 });
+    assert_eq!(store.get_run("run-1").await.unwrap(), Some(stored.clone()));
+
+    // The winner of the next round continues from the stored version.
+    assert_eq!(store.put_run(stored.clone()).await.unwrap(), 2);
+    assert_eq!(store.get_run("run-1").await.unwrap().unwrap().version, 2);
+
+    // A run may be created at any version.
+    let mut late = run("run-late", RunStatus::Finished, 5);
+    late.version = 7;
+    late.epoch = 2;
+    store.create_run(late.clone()).await.unwrap();
+    assert_eq!(store.get_run("run-late").await.unwrap(), Some(late.clone()));
+    assert_eq!(store.put_run(late).await.unwrap(), 8);
+}
+
+/// `list_runs`: most recently updated first (ties by run id), filtered by status, limited.
+pub async fn run_list_filter_order_limit<S: RunStore>(store: S) {
+    assert!(store.list_runs(RunFilter::default()).await.unwrap().is_empty());
+    let runs = [
+        ("a", RunStatus::Finished, 30),
+        ("b", RunStatus::Running, 50),
+        ("c", RunStatus::Paused, 10),
+        ("d", RunStatus::Running, 40),
+        ("e", RunStatus::Running, 20),
+        ("f", RunStatus::Failed, 40),
+    ];
+    for (id, status, at) in runs {
+        store.create_run(run(id, status, at)).await.unwrap();
+    }
+    let ids = |list: Vec<kuralle::RunSummary>| list.into_iter().map(|r| r.run_id).collect::<Vec<_>>();
+
+    let all = store.list_runs(RunFilter::default()).await.unwrap();
+    assert_eq!(ids(all.clone()), ["b", "d", "f", "a", "e", "c"]);
+    assert_eq!(all[0].agent_id, "support");
+    assert_eq!(all[0].status, RunStatus::Running);
+    assert_eq!(all[0].updated_at_ms, 50);
+
+    let running = RunFilter { status: Some(RunStatus::Running), limit: None };
+    assert_eq!(ids(store.list_runs(running).await.unwrap()), ["b", "d", "e"]);
+    let top_running = RunFilter { status: Some(RunStatus::Running), limit: Some(2) };
+    assert_eq!(ids(store.list_runs(top_running).await.unwrap()), ["b", "d"]);
+    assert_eq!(ids(store.list_runs(RunFilter { status: None, limit: Some(3) }).await.unwrap()), ["b", "d", "f"]);
+    assert!(store.list_runs(RunFilter { status: None, limit: Some(0) }).await.unwrap().is_empty());
+    let none = RunFilter { status: Some(RunStatus::MaxSteps), limit: None };
+    assert!(store.list_runs(none).await.unwrap().is_empty());
+    assert_eq!(store.list_runs(RunFilter { status: None, limit: Some(100) }).await.unwrap().len(), 6);
+
+    // An update moves a run to the front and into its new status.
+    let mut c = store.get_run("c").await.unwrap().unwrap();
+    c.status = RunStatus::Running;
+    c.updated_at_ms = 60;
+    store.put_run(c).await.unwrap();
+    let running = RunFilter { status: Some(RunStatus::Running), limit: None };
+    assert_eq!(ids(store.list_runs(running).await.unwrap()), ["c", "b", "d", "e"]);
+    let paused = RunFilter { status: Some(RunStatus::Paused), limit: None };
+    assert!(store.list_runs(paused).await.unwrap().is_empty());
+}
+
+/// `delete_run` removes the run and its journal; the id can be reused with a fresh journal.
+pub async fn run_delete<S: RunStore>(store: S) {
+    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    store.create_run(run("run-2", RunStatus::Running, 2)).await.unwrap();
+    store.append_steps("run-1", vec![step("a"), step("b")]).await.unwrap();
+    store.append_steps("run-2", vec![step("a")]).await.unwrap();
+
+    assert!(store.delete_run("run-1").await.unwrap());
+    assert_eq!(store.get_run("run-1").await.unwrap(), None);
+    assert!(store.steps("run-1").await.unwrap().is_empty());
+    assert!(!store.delete_run("run-1").await.unwrap());
+    assert_eq!(store.list_runs(RunFilter::default()).await.unwrap().len(), 1);
+    assert_eq!(store.steps("run-2").await.unwrap().len(), 1, "other runs are untouched");
+
+    store.create_run(run("run-1", RunStatus::Running, 3)).await.unwrap();
+    assert_eq!(store.append_steps("run-1", vec![step("a")]).await.unwrap(), [0], "a fresh journal");
+}
+
+/// append / finish / steps round trip, including `Failed` outcomes and unicode JSON.
+pub async fn journal_round_trip<S: RunStore>(store: S) {
+    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    assert!(store.steps("run-1").await.unwrap().is_empty());
+
+    let intents = vec![
+        NewStep { key: "k-model".into(), kind: StepKind::Model, name: "model".into(), epoch: 2, started_at_ms: 100 },
+        NewStep { key: "k-tool".into(), kind: StepKind::Tool, name: "charge".into(), epoch: 2, started_at_ms: 101 },
+        NewStep { key: "k-now".into(), kind: StepKind::Now, name: "now".into(), epoch: 2, started_at_ms: 102 },
+        NewStep { key: "k-uuid".into(), kind: StepKind::Uuid, name: "uuid".into(), epoch: 2, started_at_ms: 103 },
+    ];
+    assert_eq!(store.append_steps("run-1", intents.clone()).await.unwrap(), [0, 1, 2, 3]);
+    let steps = store.steps("run-1").await.unwrap();
+    assert_eq!(steps.len(), 4);
+    for (i, (record, intent)) in steps.iter().zip(&intents).enumerate() {
+        assert_eq!(record.ordinal, i as u64);
+        assert_eq!(record.key, intent.key);
+        assert_eq!(record.kind, intent.kind);
+        assert_eq!(record.name, intent.name);
+        assert_eq!(record.epoch, 2);
+        assert_eq!(record.status, StepStatus::Running);
+        assert_eq!(record.result, None);
+        assert_eq!(record.error, None);
+        assert_eq!(record.started_at_ms, intent.started_at_ms);
+        assert_eq!(record.finished_at_ms, None);
+    }
+
+    let result = json!({
+        "text": "Grüße aus Köln — 你好 — مرحبا — 🚀\u{0}\"quoted\"\n",
+        "numbers": [0, -1, 1.5, 1e300, u64::MAX, i64::MIN],
+        "empty": {}, "list": [], "null": null, "bool": false,
+    });
+    let error = json!({"kind": "tool_error", "message": "carte refusée ❌", "retryable": false});
+    store.finish_step("run-1", 1, StepOutcome::Finished(result.clone()), 200).await.unwrap();
+    store.finish_step("run-1", 2, StepOutcome::Failed(error.clone()), 201).await.unwrap();
+    store.finish_step("run-1", 0, StepOutcome::Finished(Value::String(String::new())), 202).await.unwrap();
+
+    let steps = store.steps("run-1").await.unwrap();
+    assert_eq!(steps[1].status, StepStatus::Finished);
+    assert_eq!(steps[1].result.as_ref(), Some(&result));
+    assert_eq!(steps[1].error, None);
+    assert_eq!(steps[1].finished_at_ms, Some(200));
+    assert_eq!(steps[2].status, StepStatus::Failed);
+    assert_eq!(steps[2].result, None);
+    assert_eq!(steps[2].error.as_ref(), Some(&error));
+    assert_eq!(steps[2].finished_at_ms, Some(201));
+    assert_eq!(steps[0].status, StepStatus::Finished);
+    assert_eq!(steps[0].result, Some(json!("")));
+    assert_eq!(steps[3].status, StepStatus::Running, "untouched step stays running");
+
+    // Later appends continue the sequence; an empty append reserves nothing.
+    assert_eq!(store.append_steps("run-1", vec![]).await.unwrap(), Vec::<u64>::new());
+    assert_eq!(store.append_steps("run-1", vec![step("k-5"), step("k-6")]).await.unwrap(), [4, 5]);
+    assert_eq!(store.append_steps("run-1", vec![step("k-7")]).await.unwrap(), [6]);
+    let ordinals: Vec<u64> = store.steps("run-1").await.unwrap().iter().map(|s| s.ordinal).collect();
+    assert_eq!(ordinals, (0..7).collect::<Vec<_>>());
+
+    // Journals are per run: another run starts at 0 and may reuse keys.
+    store.create_run(run("run-2", RunStatus::Running, 1)).await.unwrap();
+    assert_eq!(store.append_steps("run-2", vec![step("k-tool")]).await.unwrap(), [0]);
+}
+
+/// A key already in the run's journal (or twice in one call) is `DuplicateKey`, and the whole
+/// call has no effect: no row, no ordinal consumed.
+pub async fn journal_duplicate_key_rejected<S: RunStore>(store: S) {
+    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    assert_eq!(store.append_steps("run-1", vec![step("a")]).await.unwrap(), [0]);
+
+    let duplicate = store.append_steps("run-1", vec![step("a")]).await.unwrap_err();
+    assert_eq!(duplicate, StoreError::DuplicateKey { run_id: "run-1".into(), key: "a".into() });
+
+    let partly = store.append_steps("run-1", vec![step("b"), step("a"), step("c")]).await.unwrap_err();
+    assert_eq!(partly, StoreError::DuplicateKey { run_id: "run-1".into(), key: "a".into() });
+
+    let twice = store.append_steps("run-1", vec![step("d"), step("d")]).await.unwrap_err();
+    assert_eq!(twice, StoreError::DuplicateKey { run_id: "run-1".into(), key: "d".into() });
+
+    let keys: Vec<String> = store.steps("run-1").await.unwrap().into_iter().map(|s| s.key).collect();
+    assert_eq!(keys, ["a"], "refused calls leave nothing behind");
+    assert_eq!(store.append_steps("run-1", vec![step("b"), step("d")]).await.unwrap(), [1, 2], "no ordinal was used");
+}
+
+/// `finish_step` only finalizes a `Running` step, once.
+pub async fn journal_finish_non_running_rejected<S: RunStore>(store: S) {
+    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    store.append_steps("run-1", vec![step("a"), step("b")]).await.unwrap();
+    store.finish_step("run-1", 0, StepOutcome::Finished(json!(1)), 5).await.unwrap();
+
+    let not_running = |ordinal| StoreError::StepNotRunning { run_id: "run-1".into(), ordinal };
+    let again = store.finish_step("run-1", 0, StepOutcome::Finished(json!(2)), 6).await.unwrap_err();
+    assert_eq!(again, not_running(0));
+    let again = store.finish_step("run-1", 0, StepOutcome::Failed(json!("late")), 6).await.unwrap_err();
+    assert_eq!(again, not_running(0));
+    assert_eq!(store.finish_step("run-1", 2, StepOutcome::Finished(json!(1)), 6).await.unwrap_err(), not_running(2));
+    let huge = store.finish_step("run-1", u64::MAX, StepOutcome::Finished(json!(1)), 6).await.unwrap_err();
+    assert_eq!(huge, not_running(u64::MAX));
+
+    store.finish_step("run-1", 1, StepOutcome::Failed(json!({"e": 1})), 7).await.unwrap();
+    let again = store.finish_step("run-1", 1, StepOutcome::Finished(json!(1)), 8).await.unwrap_err();
+    assert_eq!(again, not_running(1));
+
+    let steps = store.steps("run-1").await.unwrap();
+    assert_eq!(
+        (steps[0].status, steps[0].result.clone(), steps[0].finished_at_ms),
+        (StepStatus::Finished, Some(json!(1)), Some(5))
+    );
+    assert_eq!(
+        (steps[1].status, steps[1].error.clone(), steps[1].finished_at_ms),
+        (StepStatus::Failed, Some(json!({"e": 1})), Some(7))
+    );
+}
+
+/// Operations on an unknown run.
+pub async fn run_not_found<S: RunStore>(store: S) {
+    let missing = || StoreError::RunNotFound("ghost".into());
+    assert_eq!(store.get_run("ghost").await.unwrap(), None);
+    assert_eq!(store.put_run(run("ghost", RunStatus::Running, 1)).await.unwrap_err(), missing());
+    assert_eq!(store.append_steps("ghost", vec![step("a")]).await.unwrap_err(), missing());
+    assert_eq!(store.append_steps("ghost", vec![]).await.unwrap_err(), missing());
+    assert_eq!(store.finish_step("ghost", 0, StepOutcome::Finished(json!(1)), 1).await.unwrap_err(), missing());
+    assert!(store.steps("ghost").await.unwrap().is_empty());
+    assert!(!store.delete_run("ghost").await.unwrap());
+    assert!(store.list_runs(RunFilter::default()).await.unwrap().is_empty(), "nothing was created");
+    assert!(!missing().is_retryable());
+}
+
+/// A value over [`DEFAULT_MAX_VALUE_BYTES`] is `LimitExceeded` and writes nothing; the run
+/// goes on.
+pub async fn value_size_limit<S: RunStore>(store: S) {
+    // Compact JSON of a string is its text plus two quotes.
+    let at_limit = Value::String("x".repeat(DEFAULT_MAX_VALUE_BYTES - 2));
+    let over = Value::String("x".repeat(DEFAULT_MAX_VALUE_BYTES - 1));
+
+    let mut big = run("big", RunStatus::Running, 1);
+    big.state = over.clone();
+    assert!(matches!(store.create_run(big).await.unwrap_err(), StoreError::LimitExceeded(_)));
+    assert_eq!(store.get_run("big").await.unwrap(), None);
+
+    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    store.append_steps("run-1", vec![step("a"), step("b")]).await.unwrap();
+    let err = store.finish_step("run-1", 0, StepOutcome::Failed(over), 2).await.unwrap_err();
+    assert!(matches!(err, StoreError::LimitExceeded(_)), "{err:?}");
+    assert!(!err.is_retryable());
+    let steps = store.steps("run-1").await.unwrap();
+    assert!(steps.iter().all(|s| s.status == StepStatus::Running), "nothing was finalized");
+
+    // At the limit is fine, and the run goes on.
+    store.finish_step("run-1", 1, StepOutcome::Finished(at_limit), 3).await.unwrap();
+    store.finish_step("run-1", 0, StepOutcome::Failed(json!("too big")), 3).await.unwrap();
+    let steps = store.steps("run-1").await.unwrap();
+    assert_eq!(steps[1].result.as_ref().and_then(Value::as_str).map(str::len), Some(DEFAULT_MAX_VALUE_BYTES - 2));
+    assert_eq!(steps[0].status, StepStatus::Failed);
+}
+
+/// 64 tasks each append 1..=4 steps to one run at once: every ordinal is unique, the union
+/// is exactly `0..n`, and each call's ordinals are contiguous and in its given order.
+pub async fn reservation_under_64_concurrent_reservers<S: RunStore>(store: S) {
+    let store = Arc::new(store);
+    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    let barrier = Arc::new(tokio::sync::Barrier::new(64));
+    let tasks: Vec<_> = (0..64)
+        .map(|task| {
+            let store = store.clone();
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                let count = task % 4 + 1;
+                let keys: Vec<String> = (0..count).map(|i| format!("task-{task}-step-{i}")).collect();
+                let steps = keys.iter().map(|key| step(key)).collect();
+                barrier.wait().await;
+                let ordinals = store.append_steps("run-1", steps).await.unwrap();
+                (keys, ordinals)
+            })
+        })
+        .collect();
+    let mut all = BTreeSet::new();
+    let mut expected_total = 0;
+    let mut calls = Vec::new();
+    for task in tasks {
+        let (keys, ordinals) = task.await.unwrap();
+        assert_eq!(ordinals.len(), keys.len());
+        assert!(ordinals.windows(2).all(|w| w[1] == w[0] + 1), "one call's ordinals are contiguous: {ordinals:?}");
+        expected_total += ordinals.len();
+        all.extend(ordinals.iter().copied());
+        calls.push((keys, ordinals));
+    }
+    assert_eq!(expected_total, 64 / 4 * (1 + 2 + 3 + 4));
+    assert_eq!(all.len(), expected_total, "ordinals are unique");
+    assert_eq!(all, (0..expected_total as u64).collect::<BTreeSet<_>>(), "ordinals are gap-free from 0");
+
+    let journal = store.steps("run-1").await.unwrap();
+    assert_eq!(journal.len(), expected_total);
+    for (keys, ordinals) in calls {
+        for (key, ordinal) in keys.iter().zip(ordinals) {
+            assert_eq!(&journal[ordinal as usize].key, key, "each step sits at the ordinal returned for it");
+        }
+    }
+    // The next reservation follows on.
+    assert_eq!(store.append_steps("run-1", vec![step("after")]).await.unwrap(), [expected_total as u64]);
+}
+
+/// 16 tasks `put_run` with the same expected version, 10 rounds: exactly one wins, 15 get
+/// `VersionConflict` with the actual version, and the store holds version + 1 with the
+/// winner's state.
+pub async fn version_check_with_16_concurrent_writers<S: RunStore>(store: S) {
+    let store = Arc::new(store);
+    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    for round in 0..10u64 {
+        let base = store.get_run("run-1").await.unwrap().unwrap();
+        assert_eq!(base.version, round);
+        let barrier = Arc::new(tokio::sync::Barrier::new(16));
+        let tasks: Vec<_> = (0..16)
+            .map(|writer| {
+                let store = store.clone();
+                let barrier = barrier.clone();
+                let mut mine = base.clone();
+                mine.state = json!({"round": round, "writer": writer, "text": format!("écrit par {writer} ✍")});
+                mine.updated_at_ms = 100 + writer;
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    (mine.clone(), store.put_run(mine).await)
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        let mut losers = 0;
+        for task in tasks {
+            let (mine, result) = task.await.unwrap();
+            match result {
+                Ok(version) => {
+                    assert_eq!(version, round + 1);
+                    winners.push(mine);
+                }
+                Err(StoreError::VersionConflict { run_id, expected, actual }) => {
+                    assert_eq!((run_id.as_str(), expected, actual), ("run-1", round, round + 1));
+                    losers += 1;
+                }
+                Err(other) => panic!("unexpected error {other:?}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: exactly one writer wins");
+        assert_eq!(losers, 15);
+        let stored = store.get_run("run-1").await.unwrap().unwrap();
+        let winner = winners.pop().unwrap();
+        assert_eq!(stored, RunRecord { version: round + 1, created_at_ms: 1, ..winner }, "round {round}");
+    }
+}

@@ -1,0 +1,336 @@
+//! `SqliteStore`-specific behaviour: durability across reopen, corrupt and foreign files,
+//! locks held by other processes, write failures (read-only file, full disk), group commit.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kuralle::stores::{SqliteOptions, SqliteStore};
+use kuralle::{RunFilter, RunRecord, RunStatus, RunStore, StepOutcome, StepStatus, StoreError};
+use kuralle_tests::conformance::{run, step};
+use serde_json::json;
+
+fn db_path() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    (dir, path)
+}
+
+/// Runs a Python snippet against the database file in another process; returns its stdout.
+fn python(path: &Path, code: &str) -> String {
+    let output = Command::new("python3").arg("-c").arg(code).arg(path).output().expect("python3 runs");
+    assert!(output.status.success(), "python failed: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn assert_unavailable(error: &StoreError, needle: &str) {
+    match error {
+        StoreError::Unavailable(message) => assert!(message.contains(needle), "{message:?} lacks {needle:?}"),
+        other => panic!("expected Unavailable({needle}…), got {other:?}"),
+    }
+    assert!(error.is_retryable());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reopen_after_drop_keeps_everything() {
+    let (_dir, path) = db_path();
+    let store = SqliteStore::open(&path).unwrap();
+    store.create_run(run("run-1", RunStatus::Running, 10)).await.unwrap();
+    store.create_run(run("run-2", RunStatus::Finished, 20)).await.unwrap();
+    store.append_steps("run-1", vec![step("a"), step("b"), step("c")]).await.unwrap();
+    store.finish_step("run-1", 0, StepOutcome::Finished(json!({"ok": "✓ déjà vu"})), 11).await.unwrap();
+    store.finish_step("run-1", 1, StepOutcome::Failed(json!({"kind": "timeout"})), 12).await.unwrap();
+    let mut updated = store.get_run("run-1").await.unwrap().unwrap();
+    updated.state = json!({"turn": 2});
+    updated.status = RunStatus::Paused;
+    updated.updated_at_ms = 30;
+    store.put_run(updated).await.unwrap();
+
+    let run_1 = store.get_run("run-1").await.unwrap();
+    let run_2 = store.get_run("run-2").await.unwrap();
+    let steps = store.steps("run-1").await.unwrap();
+    let list = store.list_runs(RunFilter::default()).await.unwrap();
+    drop(store);
+
+    // Another process sees the committed rows.
+    let counted = python(
+        &path,
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); \
+         print(c.execute('select count(*) from steps').fetchone()[0], \
+               c.execute(\"select status from steps where ordinal = 1\").fetchone()[0])",
+    );
+    assert_eq!(counted.trim(), "3 failed");
+
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(store.get_run("run-1").await.unwrap(), run_1);
+    assert_eq!(store.get_run("run-2").await.unwrap(), run_2);
+    assert_eq!(store.steps("run-1").await.unwrap(), steps);
+    assert_eq!(store.list_runs(RunFilter::default()).await.unwrap(), list);
+    assert_eq!(run_1.unwrap().version, 1);
+    assert_eq!(steps[2].status, StepStatus::Running);
+    // The ordinal counter survived too.
+    assert_eq!(store.append_steps("run-1", vec![step("d")]).await.unwrap(), [3]);
+}
+
+#[test]
+fn a_file_that_is_not_sqlite_is_corrupt_at_open() {
+    let (dir, _) = db_path();
+    let noise = dir.path().join("noise.db");
+    // Deterministic pseudo-random bytes.
+    let mut x: u32 = 0x2545_f491;
+    let bytes: Vec<u8> = (0..8192)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect();
+    std::fs::write(&noise, bytes).unwrap();
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "These are my notes, not a database.\n".repeat(200)).unwrap();
+
+    for path in [noise, text] {
+        let error = SqliteStore::open(&path).unwrap_err();
+        let StoreError::Corrupt(message) = &error else { panic!("expected Corrupt, got {error:?}") };
+        assert!(message.contains("not a SQLite database"), "{message}");
+        assert!(message.contains(&path.display().to_string()), "{message}");
+        assert!(!error.is_retryable());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_with_other_tables_gets_our_schema_added() {
+    let (_dir, path) = db_path();
+    python(
+        &path,
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); \
+         c.execute('create table notes (body text)'); c.execute(\"insert into notes values ('keep me')\"); c.commit()",
+    );
+    let store = SqliteStore::open(&path).unwrap();
+    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    assert_eq!(store.append_steps("run-1", vec![step("a")]).await.unwrap(), [0]);
+    drop(store);
+    let notes = python(
+        &path,
+        "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute('select body from notes').fetchone()[0])",
+    );
+    assert_eq!(notes.trim(), "keep me");
+    assert!(SqliteStore::open(&path).is_ok(), "reopening finds the schema");
+}
+
+#[test]
+fn foreign_runs_table_and_newer_schema_are_clear_errors() {
+    let (dir, foreign) = db_path();
+    python(
+        &foreign,
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('create table runs (id integer)'); c.commit()",
+    );
+    let error = SqliteStore::open(&foreign).unwrap_err();
+    let StoreError::Corrupt(message) = &error else { panic!("expected Corrupt, got {error:?}") };
+    assert!(message.contains("`runs`") && message.contains("not kuralle's"), "{message}");
+
+    let newer = dir.path().join("newer.db");
+    drop(SqliteStore::open(&newer).unwrap());
+    python(
+        &newer,
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('update kuralle_schema set version = 99'); c.commit()",
+    );
+    let error = SqliteStore::open(&newer).unwrap_err();
+    let StoreError::Corrupt(message) = &error else { panic!("expected Corrupt, got {error:?}") };
+    assert!(message.contains("version 99") && message.contains("upgrade kuralle"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_by_another_process_gives_unavailable_after_busy_timeout() {
+    let (_dir, path) = db_path();
+    let options = SqliteOptions { busy_timeout: Duration::from_millis(300), ..SqliteOptions::default() };
+    let store = SqliteStore::open_with(&path, options).unwrap();
+    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+
+    let mut holder = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sqlite3, sys, time\n\
+             c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
+             c.execute('BEGIN EXCLUSIVE')\n\
+             print('locked', flush=True)\n\
+             time.sleep(2)\n\
+             c.execute('COMMIT')\n",
+        )
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "locked");
+
+    let started = Instant::now();
+    let error = store.append_steps("run-1", vec![step("a")]).await.unwrap_err();
+    let waited = started.elapsed();
+    assert_unavailable(&error, "locked by another process");
+    assert!(error.to_string().contains("300 ms"), "{error}");
+    assert!(waited >= Duration::from_millis(250), "waited only {waited:?}");
+    assert!(waited < Duration::from_millis(1900), "waited {waited:?}, longer than busy_timeout");
+    // WAL readers are not blocked by the writer lock.
+    assert!(store.get_run("run-1").await.unwrap().is_some());
+
+    assert!(holder.wait().unwrap().success());
+    // Once the lock is gone the same write succeeds, and the failed attempt used no ordinal.
+    assert_eq!(store.append_steps("run-1", vec![step("a")]).await.unwrap(), [0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_retryable_and_loses_nothing_acknowledged() {
+    let (_dir, path) = db_path();
+    let store = SqliteStore::open(&path).unwrap();
+    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    drop(store);
+
+    // `max_page_count` at the current size (SQLite never sets it lower): the file cannot grow.
+    let options = SqliteOptions { max_page_count: Some(1), ..SqliteOptions::default() };
+    let store = SqliteStore::open_with(&path, options).unwrap();
+    let mut acknowledged = Vec::new();
+    let mut full = None;
+    for i in 0..200 {
+        let key = format!("{i:04}-{}", "k".repeat(1500));
+        match store.append_steps("run-1", vec![step(&key)]).await {
+            Ok(ordinals) => acknowledged.push((ordinals[0], key)),
+            Err(error) => {
+                full = Some(error);
+                break;
+            }
+        }
+    }
+    let error = full.expect("the capped database fills up");
+    assert_unavailable(&error, "full");
+    // A large result cannot be written either; the step stays running.
+    let big = json!("r".repeat(64 * 1024));
+    if let Some((ordinal, _)) = acknowledged.first() {
+        let error = store.finish_step("run-1", *ordinal, StepOutcome::Finished(big.clone()), 2).await.unwrap_err();
+        assert_unavailable(&error, "full");
+    }
+    // Reads still work, and show exactly the acknowledged writes.
+    let steps = store.steps("run-1").await.unwrap();
+    let keys: Vec<(u64, String)> = steps.iter().map(|s| (s.ordinal, s.key.clone())).collect();
+    assert_eq!(keys, acknowledged);
+    drop(store);
+
+    // Space "freed": reopen without the cap. Everything acknowledged is there, writes work.
+    let store = SqliteStore::open(&path).unwrap();
+    let keys: Vec<(u64, String)> =
+        store.steps("run-1").await.unwrap().into_iter().map(|s| (s.ordinal, s.key)).collect();
+    assert_eq!(keys, acknowledged);
+    let next = acknowledged.len() as u64;
+    assert_eq!(store.append_steps("run-1", vec![step("after")]).await.unwrap(), [next]);
+    store.finish_step("run-1", next, StepOutcome::Finished(big.clone()), 3).await.unwrap();
+    assert_eq!(store.steps("run-1").await.unwrap()[next as usize].result.as_ref(), Some(&big));
+}
+
+/// Makes files immutable (`chattr +i`, which stops writes even for root) until dropped.
+struct Immutable(Vec<PathBuf>);
+
+impl Immutable {
+    fn set(paths: Vec<PathBuf>) -> Option<Self> {
+        let ok = Command::new("chattr").arg("+i").args(&paths).status().is_ok_and(|status| status.success());
+        let guard = Self(paths);
+        ok.then_some(guard)
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = Command::new("chattr").arg("-i").args(&self.0).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_that_cannot_be_written_is_retryable_and_loses_nothing_acknowledged() {
+    let (_dir, path) = db_path();
+    let store = SqliteStore::open(&path).unwrap();
+    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    assert_eq!(store.append_steps("run-1", vec![step("a")]).await.unwrap(), [0]);
+
+    let wal = PathBuf::from(format!("{}-wal", path.display()));
+    let Some(guard) = Immutable::set(vec![path.clone(), wal]) else {
+        eprintln!("skipped: `chattr +i` is not available here");
+        return;
+    };
+    let error = store.append_steps("run-1", vec![step("b")]).await.unwrap_err();
+    assert_unavailable(&error, "I/O error");
+    let error = store.finish_step("run-1", 0, StepOutcome::Finished(json!(1)), 2).await.unwrap_err();
+    assert!(error.is_retryable(), "{error:?}");
+    drop(guard);
+
+    // Writable again: the store keeps working and nothing acknowledged was lost.
+    store.finish_step("run-1", 0, StepOutcome::Finished(json!(1)), 3).await.unwrap();
+    assert_eq!(store.append_steps("run-1", vec![step("b")]).await.unwrap(), [1]);
+    drop(store);
+    let store = SqliteStore::open(&path).unwrap();
+    let steps = store.steps("run-1").await.unwrap();
+    assert_eq!(steps.len(), 2);
+    assert_eq!(steps[0].result, Some(json!(1)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_share_commits() {
+    let (_dir, path) = db_path();
+    let store = SqliteStore::open(&path).unwrap();
+    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+
+    let before = store.commit_count();
+    let keys: Vec<String> = (0..64).map(|i| format!("call-{i}")).collect();
+    let calls = keys.iter().map(|key| store.append_steps("run-1", vec![step(key)]));
+    let results = futures::future::join_all(calls).await;
+    let commits = store.commit_count() - before;
+
+    let mut ordinals: Vec<u64> = results.into_iter().map(|r| r.unwrap()[0]).collect();
+    ordinals.sort_unstable();
+    assert_eq!(ordinals, (0..64).collect::<Vec<_>>());
+    assert!(commits <= 8, "64 concurrent appends took {commits} commits");
+    eprintln!("64 concurrent appends: {commits} commits");
+
+    // The same through spawned tasks on several threads.
+    let store = std::sync::Arc::new(store);
+    let before = store.commit_count();
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move { store.append_steps("run-1", vec![step(&format!("task-{i}"))]).await.unwrap() })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let commits = store.commit_count() - before;
+    assert!(commits < 64 / 2, "64 spawned appends took {commits} commits");
+    eprintln!("64 spawned appends: {commits} commits");
+    assert_eq!(store.steps("run-1").await.unwrap().len(), 128);
+}
+
+#[test]
+fn dropping_the_last_clone_stops_the_writer_after_queued_writes() {
+    let (_dir, path) = db_path();
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let store = SqliteStore::open(&path).unwrap();
+    let clone = store.clone();
+    runtime.block_on(async {
+        clone.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    });
+    drop(store);
+    // The clone still works: the writer runs until the last clone is gone.
+    runtime.block_on(async {
+        clone.append_steps("run-1", vec![step("a")]).await.unwrap();
+    });
+    let started = Instant::now();
+    drop(clone);
+    assert!(started.elapsed() < Duration::from_secs(2), "drop joins the writer promptly");
+    // The file is closed cleanly: no WAL left behind after the last connection closed.
+    let wal = PathBuf::from(format!("{}-wal", path.display()));
+    assert!(!wal.exists() || std::fs::metadata(&wal).unwrap().len() == 0, "WAL was checkpointed at close");
+    let store = SqliteStore::open(&path).unwrap();
+    let run: Option<RunRecord> = runtime.block_on(store.get_run("run-1")).unwrap();
+    assert!(run.is_some());
+}
