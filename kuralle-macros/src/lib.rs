@@ -1,15 +1,30 @@
 //! Implementation detail of the `kuralle` crate: the `#[tool]` and `#[agent]` attributes.
+//!
+//! Each macro runs parse → model → check → expand: the arguments and the item are parsed into
+//! a model that borrows `syn`, cross-cutting checks run on the model, and expansion is a pure
+//! function of the model. Errors are collected with spans and emitted together with the
+//! user's item, so one mistake does not cascade.
+
+mod agent;
+mod ctxt;
+mod docs;
+mod path;
+mod tool;
 
 use proc_macro::TokenStream;
 
-/// Turns an async fn into a kuralle tool.
+/// Turns an async fn into a kuralle tool: a unit struct (the fn name in PascalCase) that
+/// implements `kuralle::Tool`, and an input struct (`<Name>Input`) built from the params.
+///
+/// See the `kuralle` crate documentation for the arguments.
 #[proc_macro_attribute]
-pub fn tool(_args: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn tool(args: TokenStream, item: TokenStream) -> TokenStream {
+    tool::expand(args.into(), item.into()).into()
 }
 
-/// Declares an agent.
+/// Declares an agent on a unit struct: its doc comment is the instructions, its arguments the
+/// id, tools and limits. Implements `kuralle::Agent`.
 #[proc_macro_attribute]
-pub fn agent(_args: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn agent(args: TokenStream, item: TokenStream) -> TokenStream {
+    agent::expand(args.into(), item.into()).into()
 }

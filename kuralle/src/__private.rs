@@ -8,8 +8,200 @@ pub use core::{
     result::Result,
     time::Duration,
 };
-pub use std::{boxed::Box, string::String, vec::Vec};
+pub use std::{boxed::Box, string::String, sync::OnceLock, vec::Vec};
 
+pub use futures::{self, Stream};
 pub use schemars::{self, JsonSchema};
 pub use serde::{self, Deserialize, Serialize};
 pub use serde_json::{self, Value};
+pub use serde_path_to_error;
+
+pub use crate::generator::{Emit, Emitter, Generator, Slot, emitter, forward, returning, tool_stream};
+pub use crate::{Agent, AgentDef, PreparedCall, Tool, ToolContext, ToolError, ToolEvent, ToolStream, Yielded};
+
+use std::{
+    fmt::Display,
+    marker::PhantomData,
+    panic::{AssertUnwindSafe, catch_unwind},
+};
+
+/// The model-facing name of a `#[tool]`, as a constant, so `#[agent]` can reject two tools with
+/// the same name at compile time.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a kuralle tool",
+    note = "annotate an async fn with `#[kuralle::tool]` and list the generated PascalCase struct"
+)]
+pub trait ToolName {
+    /// The tool's name.
+    const NAME: &'static str;
+}
+
+/// `a == b`, usable in constants.
+pub const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Evaluates a `parallel_safe = expr` predicate; a panic means "not parallel-safe".
+pub fn parallel_safe<F: Fn(&Value) -> bool>(predicate: &F, raw_args: &Value) -> bool {
+    catch_unwind(AssertUnwindSafe(|| predicate(raw_args))).unwrap_or(false)
+}
+
+/// Evaluates an `idempotency_key = expr` function on the validated input.
+pub fn idempotency_key<I, F: Fn(&I) -> String>(key: &F, input: &I) -> String {
+    key(input)
+}
+
+/// Checks an `on_error = path` recovery function's type, on the user's path.
+pub fn on_error<T, E, I>(recover: fn(E, &I) -> Result<T, E>) -> fn(E, &I) -> Result<T, E> {
+    recover
+}
+
+/// Validates raw arguments into a tool's input struct, exactly once. The message names the
+/// field: `` `units`: unknown variant `kelvin`, expected `celsius` or `fahrenheit` ``.
+///
+/// # Errors
+/// [`ToolError::InvalidInput`].
+pub fn parse_input<T: serde::de::DeserializeOwned>(tool: &str, args: &Value) -> Result<T, ToolError> {
+    if !args.is_object() {
+        return Err(ToolError::invalid_input(
+            tool,
+            format!("the arguments must be a JSON object, not {}", crate::tool::kind(args)),
+        ));
+    }
+    serde_path_to_error::deserialize(args).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = if path == "." { inner.to_string() } else { format!("`{path}`: {inner}") };
+        ToolError::invalid_input(tool, message)
+    })
+}
+
+/// The outcome of a call that returned `value`.
+pub fn ok_outcome<T: Serialize>(tool: &str, value: &T) -> ToolEvent {
+    ToolEvent::Outcome(serde_json::to_value(value).map_err(|e| ToolError::InvalidOutput {
+        tool: tool.to_owned(),
+        message: format!("the result could not be serialized: {e}"),
+    }))
+}
+
+/// The outcome of a call that returned `Err(error)`.
+pub fn err_outcome<E: Display>(tool: &str, error: &E) -> ToolEvent {
+    ToolEvent::Outcome(Err(ToolError::failed(tool, error.to_string())))
+}
+
+/// The outcome of a call that failed before producing a value.
+pub fn error_event(error: ToolError) -> ToolEvent {
+    ToolEvent::Outcome(Err(error))
+}
+
+/// Whether the call was cancelled (timeout or interrupt); `on_error` is skipped then.
+pub fn is_cancelled(ctx: &ToolContext) -> bool {
+    ctx.is_cancelled()
+}
+
+/// Compile-time check that a tool result type is `Serialize` (spanned on the user's type).
+pub fn assert_serialize<T: Serialize + ?Sized>() {}
+
+/// Compile-time check that a tool error type is `Display` (spanned on the user's type).
+pub fn assert_display<E: Display + ?Sized>() {}
+
+/// Compile-time check that an `#[agent]` tools entry is a tool (spanned on its path).
+pub fn assert_tool<T: Tool>(tool: T) -> T {
+    tool
+}
+
+/// A `Box<dyn PreparedCall>` from a generated call.
+pub fn boxed_call<C: PreparedCall + 'static>(call: C) -> Box<dyn PreparedCall> {
+    Box::new(call)
+}
+
+/// The input schema of `T`, computed once per tool into `cell`.
+pub fn input_schema<T: JsonSchema>(cell: &'static OnceLock<Value>) -> &'static Value {
+    cell.get_or_init(crate::schema::input_schema::<T>)
+}
+
+/// `Some(schema)` when `T: JsonSchema`, else `None`, without specialization: autoref-based
+/// method resolution picks [`HasOutputSchema`] (implemented on `&MaybeSchema<T>`) when the
+/// bound holds, and falls back to [`NoOutputSchema`] (on `MaybeSchema<T>`) otherwise. Works
+/// because the expansion names the concrete result type.
+pub struct MaybeSchema<T: ?Sized>(PhantomData<fn() -> Box<T>>);
+
+impl<T: ?Sized> MaybeSchema<T> {
+    /// The probe for `T`.
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T: ?Sized> Default for MaybeSchema<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The output-schema probe's preferred arm: `T: JsonSchema`.
+pub trait HasOutputSchema {
+    /// The output schema.
+    fn output_schema(&self) -> Option<Value>;
+}
+
+impl<T: JsonSchema> HasOutputSchema for &MaybeSchema<T> {
+    fn output_schema(&self) -> Option<Value> {
+        Some(crate::schema::output_schema::<T>())
+    }
+}
+
+/// The output-schema probe's fallback arm: no schema.
+pub trait NoOutputSchema {
+    /// No output schema.
+    fn output_schema(&self) -> Option<Value>;
+}
+
+impl<T: ?Sized> NoOutputSchema for MaybeSchema<T> {
+    fn output_schema(&self) -> Option<Value> {
+        None
+    }
+}
+
+/// The output schema of a tool, computed once into `cell`.
+pub fn output_schema(cell: &'static OnceLock<Option<Value>>, make: fn() -> Option<Value>) -> Option<&'static Value> {
+    cell.get_or_init(make).as_ref()
+}
+
+/// A schema for tools whose expansion failed; never reached at run time (the crate does not
+/// compile), it only keeps later uses of the tool from cascading into more errors.
+pub fn fallback_schema() -> &'static Value {
+    static NULL: Value = Value::Null;
+    &NULL
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn str_eq_compares_bytes() {
+        const SAME: bool = str_eq("echo", "echo");
+        assert!(SAME);
+        assert!(!str_eq("echo", "echo2"));
+        assert!(!str_eq("echo", "ech0"));
+    }
+
+    #[test]
+    fn output_schema_probe_picks_the_right_arm() {
+        struct Opaque;
+        assert!((&&MaybeSchema::<String>::new()).output_schema().is_some());
+        assert!((&&MaybeSchema::<Opaque>::new()).output_schema().is_none());
+    }
+}

@@ -4,7 +4,11 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::journal::Scope;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+use crate::{ToolError, dispatch::Scope};
 
 /// Handed to a tool that declares a `&ToolContext` parameter.
 ///
@@ -103,7 +107,41 @@ impl ToolContext {
         &self.inner.idempotency_key
     }
 
-    pub(crate) fn scope(&self) -> Option<&Scope> {
-        self.inner.scope.as_ref()
+    /// Calls another tool of the agent, durably: the call is a journal step of its own (keyed
+    /// by this call's position, so sibling calls finishing in any order do not matter),
+    /// replayed after a crash, and it shares this call's cancellation.
+    ///
+    /// # Errors
+    /// The nested call's [`ToolError`]; [`ToolError::UnknownTool`] outside a run.
+    pub async fn tool(&self, name: &str, args: Value) -> Result<Value, ToolError> {
+        match &self.inner.scope {
+            Some(scope) => scope.tool(name, args).await,
+            None => Err(ToolError::UnknownTool { tool: name.to_owned(), available: String::new() }),
+        }
+    }
+
+    /// The current time, journaled: a replayed call sees the time of its first run.
+    ///
+    /// # Errors
+    /// [`ToolError::Failed`] when the journal cannot record it (the run then stops, resumable).
+    pub async fn now(&self) -> Result<SystemTime, ToolError> {
+        let ms = match &self.inner.scope {
+            Some(scope) => scope.recorded("now", crate::dispatch::now_value).await?,
+            None => crate::dispatch::now_value(),
+        };
+        Ok(UNIX_EPOCH + Duration::from_millis(ms.as_u64().unwrap_or(0)))
+    }
+
+    /// A random UUID (v4, hyphenated), journaled: a replayed call sees the same one.
+    ///
+    /// # Errors
+    /// [`ToolError::Failed`] when the journal cannot record it (the run then stops, resumable).
+    pub async fn uuid(&self) -> Result<String, ToolError> {
+        let make = || Value::String(uuid::Uuid::new_v4().to_string());
+        let v = match &self.inner.scope {
+            Some(scope) => scope.recorded("uuid", make).await?,
+            None => make(),
+        };
+        Ok(v.as_str().unwrap_or_default().to_owned())
     }
 }

@@ -137,9 +137,9 @@ impl ToolError {
 
 pub(crate) fn humanize(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms % 60_000 == 0 && ms > 0 {
+    if ms.is_multiple_of(60_000) && ms > 0 {
         format!("{}m", ms / 60_000)
-    } else if ms % 1000 == 0 && ms > 0 {
+    } else if ms.is_multiple_of(1000) && ms > 0 {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")
@@ -171,5 +171,74 @@ mod tests {
         assert_eq!(json, serde_json::json!({"kind": "timeout", "tool": "slow", "limit": 5000}));
         assert_eq!(serde_json::from_value::<ToolError>(json).unwrap(), e);
         assert_eq!(e.to_string(), "tool `slow` timed out after 5s");
+    }
+}
+
+/// Why a run could not go on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The model request failed; the run stays resumable.
+    #[error(transparent)]
+    Model(#[from] crate::ModelError),
+    /// The store failed; when [`StoreError::is_retryable`](crate::StoreError::is_retryable),
+    /// the run stays resumable.
+    #[error(transparent)]
+    Store(#[from] crate::StoreError),
+    /// No run with that id.
+    #[error("run `{0}` not found")]
+    RunNotFound(String),
+    /// No agent with that id.
+    #[error("no agent `{id}`; registered agents: {available}")]
+    UnknownAgent {
+        /// The requested id.
+        id: String,
+        /// Comma-separated registered ids.
+        available: String,
+    },
+    /// The run's unfinished turn has other input than the request.
+    #[error("run `{0}` has an unfinished turn with other input; resume it first")]
+    TurnInProgress(String),
+    /// The run's journal reached `max_steps_per_run`.
+    #[error("run `{run_id}` reached the journal limit of {limit} steps")]
+    StepLimit {
+        /// Run id.
+        run_id: String,
+        /// The configured limit.
+        limit: u64,
+    },
+    /// A model response exceeded `max_result_bytes`.
+    #[error("a model response of {size} bytes exceeds the limit of {limit} bytes")]
+    ResponseTooLarge {
+        /// Its size.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// The runtime is misconfigured.
+    #[error("runtime configuration: {0}")]
+    Config(String),
+    /// A decision was delivered for a run that is not waiting for it.
+    #[error("run `{run_id}` is not waiting for a decision on `{request_id}`")]
+    NotPending {
+        /// Run id.
+        run_id: String,
+        /// The request id in the decision.
+        request_id: String,
+    },
+    /// The run task panicked or was lost; the run stays resumable.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl RunError {
+    /// Whether resuming the run later may succeed (transient model or store failures).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Model(e) => !matches!(e, crate::ModelError::Auth { .. }),
+            Self::Store(e) => e.is_retryable(),
+            Self::Internal(_) => true,
+            _ => false,
+        }
     }
 }

@@ -148,6 +148,10 @@ pub enum ModelError {
     /// The provider reported an error inside the stream.
     #[error("model provider reported an error mid-stream: {0}")]
     Provider(String),
+    /// The request cannot be expressed for this provider (for example a tool schema that
+    /// OpenAI strict mode cannot express). Not retried.
+    #[error("the model request cannot be sent: {0}")]
+    InvalidRequest(String),
     /// A [`crate::testing::ScriptedModel`] ran out of turns.
     #[error("scripted model has no turn left (request {0})")]
     ScriptExhausted(usize),

@@ -108,6 +108,8 @@ pub enum StepKind {
     Now,
     /// `ctx.uuid()`.
     Uuid,
+    /// A human decision on a `needs_approval` call.
+    Approval,
 }
 
 impl StepKind {
@@ -118,6 +120,7 @@ impl StepKind {
             Self::Model => "model",
             Self::Now => "now",
             Self::Uuid => "uuid",
+            Self::Approval => "approval",
         }
     }
 
@@ -128,6 +131,7 @@ impl StepKind {
             "model" => Self::Model,
             "now" => Self::Now,
             "uuid" => Self::Uuid,
+            "approval" => Self::Approval,
             _ => return None,
         })
     }

@@ -57,6 +57,7 @@ struct Script {
     turns: Vec<Turn>,
     next: usize,
     requests: Vec<ModelRequest>,
+    by_transcript: bool,
 }
 
 /// Replays scripted [`Turn`]s in order, one per request, and records every request.
@@ -85,12 +86,31 @@ impl ScriptedModel {
         Self { script: Arc::new(Mutex::new(Script { turns: turns.into_iter().collect(), ..Script::default() })) }
     }
 
+    /// A model that answers each request with the turn whose index is the number of assistant
+    /// messages already in the request's transcript, instead of the next unplayed turn.
+    ///
+    /// That makes the answer a function of the conversation, so a run resumed in a new process
+    /// (whose earlier model responses replay from the journal) gets the same answers as a run
+    /// that never stopped.
+    ///
+    /// ```
+    /// use kuralle::testing::{ScriptedModel, Turn};
+    /// let model = ScriptedModel::by_transcript([Turn::text("first"), Turn::text("second")]);
+    /// # let _ = model;
+    /// ```
+    pub fn by_transcript(turns: impl IntoIterator<Item = Turn>) -> Self {
+        let model = Self::new(turns);
+        model.lock().by_transcript = true;
+        model
+    }
+
     /// Every request the model received, in order.
     pub fn requests(&self) -> Vec<ModelRequest> {
         self.lock().requests.clone()
     }
 
-    /// How many scripted turns have been played.
+    /// How many scripted turns have been played (in transcript mode: one past the highest
+    /// turn index played).
     pub fn played(&self) -> usize {
         self.lock().next
     }
@@ -114,12 +134,16 @@ impl Model for ScriptedModel {
     fn stream(&self, request: ModelRequest) -> BoxStream<'static, Result<ModelEvent, ModelError>> {
         let mut script = self.lock();
         let input_tokens = estimate_tokens(&serde_json::to_string(&request.messages).unwrap_or_default());
+        let index = if script.by_transcript {
+            request.messages.iter().filter(|m| matches!(m, crate::Message::Assistant { .. })).count()
+        } else {
+            script.next
+        };
         script.requests.push(request);
-        let index = script.next;
         let Some(turn) = script.turns.get(index).cloned() else {
             return stream::iter([Err(ModelError::ScriptExhausted(index))]).boxed();
         };
-        script.next += 1;
+        script.next = script.next.max(index + 1);
         drop(script);
 
         let mut events = Vec::new();

@@ -1,3 +1,310 @@
-//! Shared helpers for the integration tests.
+//! Shared helpers for the integration tests: the store conformance suite, a closure-backed
+//! `Tool` for runtime tests that need per-test behaviour, a concurrency probe that counts
+//! overlapping calls, and a store wrapper that simulates outages.
 
 pub mod conformance;
+
+use std::{
+    future::Future,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::{FutureExt, StreamExt, future::BoxFuture, stream};
+use kuralle::{PreparedCall, Tool, ToolContext, ToolError, ToolEvent, ToolStream};
+use serde_json::{Value, json};
+
+type Run = Arc<dyn Fn(Value, ToolContext) -> BoxFuture<'static, Result<Value, ToolError>> + Send + Sync>;
+type Predicate = Arc<dyn Fn(&Value) -> bool + Send + Sync>;
+type KeyFn = Arc<dyn Fn(&Value) -> String + Send + Sync>;
+
+/// A tool built from a closure, with every `Tool` knob settable. Arguments are not validated
+/// beyond being an object, so runtime tests can focus on dispatch.
+#[derive(Clone)]
+pub struct FnTool {
+    name: String,
+    schema: Value,
+    parallel: Predicate,
+    timeout: Option<Duration>,
+    interruptible: bool,
+    at_most_once: bool,
+    needs_approval: bool,
+    replay: bool,
+    key: Option<KeyFn>,
+    run: Run,
+}
+
+impl FnTool {
+    /// A serial tool named `name` running `f`.
+    pub fn new<F, Fut>(name: &str, f: F) -> Self
+    where
+        F: Fn(Value, ToolContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
+    {
+        Self {
+            name: name.to_owned(),
+            schema: json!({"type": "object"}),
+            parallel: Arc::new(|_| false),
+            timeout: None,
+            interruptible: true,
+            at_most_once: false,
+            needs_approval: false,
+            replay: true,
+            key: None,
+            run: Arc::new(move |args, ctx| f(args, ctx).boxed()),
+        }
+    }
+
+    /// Always parallel-safe.
+    #[must_use]
+    pub fn parallel(mut self) -> Self {
+        self.parallel = Arc::new(|_| true);
+        self
+    }
+
+    /// Parallel-safe when `p(raw_args)`.
+    #[must_use]
+    pub fn parallel_when(mut self, p: impl Fn(&Value) -> bool + Send + Sync + 'static) -> Self {
+        self.parallel = Arc::new(p);
+        self
+    }
+
+    /// A timeout.
+    #[must_use]
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+
+    /// Not interruptible.
+    #[must_use]
+    pub fn uninterruptible(mut self) -> Self {
+        self.interruptible = false;
+        self
+    }
+
+    /// At most once.
+    #[must_use]
+    pub fn at_most_once(mut self) -> Self {
+        self.at_most_once = true;
+        self
+    }
+
+    /// Overrides the journal key with `f(args)`.
+    #[must_use]
+    pub fn key(mut self, f: impl Fn(&Value) -> String + Send + Sync + 'static) -> Self {
+        self.key = Some(Arc::new(f));
+        self
+    }
+
+    /// Needs a human decision before each call.
+    #[must_use]
+    pub fn needs_approval(mut self) -> Self {
+        self.needs_approval = true;
+        self
+    }
+
+    /// Never replayed.
+    #[must_use]
+    pub fn no_replay(mut self) -> Self {
+        self.replay = false;
+        self
+    }
+}
+
+struct Prepared {
+    args: Value,
+    key: Option<String>,
+    run: Run,
+}
+
+impl PreparedCall for Prepared {
+    fn idempotency_key(&self) -> Option<String> {
+        self.key.clone()
+    }
+
+    fn execute(self: Box<Self>, ctx: ToolContext) -> ToolStream {
+        let fut = (self.run)(self.args, ctx);
+        stream::once(async move { ToolEvent::Outcome(fut.await) }).boxed()
+    }
+}
+
+impl Tool for FnTool {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn description(&self) -> &str {
+        "a test tool"
+    }
+    fn input_schema(&self) -> &Value {
+        &self.schema
+    }
+    fn parallel_safe(&self, raw_args: &Value) -> bool {
+        (self.parallel)(raw_args)
+    }
+    fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+    fn interruptible(&self) -> bool {
+        self.interruptible
+    }
+    fn at_most_once(&self) -> bool {
+        self.at_most_once
+    }
+    fn replay(&self) -> bool {
+        self.replay
+    }
+    fn needs_approval(&self) -> bool {
+        self.needs_approval
+    }
+    fn prepare(&self, args: &Value) -> Result<Box<dyn PreparedCall>, ToolError> {
+        Ok(Box::new(Prepared {
+            args: args.clone(),
+            key: self.key.as_ref().map(|k| k(args)),
+            run: Arc::clone(&self.run),
+        }))
+    }
+}
+
+/// Counts calls in flight and remembers the peak.
+#[derive(Debug, Default, Clone)]
+pub struct Probe {
+    active: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+    total: Arc<AtomicUsize>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Probe {
+    /// Marks a call as started; the guard marks it finished when dropped.
+    pub fn enter(&self, label: &str) -> ProbeGuard {
+        let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        self.total.fetch_add(1, Ordering::SeqCst);
+        self.log.lock().unwrap().push(format!("start {label}"));
+        ProbeGuard { probe: self.clone(), label: label.to_owned() }
+    }
+
+    /// The most calls that were ever in flight at once.
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::SeqCst)
+    }
+
+    /// Calls started.
+    pub fn total(&self) -> usize {
+        self.total.load(Ordering::SeqCst)
+    }
+
+    /// `start x` / `end x` entries in order.
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Position of `entry` in the log.
+    pub fn at(&self, entry: &str) -> usize {
+        self.log().iter().position(|e| e == entry).unwrap_or_else(|| panic!("no `{entry}` in {:?}", self.log()))
+    }
+}
+
+/// See [`Probe::enter`].
+#[derive(Debug)]
+pub struct ProbeGuard {
+    probe: Probe,
+    label: String,
+}
+
+impl Drop for ProbeGuard {
+    fn drop(&mut self) {
+        self.probe.log.lock().unwrap().push(format!("end {}", self.label));
+        self.probe.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A store wrapper whose writes can be made to fail, to simulate an outage (disk full, lost
+/// connection) at chosen moments.
+#[derive(Clone)]
+pub struct FlakyStore {
+    inner: Arc<dyn kuralle::RunStore>,
+    fail_finish: Arc<AtomicBool>,
+    fail_append: Arc<AtomicBool>,
+    finishes: Arc<AtomicUsize>,
+    fail_from: Arc<AtomicUsize>,
+}
+
+impl FlakyStore {
+    /// Wraps `inner`; nothing fails until told to.
+    pub fn new(inner: Arc<dyn kuralle::RunStore>) -> Self {
+        Self {
+            inner,
+            fail_finish: Arc::default(),
+            fail_append: Arc::default(),
+            finishes: Arc::default(),
+            fail_from: Arc::new(AtomicUsize::new(usize::MAX)),
+        }
+    }
+
+    /// Makes `finish_step` fail (or succeed again).
+    pub fn fail_finish(&self, on: bool) {
+        self.fail_from.store(usize::MAX, Ordering::SeqCst);
+        self.fail_finish.store(on, Ordering::SeqCst);
+    }
+
+    /// Makes the `n`th `finish_step` call from now (0-based) and all later ones fail, until
+    /// [`fail_finish`](Self::fail_finish)`(false)`.
+    pub fn fail_finish_from(&self, n: usize) {
+        self.finishes.store(0, Ordering::SeqCst);
+        self.fail_from.store(n, Ordering::SeqCst);
+    }
+
+    /// Makes `append_steps` fail (or succeed again).
+    pub fn fail_append(&self, on: bool) {
+        self.fail_append.store(on, Ordering::SeqCst);
+    }
+}
+
+fn outage<'a, T: Send + 'a>() -> kuralle::StoreFuture<'a, T> {
+    Box::pin(async { Err(kuralle::StoreError::Unavailable("simulated outage: disk full".into())) })
+}
+
+impl kuralle::RunStore for FlakyStore {
+    fn create_run(&self, run: kuralle::RunRecord) -> kuralle::StoreFuture<'_, ()> {
+        self.inner.create_run(run)
+    }
+    fn get_run<'a>(&'a self, run_id: &'a str) -> kuralle::StoreFuture<'a, Option<kuralle::RunRecord>> {
+        self.inner.get_run(run_id)
+    }
+    fn put_run(&self, run: kuralle::RunRecord) -> kuralle::StoreFuture<'_, u64> {
+        self.inner.put_run(run)
+    }
+    fn list_runs(&self, filter: kuralle::RunFilter) -> kuralle::StoreFuture<'_, Vec<kuralle::RunSummary>> {
+        self.inner.list_runs(filter)
+    }
+    fn delete_run<'a>(&'a self, run_id: &'a str) -> kuralle::StoreFuture<'a, bool> {
+        self.inner.delete_run(run_id)
+    }
+    fn append_steps<'a>(&'a self, run_id: &'a str, steps: Vec<kuralle::NewStep>) -> kuralle::StoreFuture<'a, Vec<u64>> {
+        if self.fail_append.load(Ordering::SeqCst) {
+            return outage();
+        }
+        self.inner.append_steps(run_id, steps)
+    }
+    fn finish_step<'a>(
+        &'a self,
+        run_id: &'a str,
+        ordinal: u64,
+        outcome: kuralle::StepOutcome,
+        finished_at_ms: i64,
+    ) -> kuralle::StoreFuture<'a, ()> {
+        let n = self.finishes.fetch_add(1, Ordering::SeqCst);
+        if self.fail_finish.load(Ordering::SeqCst) || n >= self.fail_from.load(Ordering::SeqCst) {
+            return outage();
+        }
+        self.inner.finish_step(run_id, ordinal, outcome, finished_at_ms)
+    }
+    fn steps<'a>(&'a self, run_id: &'a str) -> kuralle::StoreFuture<'a, Vec<kuralle::StepRecord>> {
+        self.inner.steps(run_id)
+    }
+}

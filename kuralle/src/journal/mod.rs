@@ -1,13 +1,163 @@
 //! The durable effect journal: every tool call, model response, `ctx.now()`, `ctx.uuid()` and
 //! nested `ctx.tool()` is a step, written as an intent before it runs and finalized after.
+//!
+//! [`Journal`] is the one seam between the runtime and a [`RunStore`]: it loads a run's steps
+//! once, answers replay lookups from memory, and writes intents (a whole batch in one append,
+//! so one commit) and outcomes.
 
 mod key;
 
-pub use key::{approval_key, canonical_json, effect_key, effect_key_for, helper_key, override_key, tool_key};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError},
+    time::{SystemTime, UNIX_EPOCH},
+};
 
-/// A position in a run's effect sequence, handed to a tool call so its nested effects get
-/// deterministic callsites (`"<parent>.<n>"`) whatever the completion order of siblings.
-#[derive(Debug, Clone)]
-pub(crate) struct Scope {
-    pub(crate) prefix: String,
+pub use key::{approval_key, canonical_json, effect_key, effect_key_for, helper_key, override_key, tool_key};
+use serde_json::Value;
+
+use crate::{NewStep, RunError, RunStore, StepKind, StepOutcome, StepRecord, StepStatus};
+
+/// Milliseconds since the Unix epoch, as stored in records.
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// One run's journal, as seen by one turn of that run.
+pub(crate) struct Journal {
+    store: Arc<dyn RunStore>,
+    run_id: String,
+    epoch: u64,
+    limit: u64,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    by_key: HashMap<String, StepRecord>,
+    len: u64,
+}
+
+/// What the journal knows about a key.
+pub(crate) enum Lookup {
+    /// Never journaled: write an intent, then run.
+    Fresh,
+    /// Intent written, no outcome: the process died mid-call (or the call was cancelled).
+    Running(u64),
+    /// Finished with this result.
+    Finished(Value),
+    /// Failed with this serialized error.
+    Failed(Value),
+}
+
+impl Journal {
+    /// Loads the run's steps. `limit` is `max_steps_per_run`.
+    pub(crate) async fn open(store: Arc<dyn RunStore>, run_id: &str, epoch: u64, limit: u64) -> Result<Self, RunError> {
+        let steps = store.steps(run_id).await?;
+        let len = steps.len() as u64;
+        let by_key = steps.into_iter().map(|s| (s.key.clone(), s)).collect();
+        Ok(Self { store, run_id: run_id.to_owned(), epoch, limit, state: Mutex::new(State { by_key, len }) })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // Every critical section is a single map operation, so a panic cannot leave the
+        // state half-updated: a poisoned lock is still consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The key of the effect at `callsite` with `payload`.
+    pub(crate) fn key(&self, callsite: &str, payload: &Value) -> String {
+        effect_key(&self.run_id, self.epoch, callsite, payload)
+    }
+
+    pub(crate) fn lookup(&self, key: &str) -> Lookup {
+        match self.state().by_key.get(key) {
+            None => Lookup::Fresh,
+            Some(s) => match s.status {
+                StepStatus::Running => Lookup::Running(s.ordinal),
+                StepStatus::Finished => Lookup::Finished(s.result.clone().unwrap_or(Value::Null)),
+                StepStatus::Failed => Lookup::Failed(s.error.clone().unwrap_or(Value::Null)),
+            },
+        }
+    }
+
+    /// Writes intents for `(key, kind, name)` in order, in one append; returns their ordinals.
+    pub(crate) async fn begin(&self, intents: Vec<(String, StepKind, String)>) -> Result<Vec<u64>, RunError> {
+        if intents.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = intents.len() as u64;
+        {
+            // Reserve room under the limit before the await, so concurrent begins cannot
+            // overshoot it together.
+            let mut st = self.state();
+            if st.len + n > self.limit {
+                return Err(RunError::StepLimit { run_id: self.run_id.clone(), limit: self.limit });
+            }
+            st.len += n;
+        }
+        let started_at_ms = now_ms();
+        let new: Vec<NewStep> = intents
+            .iter()
+            .map(|(key, kind, name)| NewStep {
+                key: key.clone(),
+                kind: *kind,
+                name: name.clone(),
+                epoch: self.epoch,
+                started_at_ms,
+            })
+            .collect();
+        let ordinals = match self.store.append_steps(&self.run_id, new).await {
+            Ok(o) => o,
+            Err(e) => {
+                self.state().len -= n;
+                return Err(e.into());
+            }
+        };
+        let mut st = self.state();
+        for ((key, kind, name), ordinal) in intents.into_iter().zip(&ordinals) {
+            let record = StepRecord {
+                ordinal: *ordinal,
+                key: key.clone(),
+                kind,
+                name,
+                epoch: self.epoch,
+                status: StepStatus::Running,
+                result: None,
+                error: None,
+                started_at_ms,
+                finished_at_ms: None,
+            };
+            st.by_key.insert(key, record);
+        }
+        Ok(ordinals)
+    }
+
+    /// Records the outcome of the step at `ordinal` (whose key is `key`).
+    pub(crate) async fn finish(&self, key: &str, ordinal: u64, outcome: StepOutcome) -> Result<(), RunError> {
+        let at = now_ms();
+        self.store.finish_step(&self.run_id, ordinal, outcome.clone(), at).await?;
+        if let Some(s) = self.state().by_key.get_mut(key) {
+            s.finished_at_ms = Some(at);
+            match outcome {
+                StepOutcome::Finished(v) => {
+                    s.status = StepStatus::Finished;
+                    s.result = Some(v);
+                }
+                StepOutcome::Failed(e) => {
+                    s.status = StepStatus::Failed;
+                    s.error = Some(e);
+                }
+            }
+        }
+        Ok(())
+    }
 }

@@ -1,0 +1,92 @@
+//! Model → tokens for `#[agent]`. Pure.
+
+use proc_macro2::TokenStream;
+use quote::{ToTokens, quote, quote_spanned};
+use syn::spanned::Spanned;
+
+use super::model::AgentStruct;
+use crate::path::{allowed_lints, private};
+
+pub(crate) fn agent(agent: &AgentStruct<'_>) -> TokenStream {
+    let p = private();
+    let allowed = allowed_lints();
+    let item = agent.item;
+    let ident = &item.ident;
+    let id = &agent.id;
+    let instructions = &agent.instructions;
+    let tools = agent.tools.iter().map(|path| {
+        let checked = quote_spanned!(path.span()=> #p::assert_tool(#path));
+        quote!(.tool(#checked))
+    });
+    let args = agent.args;
+    let limit = |method: &str, expr: Option<&syn::Expr>| {
+        let method = syn::Ident::new(method, proc_macro2::Span::call_site());
+        expr.map(|e| quote!(.#method(#e)))
+    };
+    let max_steps = limit("max_steps", args.max_steps.as_ref());
+    let max_tool_concurrency = limit("max_tool_concurrency", args.max_tool_concurrency.as_ref());
+    let max_tool_result_tokens = limit("max_tool_result_tokens", args.max_tool_result_tokens.as_ref());
+    let model = limit("model", args.model.as_ref());
+
+    let mut distinct = Vec::new();
+    for (i, a) in agent.tools.iter().enumerate() {
+        for b in &agent.tools[i + 1..] {
+            let message = format!(
+                "tools `{}` and `{}` in `#[agent]` have the same name",
+                a.to_token_stream().to_string().replace(' ', ""),
+                b.to_token_stream().to_string().replace(' ', "")
+            );
+            distinct.push(quote_spanned! {b.span()=>
+                const _: () = ::core::assert!(
+                    !#p::str_eq(<#a as #p::ToolName>::NAME, <#b as #p::ToolName>::NAME),
+                    #message
+                );
+            });
+        }
+    }
+
+    quote! {
+        #item
+        #[doc(hidden)]
+        const _: () = {
+            #allowed
+            #[automatically_derived]
+            impl #p::Agent for #ident {
+                fn definition(&self) -> #p::AgentDef {
+                    #p::AgentDef::new(#id, #instructions)
+                        #(#tools)*
+                        #max_steps
+                        #max_tool_concurrency
+                        #max_tool_result_tokens
+                        #model
+                }
+            }
+            #(#distinct)*
+        };
+    }
+}
+
+/// On errors: the struct, a stub `Agent` impl so later uses do not cascade, and the errors.
+pub(crate) fn fallback(item: &syn::ItemStruct, errors: TokenStream) -> TokenStream {
+    let p = private();
+    let allowed = allowed_lints();
+    let ident = &item.ident;
+    let stub = item.generics.params.is_empty().then(|| {
+        quote! {
+            #[doc(hidden)]
+            const _: () = {
+                #allowed
+                impl #p::Agent for #ident {
+                    fn definition(&self) -> #p::AgentDef {
+                        ::core::unreachable!()
+                    }
+                }
+            };
+        }
+    });
+    quote! {
+        #item
+        #stub
+        #errors
+    }
+}

@@ -1,0 +1,607 @@
+//! Tool dispatch: one model response's calls, in batches of consecutive parallel-safe calls
+//! with barriers between them, bounded concurrency, timeouts, interrupts, journaling, and
+//! results in source order whatever the completion order.
+
+use std::{
+    panic::AssertUnwindSafe,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use futures::{StreamExt, stream};
+use serde_json::{Value, json};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::{
+    Event, PreparedCall, RunError, StepKind, StepOutcome, Tool, ToolCallRequest, ToolContext, ToolError, ToolEvent,
+    ToolSet,
+    journal::{Journal, Lookup, approval_key, override_key},
+    runtime::event::{BatchCall, PendingApproval},
+    tool::parse_args,
+};
+
+/// How long a timed-out or interrupted call may take to notice its token before it is dropped.
+pub(crate) const CANCEL_GRACE: Duration = Duration::from_millis(50);
+
+/// Everything dispatch needs from the turn it runs in.
+pub(crate) struct TurnCtx {
+    pub(crate) journal: Journal,
+    pub(crate) tools: ToolSet,
+    pub(crate) events: UnboundedSender<Event>,
+    pub(crate) interrupt: CancellationToken,
+    pub(crate) max_concurrency: usize,
+    pub(crate) max_result_bytes: usize,
+    /// A store failure inside a nested effect: it ends the run after the current batch.
+    pub(crate) fatal: Mutex<Option<RunError>>,
+}
+
+impl TurnCtx {
+    fn emit(&self, event: Event) {
+        // The receiver is gone only when the caller dropped the handle; the run still
+        // completes and journals, so a failed send is not an error.
+        let _ = self.events.send(event);
+    }
+
+    fn set_fatal(&self, e: RunError) {
+        self.fatal.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(e);
+    }
+
+    pub(crate) fn take_fatal(&self) -> Option<RunError> {
+        self.fatal.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+/// A tool call's outcome as dispatch reports it.
+#[derive(Debug, Clone)]
+pub(crate) struct CallOutcome {
+    pub(crate) call_id: String,
+    pub(crate) name: String,
+    pub(crate) result: Result<Value, ToolError>,
+    pub(crate) replayed: bool,
+}
+
+impl CallOutcome {
+    /// The value the model receives: the result, or an error object.
+    pub(crate) fn model_value(&self) -> Value {
+        match &self.result {
+            Ok(v) => v.clone(),
+            Err(e) => error_value(e),
+        }
+    }
+}
+
+/// What the model receives for a failed call.
+pub(crate) fn error_value(e: &ToolError) -> Value {
+    match e {
+        ToolError::Denied { tool, by, reason } => json!({
+            "__denied": true,
+            "toolName": tool,
+            "deniedBy": by,
+            "message": format!(
+                "The \"{tool}\" action was not approved by {by}.{} Tell the user it was declined; do not retry it.",
+                reason.as_deref().map(|r| format!(" Reason: {r}.")).unwrap_or_default()
+            ),
+        }),
+        other => {
+            let kind = serde_json::to_value(other).ok().and_then(|v| v.get("kind").cloned()).unwrap_or(Value::Null);
+            json!({"error": true, "kind": kind, "message": other.to_string()})
+        }
+    }
+}
+
+/// A model-issued call after parsing and classification.
+struct Planned {
+    req: ToolCallRequest,
+    callsite: String,
+    args: Result<Value, ToolError>,
+    tool: Option<Arc<dyn Tool>>,
+    parallel: bool,
+}
+
+/// Whether `tool` allows this call to run beside its siblings. A panicking predicate fails
+/// closed: the model can never make a call parallel-safe.
+fn is_parallel_safe(tool: &dyn Tool, args: &Value) -> bool {
+    std::panic::catch_unwind(AssertUnwindSafe(|| tool.parallel_safe(args))).unwrap_or(false)
+}
+
+/// Runs one model response's calls; returns their outcomes in source order. Callsites
+/// `first_callsite..first_callsite + calls.len()` belong to these calls, in source order.
+pub(crate) async fn dispatch(
+    turn: &Arc<TurnCtx>,
+    calls: Vec<ToolCallRequest>,
+    first_callsite: u64,
+) -> Result<Dispatched, RunError> {
+    let planned: Vec<Planned> = calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, req)| {
+            let tool = turn.tools.get(&req.name).cloned();
+            let args = match &tool {
+                None => Err(ToolError::UnknownTool { tool: req.name.clone(), available: turn.tools.names() }),
+                Some(_) => parse_args(&req.name, &req.arguments),
+            };
+            let parallel = match (&tool, &args) {
+                (Some(t), Ok(a)) => is_parallel_safe(t.as_ref(), a),
+                _ => false,
+            };
+            Planned { req, callsite: (first_callsite + i as u64).to_string(), args, tool, parallel }
+        })
+        .collect();
+
+    let mut done = Dispatched::default();
+    let mut rest = planned.into_iter().peekable();
+    while let Some(first) = rest.next() {
+        let mut batch = vec![first];
+        if batch[0].parallel {
+            while rest.peek().is_some_and(|p| p.parallel) {
+                batch.extend(rest.next());
+            }
+        }
+        let (outcomes, pending) = run_batch(turn, batch).await?;
+        done.outcomes.extend(outcomes);
+        if let Some(e) = turn.take_fatal() {
+            return Err(e);
+        }
+        if !pending.is_empty() {
+            // Later calls may depend on the pending one: nothing after it runs until the
+            // decision arrives and the turn resumes.
+            done.pending = pending;
+            break;
+        }
+    }
+    Ok(done)
+}
+
+/// What one model response's calls came to.
+#[derive(Default)]
+pub(crate) struct Dispatched {
+    /// Outcomes of the calls that were answered, in source order.
+    pub(crate) outcomes: Vec<CallOutcome>,
+    /// Calls waiting for a human decision; non-empty means the run pauses.
+    pub(crate) pending: Vec<Pending>,
+}
+
+/// A call ready to execute: validated, keyed, and with its journal position known.
+struct Ready {
+    tool: Arc<dyn Tool>,
+    call: Box<dyn PreparedCall>,
+    key: String,
+    ordinal: Option<u64>,
+}
+
+enum Plan {
+    /// Answered without running: a validation error, or a replay (`true`).
+    Done(Result<Value, ToolError>, bool),
+    /// To run (its intent is written first unless it has an ordinal already).
+    Run(Ready),
+    /// An `at_most_once` call whose earlier attempt was cut off: never re-run.
+    Indeterminate { key: String, ordinal: u64 },
+    /// A `needs_approval` call without a recorded decision: the run pauses for it.
+    Pending(Pending),
+}
+
+/// A call waiting for a human decision, and the journal key its decision is recorded under.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Pending {
+    pub(crate) request: PendingApproval,
+    pub(crate) decision_key: String,
+}
+
+/// A recorded human decision on a `needs_approval` call.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct RecordedDecision {
+    pub(crate) approved: bool,
+    pub(crate) by: String,
+    pub(crate) reason: Option<String>,
+}
+
+/// Decides, without running anything, how a call is answered.
+fn plan(turn: &TurnCtx, p: &Planned) -> Plan {
+    let (tool, args) = match (&p.tool, &p.args) {
+        (Some(t), Ok(a)) => (t, a),
+        (_, Err(e)) => return Plan::Done(Err(e.clone()), false),
+        (None, Ok(_)) => unreachable!("an unknown tool has an error in place of its arguments"),
+    };
+    let call = match tool.prepare(args) {
+        Ok(c) => c,
+        Err(e) => return Plan::Done(Err(e), false),
+    };
+    let j = &turn.journal;
+    let key = match call.idempotency_key() {
+        Some(user_key) => override_key(j.run_id(), j.epoch(), tool.name(), &user_key),
+        None => j.key(&p.callsite, &json!({"args": args, "name": tool.name()})),
+    };
+    if !tool.replay() {
+        // Journaled for the record under a key of its own; never answered from the journal.
+        let key = format!("{key}:nonreplay:{}", uuid::Uuid::new_v4());
+        return Plan::Run(Ready { tool: tool.clone(), call, key, ordinal: None });
+    }
+    let lookup = j.lookup(&key);
+    if tool.needs_approval() && matches!(lookup, Lookup::Fresh | Lookup::Running(_)) {
+        let decision_key = approval_key(j.run_id(), j.epoch(), &key, tool.name(), args);
+        match j.lookup(&decision_key) {
+            Lookup::Finished(v) => match serde_json::from_value::<RecordedDecision>(v) {
+                Ok(d) if d.approved => {}
+                Ok(d) => {
+                    return Plan::Done(
+                        Err(ToolError::Denied { tool: tool.name().to_owned(), by: d.by, reason: d.reason }),
+                        false,
+                    );
+                }
+                Err(e) => {
+                    return Plan::Done(Err(ToolError::failed(tool.name(), format!("unreadable decision: {e}"))), false);
+                }
+            },
+            _ => {
+                let request = PendingApproval {
+                    request_id: format!("approval-{}", &decision_key[..24]),
+                    call_id: p.req.call_id.clone(),
+                    name: tool.name().to_owned(),
+                    args: args.clone(),
+                };
+                return Plan::Pending(Pending { request, decision_key });
+            }
+        }
+    }
+    match lookup {
+        Lookup::Fresh => Plan::Run(Ready { tool: tool.clone(), call, key, ordinal: None }),
+        Lookup::Finished(v) => Plan::Done(Ok(v), true),
+        Lookup::Failed(e) => Plan::Done(Err(replayed_error(tool.name(), e)), true),
+        Lookup::Running(ordinal) if tool.at_most_once() => Plan::Indeterminate { key, ordinal },
+        Lookup::Running(ordinal) => Plan::Run(Ready { tool: tool.clone(), call, key, ordinal: Some(ordinal) }),
+    }
+}
+
+fn replayed_error(tool: &str, e: Value) -> ToolError {
+    serde_json::from_value(e.clone()).unwrap_or_else(|_| ToolError::failed(tool, format!("(journaled) {e}")))
+}
+
+async fn run_batch(turn: &Arc<TurnCtx>, batch: Vec<Planned>) -> Result<(Vec<CallOutcome>, Vec<Pending>), RunError> {
+    turn.emit(Event::ToolBatchStart {
+        calls: batch.iter().map(|p| BatchCall { call_id: p.req.call_id.clone(), name: p.req.name.clone() }).collect(),
+    });
+    for p in &batch {
+        let args = p.args.clone().unwrap_or_else(|_| Value::String(p.req.arguments.clone()));
+        turn.emit(Event::ToolCall { call_id: p.req.call_id.clone(), name: p.req.name.clone(), args });
+    }
+
+    let interrupted = turn.interrupt.is_cancelled();
+    let mut plans: Vec<Plan> = batch
+        .iter()
+        .map(|p| match (&p.tool, interrupted) {
+            // An interrupt before the batch started: nothing in it runs, but every call
+            // still gets a result so the transcript never holds a dangling call.
+            (Some(t), true) if p.args.is_ok() => {
+                Plan::Done(Err(ToolError::Cancelled { tool: t.name().to_owned() }), false)
+            }
+            _ => plan(turn, p),
+        })
+        .collect();
+
+    // Intents for every fresh call of the batch, in source order, in one append.
+    let fresh: Vec<usize> = plans
+        .iter()
+        .enumerate()
+        .filter_map(|(i, pl)| matches!(pl, Plan::Run(r) if r.ordinal.is_none()).then_some(i))
+        .collect();
+    let intents = fresh
+        .iter()
+        .map(|&i| match &plans[i] {
+            Plan::Run(r) => (r.key.clone(), StepKind::Tool, r.tool.name().to_owned()),
+            Plan::Done(..) | Plan::Indeterminate { .. } | Plan::Pending(_) => {
+                unreachable!("filtered to runnable plans")
+            }
+        })
+        .collect();
+    let ordinals = turn.journal.begin(intents).await?;
+    for (&i, ordinal) in fresh.iter().zip(ordinals) {
+        if let Plan::Run(r) = &mut plans[i] {
+            r.ordinal = Some(ordinal);
+        }
+    }
+
+    let jobs: Vec<_> = batch
+        .iter()
+        .zip(plans)
+        .enumerate()
+        .map(|(i, (p, plan))| {
+            let turn = Arc::clone(turn);
+            let call_id = p.req.call_id.clone();
+            let callsite = p.callsite.clone();
+            let p_name = p.req.name.clone();
+            async move {
+                let out = match plan {
+                    Plan::Done(result, replayed) => (result, replayed),
+                    Plan::Run(ready) => {
+                        let span = tracing::info_span!("tool_call", tool = ready.tool.name(), call_id = %call_id);
+                        (execute_journaled(&turn, ready, &call_id, &callsite, None, true).instrument(span).await, false)
+                    }
+                    Plan::Indeterminate { key, ordinal } => (indeterminate(&turn, &p_name, key, ordinal).await, false),
+                    Plan::Pending(pending) => return (i, Err(pending)),
+                };
+                (i, Ok(out))
+            }
+        })
+        .collect();
+    let mut results: Vec<_> = stream::iter(jobs).buffer_unordered(turn.max_concurrency.max(1)).collect().await;
+    results.sort_by_key(|(i, _)| *i);
+
+    let mut pending = Vec::new();
+    let mut outcomes = Vec::with_capacity(batch.len());
+    for (p, (_, r)) in batch.into_iter().zip(results) {
+        match r {
+            Ok((result, replayed)) => {
+                outcomes.push(CallOutcome { call_id: p.req.call_id, name: p.req.name, result, replayed });
+            }
+            Err(waiting) => pending.push(waiting),
+        }
+    }
+    for o in &outcomes {
+        turn.emit(Event::ToolResult {
+            call_id: o.call_id.clone(),
+            name: o.name.clone(),
+            result: o.model_value(),
+            is_error: o.result.is_err(),
+            replayed: o.replayed,
+        });
+    }
+    Ok((outcomes, pending))
+}
+
+/// Runs a ready call and journals its outcome. A journal failure is recorded as fatal for the
+/// turn (the run stops after the batch, resumable) and reported to the call as a failure.
+async fn execute_journaled(
+    turn: &Arc<TurnCtx>,
+    ready: Ready,
+    call_id: &str,
+    callsite: &str,
+    parent: Option<&CancellationToken>,
+    emit_progress: bool,
+) -> Result<Value, ToolError> {
+    let Ready { tool, call, key, ordinal } = ready;
+    let result = execute(turn, &tool, call, call_id, &key, callsite, parent, emit_progress).await;
+    let outcome = match &result {
+        Ok(v) => Some(StepOutcome::Finished(v.clone())),
+        // A cancellation is not an outcome of the call, only of this attempt: the step
+        // stays `running` so a resumed run tries again.
+        Err(e) if !e.is_final() => None,
+        Err(e) => Some(StepOutcome::Failed(serde_json::to_value(e).unwrap_or(Value::Null))),
+    };
+    if let (Some(outcome), Some(ordinal)) = (outcome, ordinal)
+        && let Err(e) = turn.journal.finish(&key, ordinal, outcome).await
+    {
+        return Err(journal_failure(turn, tool.name(), "record the outcome", e));
+    }
+    result
+}
+
+/// Journals and returns the `Indeterminate` outcome of an `at_most_once` call cut off earlier,
+/// so every later replay reports the same thing.
+async fn indeterminate(turn: &TurnCtx, name: &str, key: String, ordinal: u64) -> Result<Value, ToolError> {
+    let error = ToolError::Indeterminate { tool: name.to_owned(), key: key.clone() };
+    let outcome = StepOutcome::Failed(serde_json::to_value(&error).unwrap_or(Value::Null));
+    if let Err(e) = turn.journal.finish(&key, ordinal, outcome).await {
+        return Err(journal_failure(turn, name, "record the outcome", e));
+    }
+    Err(error)
+}
+
+/// Records a journal failure as fatal for the turn and describes it to the call.
+fn journal_failure(turn: &TurnCtx, name: &str, doing: &str, e: RunError) -> ToolError {
+    let message = format!("the journal could not {doing}: {e}");
+    turn.set_fatal(e);
+    ToolError::failed(name, message)
+}
+
+/// Runs one call to its outcome under its timeout and the turn's interrupt.
+#[allow(clippy::too_many_arguments)]
+async fn execute(
+    turn: &Arc<TurnCtx>,
+    tool: &Arc<dyn Tool>,
+    call: Box<dyn PreparedCall>,
+    call_id: &str,
+    key: &str,
+    callsite: &str,
+    parent: Option<&CancellationToken>,
+    emit_progress: bool,
+) -> Result<Value, ToolError> {
+    let name = tool.name().to_owned();
+    let token = parent.map_or_else(CancellationToken::new, CancellationToken::child_token);
+    let scope = Scope {
+        turn: Arc::clone(turn),
+        prefix: callsite.to_owned(),
+        next: Arc::new(AtomicU64::new(0)),
+        token: token.clone(),
+    };
+    let ctx = ToolContext::in_run(turn.journal.run_id(), call_id, key, token.clone(), scope);
+    let mut events = call.execute(ctx);
+    let sink = turn.events.clone();
+    let (progress_id, progress_name) = (call_id.to_owned(), name.clone());
+    let mut task = tokio::spawn(async move {
+        while let Some(ev) = events.next().await {
+            match ev {
+                ToolEvent::Progress(value) if emit_progress => {
+                    let _ = sink.send(Event::ToolProgress {
+                        call_id: progress_id.clone(),
+                        name: progress_name.clone(),
+                        value,
+                    });
+                }
+                ToolEvent::Progress(_) => {}
+                ToolEvent::Outcome(out) => return Some(out),
+            }
+        }
+        None
+    });
+
+    let timeout = tool.timeout();
+    let interrupt = if tool.interruptible() { Some(turn.interrupt.clone()) } else { None };
+    let timer = async {
+        match timeout {
+            Some(t) => tokio::time::sleep(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    let interrupted = async {
+        match &interrupt {
+            Some(i) => i.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
+    let stop = tokio::select! {
+        biased;
+        joined = &mut task => return finish_join(&name, joined, turn.max_result_bytes),
+        () = timer => ToolError::Timeout { tool: name.clone(), limit: timeout.unwrap_or_default() },
+        () = interrupted => ToolError::Cancelled { tool: name.clone() },
+        () = cancelled_opt(parent) => ToolError::Cancelled { tool: name.clone() },
+    };
+    // The outcome is decided by the timer or the interrupt, not by whatever the tool returns
+    // after noticing its token; a tool that ignores the token is dropped after a grace period.
+    token.cancel();
+    if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
+        task.abort();
+    }
+    Err(stop)
+}
+
+async fn cancelled_opt(token: Option<&CancellationToken>) {
+    match token {
+        Some(t) => t.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn finish_join(
+    name: &str,
+    joined: Result<Option<Result<Value, ToolError>>, tokio::task::JoinError>,
+    max_bytes: usize,
+) -> Result<Value, ToolError> {
+    match joined {
+        Ok(Some(Ok(value))) => {
+            let size = serde_json::to_vec(&value).map_or(0, |v| v.len());
+            if size > max_bytes {
+                Err(ToolError::InvalidOutput {
+                    tool: name.to_owned(),
+                    message: format!("the result is {size} bytes; the limit is {max_bytes} bytes"),
+                })
+            } else {
+                Ok(value)
+            }
+        }
+        Ok(Some(Err(e))) => Err(e),
+        Ok(None) => {
+            Err(ToolError::InvalidOutput { tool: name.to_owned(), message: "the tool ended without a result".into() })
+        }
+        Err(e) if e.is_panic() => {
+            let payload = e.into_panic();
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-string panic payload".to_owned());
+            Err(ToolError::Panicked { tool: name.to_owned(), message })
+        }
+        Err(_) => Err(ToolError::Cancelled { tool: name.to_owned() }),
+    }
+}
+
+/// A running call's place in the run, handed to its [`ToolContext`]: nested effects get
+/// callsites `"<parent>.<n>"`, deterministic whatever order sibling calls finish in.
+#[derive(Clone)]
+pub(crate) struct Scope {
+    turn: Arc<TurnCtx>,
+    prefix: String,
+    next: Arc<AtomicU64>,
+    token: CancellationToken,
+}
+
+impl std::fmt::Debug for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scope").field("prefix", &self.prefix).finish_non_exhaustive()
+    }
+}
+
+impl Scope {
+    fn next_callsite(&self) -> String {
+        format!("{}.{}", self.prefix, self.next.fetch_add(1, Ordering::SeqCst))
+    }
+
+    /// A nested, journaled tool call. It runs directly (no batch, no concurrency gate), so a
+    /// serial tool calling another serial tool cannot deadlock.
+    pub(crate) async fn tool(&self, name: &str, args: Value) -> Result<Value, ToolError> {
+        let callsite = self.next_callsite();
+        let turn = &self.turn;
+        let Some(tool) = turn.tools.get(name).cloned() else {
+            return Err(ToolError::UnknownTool { tool: name.to_owned(), available: turn.tools.names() });
+        };
+        if !args.is_object() {
+            return Err(ToolError::invalid_input(
+                name,
+                format!("the arguments must be a JSON object, not {}", crate::tool::kind(&args)),
+            ));
+        }
+        let planned = Planned {
+            req: ToolCallRequest {
+                call_id: format!("nested:{callsite}"),
+                name: name.to_owned(),
+                arguments: String::new(),
+            },
+            callsite,
+            args: Ok(args),
+            tool: Some(tool),
+            parallel: false,
+        };
+        match plan(turn, &planned) {
+            Plan::Done(result, _) => result,
+            Plan::Indeterminate { key, ordinal } => indeterminate(turn, name, key, ordinal).await,
+            // A nested call cannot suspend its parent mid-execution; the caller decides.
+            Plan::Pending(_) => Err(ToolError::Denied {
+                tool: name.to_owned(),
+                by: "runtime".to_owned(),
+                reason: Some("a tool that needs approval cannot be called from inside another tool".to_owned()),
+            }),
+            Plan::Run(mut ready) => {
+                if ready.ordinal.is_none() {
+                    match turn.journal.begin(vec![(ready.key.clone(), StepKind::Tool, name.to_owned())]).await {
+                        Ok(o) => ready.ordinal = o.first().copied(),
+                        Err(e) => return Err(journal_failure(turn, name, "record the call", e)),
+                    }
+                }
+                let call_id = planned.req.call_id;
+                execute_journaled(turn, ready, &call_id, &planned.callsite, Some(&self.token), false).await
+            }
+        }
+    }
+
+    /// A journaled value: replayed if recorded at this callsite, else produced and recorded.
+    pub(crate) async fn recorded(&self, what: &'static str, make: impl FnOnce() -> Value) -> Result<Value, ToolError> {
+        let callsite = self.next_callsite();
+        let turn = &self.turn;
+        let key = turn.journal.key(&callsite, &Value::String(what.to_owned()));
+        let kind = if what == "now" { StepKind::Now } else { StepKind::Uuid };
+        let ordinal = match turn.journal.lookup(&key) {
+            Lookup::Finished(v) => return Ok(v),
+            Lookup::Failed(e) => return Err(replayed_error(what, e)),
+            Lookup::Running(ordinal) => ordinal,
+            Lookup::Fresh => match turn.journal.begin(vec![(key.clone(), kind, what.to_owned())]).await {
+                Ok(o) => o[0],
+                Err(e) => return Err(journal_failure(turn, what, "record the step", e)),
+            },
+        };
+        let value = make();
+        if let Err(e) = turn.journal.finish(&key, ordinal, StepOutcome::Finished(value.clone())).await {
+            return Err(journal_failure(turn, what, "record the step", e));
+        }
+        Ok(value)
+    }
+}
+
+/// `ctx.now()` as stored: milliseconds since the Unix epoch.
+pub(crate) fn now_value() -> Value {
+    json!(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64))
+}

@@ -1,0 +1,121 @@
+//! What a run reports while it runs, and what it ends with.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{RunStatus, Usage};
+
+/// A tool call named in a [`Event::ToolBatchStart`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchCall {
+    /// The model's id for the call.
+    pub call_id: String,
+    /// Tool name.
+    pub name: String,
+}
+
+/// A tool call waiting for a human decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingApproval {
+    /// Request id to decide on.
+    pub request_id: String,
+    /// The model's id for the call.
+    pub call_id: String,
+    /// Tool name.
+    pub name: String,
+    /// The call's arguments.
+    pub args: Value,
+}
+
+/// One thing that happened in a run, in order.
+///
+/// Serialized with `"type"` as the tag, in kebab-case:
+/// ```
+/// let e = kuralle::Event::TextDelta { delta: "hi".into() };
+/// assert_eq!(serde_json::to_value(&e).unwrap(), serde_json::json!({"type": "text-delta", "delta": "hi"}));
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Event {
+    /// The run is open.
+    RunStarted {
+        /// Run id.
+        run_id: String,
+    },
+    /// A piece of model text.
+    TextDelta {
+        /// The text.
+        delta: String,
+    },
+    /// A batch of tool calls is about to run (one call for a serial call).
+    ToolBatchStart {
+        /// The calls, in source order.
+        calls: Vec<BatchCall>,
+    },
+    /// A tool call, before it runs. `args` is the parsed arguments, or the raw text as a
+    /// string when it was not valid JSON.
+    ToolCall {
+        /// The model's id for the call.
+        call_id: String,
+        /// Tool name.
+        name: String,
+        /// Arguments.
+        args: Value,
+    },
+    /// A progress value from a streaming tool, emitted as it happens.
+    ToolProgress {
+        /// The model's id for the call.
+        call_id: String,
+        /// Tool name.
+        name: String,
+        /// The yielded value.
+        value: Value,
+    },
+    /// A tool call's outcome, untruncated: the result, or (with `is_error`) the error object
+    /// the model receives.
+    ToolResult {
+        /// The model's id for the call.
+        call_id: String,
+        /// Tool name.
+        name: String,
+        /// The result or error object.
+        result: Value,
+        /// Whether the call failed.
+        is_error: bool,
+        /// Whether the outcome came from the journal instead of running the tool.
+        replayed: bool,
+    },
+    /// The run is waiting for human decisions.
+    Paused {
+        /// Run id.
+        run_id: String,
+        /// The calls waiting for a decision.
+        pending: Vec<PendingApproval>,
+    },
+    /// Something went wrong; the run may go on (a tool error) or end (see the output).
+    Error {
+        /// What happened.
+        message: String,
+    },
+    /// The run's turn is over.
+    Done {
+        /// Run id.
+        run_id: String,
+        /// Tokens used in this turn.
+        usage: Usage,
+    },
+}
+
+/// How a turn ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunOutput {
+    /// Run id.
+    pub run_id: String,
+    /// The model's final text (empty when the turn did not end with an answer).
+    pub text: String,
+    /// Finished, max steps reached, interrupted or paused.
+    pub status: RunStatus,
+    /// Tokens used in this turn.
+    pub usage: Usage,
+}

@@ -1,0 +1,331 @@
+//! The runtime: agents, a default model and a store; `run()` drives the model ↔ tool loop.
+
+pub(crate) mod event;
+mod handle;
+mod run;
+
+use std::{fmt, sync::Arc};
+
+pub use handle::{InterruptHandle, RunHandle};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Agent, AgentDef, Model, RunError, RunRecord, RunStore, StepRecord, stores::MemoryStore};
+
+/// Default [`RuntimeBuilder::max_steps_per_run`].
+pub const DEFAULT_MAX_STEPS_PER_RUN: u64 = 10_000;
+/// Default [`RuntimeBuilder::max_result_bytes`]: 4 MiB.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 4 << 20;
+
+/// What to run: input text plus optional agent, session, run id and inbound idempotency key.
+///
+/// ```
+/// use kuralle::RunRequest;
+/// let req = RunRequest::new("Echo \"hello\"").agent("support").run_id("run-1").idempotency_key("msg-42");
+/// let from_str: RunRequest = "hi".into();
+/// # let _ = (req, from_str);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunRequest {
+    pub(crate) input: Option<String>,
+    pub(crate) agent: Option<String>,
+    pub(crate) session: Option<String>,
+    pub(crate) run_id: Option<String>,
+    pub(crate) idempotency_key: Option<String>,
+}
+
+impl RunRequest {
+    /// A new user turn with `input`.
+    pub fn new(input: impl Into<String>) -> Self {
+        Self { input: Some(input.into()), ..Self::default() }
+    }
+
+    /// The agent to run (default: the first registered agent). An existing run keeps its agent.
+    #[must_use]
+    pub fn agent(mut self, id: impl Into<String>) -> Self {
+        self.agent = Some(id.into());
+        self
+    }
+
+    /// A conversation session: without an explicit run id, the run id is the session id, so
+    /// every turn of the session continues the same run.
+    #[must_use]
+    pub fn session(mut self, id: impl Into<String>) -> Self {
+        self.session = Some(id.into());
+        self
+    }
+
+    /// Continue (or create) the run with this id. If its last turn is unfinished (the process
+    /// died), the turn resumes and replays from the journal; otherwise `input` starts a new
+    /// turn in a new epoch.
+    #[must_use]
+    pub fn run_id(mut self, id: impl Into<String>) -> Self {
+        self.run_id = Some(id.into());
+        self
+    }
+
+    /// Inbound dedupe: a request whose key the run has already processed starts no new turn;
+    /// it resumes the turn if unfinished, or returns its output.
+    #[must_use]
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+}
+
+impl From<&str> for RunRequest {
+    fn from(input: &str) -> Self {
+        Self::new(input)
+    }
+}
+
+impl From<String> for RunRequest {
+    fn from(input: String) -> Self {
+        Self::new(input)
+    }
+}
+
+/// A human decision on calls that need approval.
+///
+/// ```
+/// use kuralle::Decision;
+/// let yes = Decision::approve("alice");
+/// let no = Decision::deny("bob", "amount too high").for_request("approval-0dfce4140293b9306a9876f4");
+/// # let _ = (yes, no);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub(crate) approved: bool,
+    pub(crate) by: String,
+    pub(crate) reason: Option<String>,
+    pub(crate) request_id: Option<String>,
+}
+
+impl Decision {
+    /// Approve, decided by `by`.
+    pub fn approve(by: impl Into<String>) -> Self {
+        Self { approved: true, by: by.into(), reason: None, request_id: None }
+    }
+
+    /// Deny, decided by `by`, for `reason` (the model is told).
+    pub fn deny(by: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self { approved: false, by: by.into(), reason: Some(reason.into()), request_id: None }
+    }
+
+    /// Applies the decision only to the pending call with this request id
+    /// ([`PendingApproval::request_id`](crate::PendingApproval::request_id)).
+    #[must_use]
+    pub fn for_request(mut self, request_id: impl Into<String>) -> Self {
+        self.request_id = Some(request_id.into());
+        self
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) agents: Vec<AgentDef>,
+    pub(crate) model: Option<Arc<dyn Model>>,
+    pub(crate) store: Arc<dyn RunStore>,
+    pub(crate) max_steps_per_run: u64,
+    pub(crate) max_result_bytes: usize,
+}
+
+/// Runs agents. Cheap to clone; clones share agents, model and store.
+///
+/// ```
+/// use futures::StreamExt;
+/// use kuralle::{AgentDef, Event, Runtime, testing::{ScriptedModel, Turn}};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let runtime = Runtime::builder()
+///     .agent(AgentDef::new("support", "Be brief."))
+///     .model(ScriptedModel::new([Turn::text("Hello there.")]))
+///     .build()
+///     .unwrap();
+/// let mut handle = runtime.run("Hi");
+/// let mut text = String::new();
+/// while let Some(event) = handle.next().await {
+///     if let Event::TextDelta { delta } = &event {
+///         text.push_str(delta);
+///     }
+/// }
+/// let output = handle.await.unwrap();
+/// assert_eq!(output.text, "Hello there.");
+/// assert_eq!(text, output.text);
+/// # });
+/// ```
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runtime")
+            .field("agents", &self.inner.agents.iter().map(|a| a.id.as_str()).collect::<Vec<_>>())
+            .field("model", &self.inner.model.as_ref().map(|m| m.name().to_owned()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runtime {
+    /// Starts configuring a runtime.
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+
+    /// Runs a turn. Must be called within a Tokio runtime: the run is a spawned task, so it
+    /// completes (and journals) even if the handle is dropped.
+    pub fn run(&self, request: impl Into<RunRequest>) -> RunHandle {
+        let request = request.into();
+        let interrupt = CancellationToken::new();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let inner = Arc::clone(&self.inner);
+        let token = interrupt.clone();
+        let task = tokio::spawn(async move { run::run(inner, request, tx, token).await });
+        RunHandle::new(rx, task, interrupt)
+    }
+
+    /// Continues a run whose turn is unfinished (its process died, or a store or model failure
+    /// stopped it): finished steps replay from the journal, the rest runs. A finished run
+    /// returns its last output.
+    pub fn resume(&self, run_id: impl Into<String>) -> RunHandle {
+        self.run(RunRequest { run_id: Some(run_id.into()), ..RunRequest::default() })
+    }
+
+    /// Delivers a human decision to a paused run and resumes it: approved calls run, denied
+    /// ones give the model a `{"__denied": true, ...}` result and never execute. Without
+    /// [`Decision::for_request`] the decision applies to every pending call.
+    pub fn deliver(&self, run_id: impl Into<String>, decision: Decision) -> RunHandle {
+        let run_id = run_id.into();
+        let interrupt = CancellationToken::new();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let inner = Arc::clone(&self.inner);
+        let token = interrupt.clone();
+        let task = tokio::spawn(async move {
+            if let Err(e) = run::record_decision(&inner, &run_id, &decision).await {
+                let _ = tx.send(crate::Event::Error { message: e.to_string() });
+                return Err(e);
+            }
+            run::run(inner, RunRequest { run_id: Some(run_id), ..RunRequest::default() }, tx, token).await
+        });
+        RunHandle::new(rx, task, interrupt)
+    }
+
+    /// The run's record, if it exists.
+    ///
+    /// # Errors
+    /// [`RunError::Store`] when the store fails.
+    pub async fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, RunError> {
+        Ok(self.inner.store.get_run(run_id).await?)
+    }
+
+    /// The run's journal, in ordinal order.
+    ///
+    /// # Errors
+    /// [`RunError::Store`] when the store fails.
+    pub async fn journal(&self, run_id: &str) -> Result<Vec<StepRecord>, RunError> {
+        Ok(self.inner.store.steps(run_id).await?)
+    }
+
+    /// The store, for listing and deleting runs.
+    pub fn store(&self) -> &Arc<dyn RunStore> {
+        &self.inner.store
+    }
+}
+
+/// Configures a [`Runtime`].
+#[derive(Default)]
+pub struct RuntimeBuilder {
+    agents: Vec<AgentDef>,
+    model: Option<Arc<dyn Model>>,
+    store: Option<Arc<dyn RunStore>>,
+    max_steps_per_run: Option<u64>,
+    max_result_bytes: Option<usize>,
+}
+
+impl fmt::Debug for RuntimeBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RuntimeBuilder").field("agents", &self.agents.len()).finish_non_exhaustive()
+    }
+}
+
+impl RuntimeBuilder {
+    /// Registers an agent. The first one is the default.
+    #[must_use]
+    pub fn agent(mut self, agent: impl Agent) -> Self {
+        self.agents.push(agent.definition());
+        self
+    }
+
+    /// The default model, for agents without their own.
+    #[must_use]
+    pub fn model(self, model: impl Model) -> Self {
+        self.model_arc(Arc::new(model))
+    }
+
+    /// The default model, shared.
+    #[must_use]
+    pub fn model_arc(mut self, model: Arc<dyn Model>) -> Self {
+        self.model = Some(model);
+        self
+    }
+
+    /// Where runs and journals live (default: a fresh [`MemoryStore`]).
+    #[must_use]
+    pub fn store(self, store: impl RunStore) -> Self {
+        self.store_arc(Arc::new(store))
+    }
+
+    /// Where runs and journals live, shared.
+    #[must_use]
+    pub fn store_arc(mut self, store: Arc<dyn RunStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The most journal steps one run may hold (default [`DEFAULT_MAX_STEPS_PER_RUN`]);
+    /// reaching it ends the run with [`RunError::StepLimit`].
+    #[must_use]
+    pub fn max_steps_per_run(mut self, n: u64) -> Self {
+        self.max_steps_per_run = Some(n);
+        self
+    }
+
+    /// The largest tool result or model response journaled (default
+    /// [`DEFAULT_MAX_RESULT_BYTES`]); a larger tool result is a
+    /// [`ToolError::InvalidOutput`](crate::ToolError::InvalidOutput) for the model.
+    #[must_use]
+    pub fn max_result_bytes(mut self, n: usize) -> Self {
+        self.max_result_bytes = Some(n);
+        self
+    }
+
+    /// Checks the configuration and builds the runtime.
+    ///
+    /// # Errors
+    /// [`RunError::Config`]: no agent, two agents with one id, or an agent without a model.
+    pub fn build(self) -> Result<Runtime, RunError> {
+        if self.agents.is_empty() {
+            return Err(RunError::Config("register at least one agent with `.agent(..)`".into()));
+        }
+        for (i, a) in self.agents.iter().enumerate() {
+            if self.agents[..i].iter().any(|b| b.id == a.id) {
+                return Err(RunError::Config(format!("two agents have the id `{}`", a.id)));
+            }
+            if a.model.is_none() && self.model.is_none() {
+                return Err(RunError::Config(format!(
+                    "agent `{}` has no model and the runtime has no default: call `.model(..)`",
+                    a.id
+                )));
+            }
+        }
+        Ok(Runtime {
+            inner: Arc::new(Inner {
+                agents: self.agents,
+                model: self.model,
+                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                max_steps_per_run: self.max_steps_per_run.unwrap_or(DEFAULT_MAX_STEPS_PER_RUN),
+                max_result_bytes: self.max_result_bytes.unwrap_or(DEFAULT_MAX_RESULT_BYTES),
+            }),
+        })
+    }
+}

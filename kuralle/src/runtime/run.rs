@@ -1,0 +1,406 @@
+//! One turn of a run: open (or resume) it, loop model ↔ tools with every model response and
+//! tool call journaled, and close it under optimistic concurrency.
+
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::{Inner, RunRequest, event::RunOutput};
+use crate::{
+    AgentDef, Event, FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, RunError, RunRecord,
+    RunStatus, RunStore, StepKind, StepOutcome, StoreError, ToolCallRequest, Usage,
+    dispatch::{self, Pending, RecordedDecision, TurnCtx},
+    journal::{Journal, Lookup, now_ms},
+    truncate::truncate_middle_out,
+};
+
+/// How many processed inbound idempotency keys a run remembers.
+const INBOUND_KEYS_KEPT: usize = 64;
+/// How often closing a run retries after losing an optimistic-concurrency race.
+const CLOSE_ATTEMPTS: usize = 16;
+
+/// The runtime-owned part of a run record (`RunRecord::state`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct RunState {
+    /// The transcript before the current turn.
+    messages: Vec<Message>,
+    /// The current (or last) turn's input.
+    turn_input: Option<String>,
+    /// The last finished turn's text.
+    output: String,
+    /// The last turn's usage.
+    usage: Usage,
+    /// Recently processed inbound idempotency keys.
+    inbound_keys: Vec<String>,
+    /// Calls waiting for a human decision (status `paused`).
+    #[serde(default)]
+    pending: Vec<Pending>,
+}
+
+/// A journaled model response.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ModelResponse {
+    text: String,
+    tool_calls: Vec<ToolCallRequest>,
+    finish: FinishReason,
+    usage: Usage,
+}
+
+enum Opened {
+    Turn { record: Box<RunRecord>, state: Box<RunState> },
+    Done(RunOutput),
+}
+
+pub(super) async fn run(
+    rt: Arc<Inner>,
+    req: RunRequest,
+    events: UnboundedSender<Event>,
+    interrupt: CancellationToken,
+) -> Result<RunOutput, RunError> {
+    let run_id = req.run_id.clone().or_else(|| req.session.clone()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let span = tracing::info_span!("run", run_id = %run_id);
+    let result = turn(&rt, &req, &run_id, &events, interrupt).instrument(span).await;
+    if let Err(e) = &result {
+        let _ = events.send(Event::Error { message: e.to_string() });
+    }
+    result
+}
+
+fn agent<'a>(rt: &'a Inner, id: Option<&str>) -> Result<&'a AgentDef, RunError> {
+    match id {
+        None => Ok(&rt.agents[0]),
+        Some(id) => rt.agents.iter().find(|a| a.id == id).ok_or_else(|| RunError::UnknownAgent {
+            id: id.to_owned(),
+            available: rt.agents.iter().map(|a| a.id.as_str()).collect::<Vec<_>>().join(", "),
+        }),
+    }
+}
+
+fn decode_state(record: &RunRecord) -> Result<RunState, RunError> {
+    serde_json::from_value(record.state.clone())
+        .map_err(|e| RunError::Store(StoreError::Corrupt(format!("run `{}` has unreadable state: {e}", record.run_id))))
+}
+
+fn output_of(record: &RunRecord, state: &RunState) -> RunOutput {
+    RunOutput { run_id: record.run_id.clone(), text: state.output.clone(), status: record.status, usage: state.usage }
+}
+
+async fn open(rt: &Inner, req: &RunRequest, run_id: &str) -> Result<Opened, RunError> {
+    let store = &rt.store;
+    let Some(mut record) = store.get_run(run_id).await? else {
+        let Some(input) = req.input.clone() else { return Err(RunError::RunNotFound(run_id.to_owned())) };
+        let agent = agent(rt, req.agent.as_deref())?;
+        let state = RunState {
+            turn_input: Some(input),
+            inbound_keys: req.idempotency_key.iter().cloned().collect(),
+            ..RunState::default()
+        };
+        let now = now_ms();
+        let record = RunRecord {
+            run_id: run_id.to_owned(),
+            agent_id: agent.id.clone(),
+            status: RunStatus::Running,
+            epoch: 0,
+            version: 0,
+            state: serde_json::to_value(&state).unwrap_or(Value::Null),
+            created_at_ms: now,
+            updated_at_ms: now,
+        };
+        store.create_run(record.clone()).await?;
+        return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) });
+    };
+    let mut state = decode_state(&record)?;
+    let unfinished = matches!(record.status, RunStatus::Running | RunStatus::Paused);
+    let seen = req.idempotency_key.as_ref().is_some_and(|k| state.inbound_keys.contains(k));
+    match &req.input {
+        _ if seen && !unfinished => return Ok(Opened::Done(output_of(&record, &state))),
+        None | Some(_) if seen => return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) }),
+        None if unfinished => return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) }),
+        None => return Ok(Opened::Done(output_of(&record, &state))),
+        Some(input) if unfinished => {
+            return if state.turn_input.as_ref() == Some(input) {
+                Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) })
+            } else {
+                Err(RunError::TurnInProgress(run_id.to_owned()))
+            };
+        }
+        Some(input) => {
+            // A new user turn: a new epoch, so the same call made again is a new effect.
+            record.epoch += 1;
+            record.status = RunStatus::Running;
+            state.turn_input = Some(input.clone());
+            state.output.clear();
+            state.usage = Usage::default();
+            if let Some(k) = &req.idempotency_key {
+                state.inbound_keys.push(k.clone());
+                let excess = state.inbound_keys.len().saturating_sub(INBOUND_KEYS_KEPT);
+                state.inbound_keys.drain(..excess);
+            }
+            record.state = serde_json::to_value(&state).unwrap_or(Value::Null);
+            record.updated_at_ms = now_ms();
+            record.version = store.put_run(record.clone()).await?;
+        }
+    }
+    Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) })
+}
+
+async fn turn(
+    rt: &Arc<Inner>,
+    req: &RunRequest,
+    run_id: &str,
+    events: &UnboundedSender<Event>,
+    interrupt: CancellationToken,
+) -> Result<RunOutput, RunError> {
+    let (record, state) = match open(rt, req, run_id).await? {
+        Opened::Done(out) => {
+            let _ = events.send(Event::RunStarted { run_id: run_id.to_owned() });
+            let _ = events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage });
+            return Ok(out);
+        }
+        Opened::Turn { record, state } => (*record, *state),
+    };
+    let agent = agent(rt, Some(&record.agent_id))?.clone();
+    let model: Arc<dyn Model> = match (&agent.model, &rt.model) {
+        (Some(m), _) | (None, Some(m)) => Arc::clone(m),
+        (None, None) => return Err(RunError::Config(format!("agent `{}` has no model", agent.id))),
+    };
+    let _ = events.send(Event::RunStarted { run_id: run_id.to_owned() });
+
+    let journal = Journal::open(Arc::clone(&rt.store), run_id, record.epoch, rt.max_steps_per_run).await?;
+    let ctx = Arc::new(TurnCtx {
+        journal,
+        tools: agent.tools.clone(),
+        events: events.clone(),
+        interrupt: interrupt.clone(),
+        max_concurrency: agent.max_tool_concurrency,
+        max_result_bytes: rt.max_result_bytes,
+        fatal: Mutex::new(None),
+    });
+
+    let mut transcript = state.messages.clone();
+    if let Some(input) = &state.turn_input {
+        transcript.push(Message::User { content: input.clone() });
+    }
+    let specs = agent.tools.specs();
+    let mut usage = Usage::default();
+    let mut callsite: u64 = 0;
+    let mut status = RunStatus::MaxSteps;
+    let mut text = String::new();
+    let mut pending = Vec::new();
+
+    for _ in 0..agent.max_steps {
+        if interrupt.is_cancelled() {
+            status = RunStatus::Interrupted;
+            break;
+        }
+        let request =
+            ModelRequest { system: agent.instructions.clone(), messages: transcript.clone(), tools: specs.clone() };
+        let Some(response) = model_step(rt, &ctx, model.as_ref(), request, callsite).await? else {
+            status = RunStatus::Interrupted;
+            break;
+        };
+        callsite += 1;
+        usage += response.usage;
+        transcript.push(Message::Assistant { content: response.text.clone(), tool_calls: response.tool_calls.clone() });
+        if response.tool_calls.is_empty() {
+            text = response.text;
+            status = RunStatus::Finished;
+            break;
+        }
+        let n = response.tool_calls.len() as u64;
+        let dispatched = dispatch::dispatch(&ctx, response.tool_calls, callsite).await?;
+        callsite += n;
+        if !dispatched.pending.is_empty() {
+            // The turn resumes from its start once decided: everything before the pending
+            // calls replays from the journal, so only the decision is missing.
+            pending = dispatched.pending;
+            status = RunStatus::Paused;
+            break;
+        }
+        for o in &dispatched.outcomes {
+            transcript.push(Message::Tool {
+                call_id: o.call_id.clone(),
+                name: o.name.clone(),
+                content: truncate_middle_out(&o.model_value(), agent.max_tool_result_tokens),
+            });
+        }
+    }
+
+    if status == RunStatus::Paused {
+        let _ = events.send(Event::Paused {
+            run_id: run_id.to_owned(),
+            pending: pending.iter().map(|p: &Pending| p.request.clone()).collect(),
+        });
+        // The transcript of a paused turn is rebuilt by replay on resume; keep the one
+        // before the turn.
+        transcript = state.messages.clone();
+    }
+    let out = close(rt.store.as_ref(), record, state, Closing { transcript, status, text, usage, pending }).await?;
+    let _ = events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage });
+    Ok(out)
+}
+
+/// One model response: replayed from the journal when recorded, else requested (live text
+/// deltas) and journaled. `None` when the caller interrupted the stream.
+async fn model_step(
+    rt: &Inner,
+    ctx: &TurnCtx,
+    model: &dyn Model,
+    request: ModelRequest,
+    callsite: u64,
+) -> Result<Option<ModelResponse>, RunError> {
+    let journal = &ctx.journal;
+    let key = journal.key(&callsite.to_string(), &json!("model"));
+    let ordinal = match journal.lookup(&key) {
+        Lookup::Finished(v) => {
+            let response: ModelResponse = serde_json::from_value(v).map_err(|e| {
+                RunError::Store(StoreError::Corrupt(format!("journaled model response is unreadable: {e}")))
+            })?;
+            if !response.text.is_empty() {
+                ctx.events.send(Event::TextDelta { delta: response.text.clone() }).ok();
+            }
+            return Ok(Some(response));
+        }
+        // Model failures are never journaled as final (they are transient), so a failed step
+        // cannot occur; treat one like an unfinished step and ask again.
+        Lookup::Running(ordinal) => ordinal,
+        Lookup::Failed(_) | Lookup::Fresh => {
+            journal.begin(vec![(key.clone(), StepKind::Model, "model".into())]).await?[0]
+        }
+    };
+
+    let mut stream = model.stream(request);
+    let mut response = ModelResponse {
+        text: String::new(),
+        tool_calls: Vec::new(),
+        finish: FinishReason::Stop,
+        usage: Usage::default(),
+    };
+    let mut finished = false;
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = ctx.interrupt.cancelled() => return Ok(None),
+            next = stream.next() => next,
+        };
+        match next {
+            None => break,
+            Some(Err(e)) => return Err(e.into()),
+            Some(Ok(ModelEvent::TextDelta { delta })) => {
+                response.text.push_str(&delta);
+                ctx.events.send(Event::TextDelta { delta }).ok();
+            }
+            Some(Ok(ModelEvent::ToolCall(call))) => response.tool_calls.push(call),
+            Some(Ok(ModelEvent::Finish { reason, usage })) => {
+                response.finish = reason;
+                response.usage = usage;
+                finished = true;
+            }
+        }
+    }
+    if !finished {
+        return Err(ModelError::Protocol("the model stream ended without a finish reason".into()).into());
+    }
+    let value = serde_json::to_value(&response).unwrap_or(Value::Null);
+    let size = value.to_string().len();
+    if size > rt.max_result_bytes {
+        return Err(RunError::ResponseTooLarge { size, limit: rt.max_result_bytes });
+    }
+    journal.finish(&key, ordinal, StepOutcome::Finished(value)).await?;
+    Ok(Some(response))
+}
+
+/// Persists the turn's end. Losing an optimistic-concurrency race re-reads and retries: the
+/// version check protects the record, it never fails the turn.
+struct Closing {
+    transcript: Vec<Message>,
+    status: RunStatus,
+    text: String,
+    usage: Usage,
+    pending: Vec<Pending>,
+}
+
+async fn close(
+    store: &dyn RunStore,
+    mut record: RunRecord,
+    mut state: RunState,
+    closing: Closing,
+) -> Result<RunOutput, RunError> {
+    let Closing { transcript, status, text, usage, pending } = closing;
+    state.messages = transcript;
+    state.output = text;
+    state.usage = usage;
+    state.pending = pending;
+    for _ in 0..CLOSE_ATTEMPTS {
+        record.status = status;
+        record.state = serde_json::to_value(&state).unwrap_or(Value::Null);
+        record.updated_at_ms = now_ms();
+        match store.put_run(record.clone()).await {
+            Ok(version) => {
+                record.version = version;
+                return Ok(output_of(&record, &state));
+            }
+            Err(StoreError::VersionConflict { actual, .. }) => {
+                let fresh =
+                    store.get_run(&record.run_id).await?.ok_or_else(|| RunError::RunNotFound(record.run_id.clone()))?;
+                let keys = decode_state(&fresh)?.inbound_keys;
+                state.inbound_keys = keys;
+                record.version = actual.max(fresh.version);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(RunError::Store(StoreError::Unavailable(format!(
+        "run `{}` kept changing under this turn; gave up after {CLOSE_ATTEMPTS} attempts",
+        record.run_id
+    ))))
+}
+
+/// Records a human decision on a paused run's pending calls (all of them, or the one the
+/// decision names). Recording is idempotent: a decision already recorded is kept.
+pub(super) async fn record_decision(rt: &Inner, run_id: &str, decision: &super::Decision) -> Result<(), RunError> {
+    let store = &rt.store;
+    let record = store.get_run(run_id).await?.ok_or_else(|| RunError::RunNotFound(run_id.to_owned()))?;
+    let state = decode_state(&record)?;
+    let targets: Vec<&Pending> = state
+        .pending
+        .iter()
+        .filter(|p| decision.request_id.as_ref().is_none_or(|id| *id == p.request.request_id))
+        .collect();
+    if record.status != RunStatus::Paused || targets.is_empty() {
+        return Err(RunError::NotPending {
+            run_id: run_id.to_owned(),
+            request_id: decision.request_id.clone().unwrap_or_else(|| "*".to_owned()),
+        });
+    }
+    let recorded: std::collections::HashSet<String> = store.steps(run_id).await?.into_iter().map(|s| s.key).collect();
+    let value = serde_json::to_value(RecordedDecision {
+        approved: decision.approved,
+        by: decision.by.clone(),
+        reason: decision.reason.clone(),
+    })
+    .unwrap_or(Value::Null);
+    for p in targets.into_iter().filter(|p| !recorded.contains(&p.decision_key)) {
+        let step = crate::NewStep {
+            key: p.decision_key.clone(),
+            kind: StepKind::Approval,
+            name: p.request.name.clone(),
+            epoch: record.epoch,
+            started_at_ms: now_ms(),
+        };
+        match store.append_steps(run_id, vec![step]).await {
+            Ok(ordinals) => {
+                store.finish_step(run_id, ordinals[0], StepOutcome::Finished(value.clone()), now_ms()).await?
+            }
+            // A concurrent delivery recorded it first: the first decision stands.
+            Err(StoreError::DuplicateKey { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
