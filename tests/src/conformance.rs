@@ -206,10 +206,11 @@ pub async fn journal_round_trip<S: RunStore>(store: S) {
         NewStep { key: "k-tool".into(), kind: StepKind::Tool, name: "charge".into(), epoch: 2, started_at_ms: 101 },
         NewStep { key: "k-now".into(), kind: StepKind::Now, name: "now".into(), epoch: 2, started_at_ms: 102 },
         NewStep { key: "k-uuid".into(), kind: StepKind::Uuid, name: "uuid".into(), epoch: 2, started_at_ms: 103 },
+        NewStep { key: "k-ok".into(), kind: StepKind::Approval, name: "charge".into(), epoch: 2, started_at_ms: 104 },
     ];
-    assert_eq!(store.append_steps("run-1", intents.clone()).await.unwrap(), [0, 1, 2, 3]);
+    assert_eq!(store.append_steps("run-1", intents.clone()).await.unwrap(), [0, 1, 2, 3, 4]);
     let steps = store.steps("run-1").await.unwrap();
-    assert_eq!(steps.len(), 4);
+    assert_eq!(steps.len(), 5);
     for (i, (record, intent)) in steps.iter().zip(&intents).enumerate() {
         assert_eq!(record.ordinal, i as u64);
         assert_eq!(record.key, intent.key);
@@ -248,10 +249,10 @@ pub async fn journal_round_trip<S: RunStore>(store: S) {
 
     // Later appends continue the sequence; an empty append reserves nothing.
     assert_eq!(store.append_steps("run-1", vec![]).await.unwrap(), Vec::<u64>::new());
-    assert_eq!(store.append_steps("run-1", vec![step("k-5"), step("k-6")]).await.unwrap(), [4, 5]);
-    assert_eq!(store.append_steps("run-1", vec![step("k-7")]).await.unwrap(), [6]);
+    assert_eq!(store.append_steps("run-1", vec![step("k-5"), step("k-6")]).await.unwrap(), [5, 6]);
+    assert_eq!(store.append_steps("run-1", vec![step("k-7")]).await.unwrap(), [7]);
     let ordinals: Vec<u64> = store.steps("run-1").await.unwrap().iter().map(|s| s.ordinal).collect();
-    assert_eq!(ordinals, (0..7).collect::<Vec<_>>());
+    assert_eq!(ordinals, (0..8).collect::<Vec<_>>());
 
     // Journals are per run: another run starts at 0 and may reuse keys.
     store.create_run(run("run-2", RunStatus::Running, 1)).await.unwrap();

@@ -97,7 +97,7 @@ fn structs(tool: &ToolFn<'_>) -> TokenStream {
 }
 
 /// The result type `T` of the tool, when it can be named.
-fn ok_type<'a>(tool: &'a ToolFn<'_>) -> Option<TokenStream> {
+fn ok_type(tool: &ToolFn<'_>) -> Option<TokenStream> {
     match tool.output {
         Output::Unit => Some(quote!(())),
         Output::Value(Type::ImplTrait(_)) | Output::Result { ok: Type::ImplTrait(_), .. } => None,

@@ -159,17 +159,21 @@ impl MemoryStore {
         let Some(entry) = state.runs.get_mut(run_id) else {
             return Err(StoreError::RunNotFound(run_id.to_owned()));
         };
-        // Validate the whole call first: it is all or nothing.
-        for (i, step) in steps.iter().enumerate() {
-            if entry.keys.contains_key(&step.key) || steps[..i].iter().any(|earlier| earlier.key == step.key) {
-                return Err(StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key.clone() });
-            }
-        }
+        // All or nothing: claim every key (one hash each), and give them back on a duplicate.
         let first = entry.steps.len() as u64;
+        for (i, (ordinal, step)) in (first..).zip(&steps).enumerate() {
+            if let Entry::Vacant(slot) = entry.keys.entry(step.key.clone()) {
+                slot.insert(ordinal);
+                continue;
+            }
+            for earlier in &steps[..i] {
+                entry.keys.remove(&earlier.key);
+            }
+            return Err(StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key.clone() });
+        }
         let mut ordinals = Vec::with_capacity(steps.len());
         entry.steps.reserve(steps.len());
         for (ordinal, step) in (first..).zip(steps) {
-            entry.keys.insert(step.key.clone(), ordinal);
             entry.steps.push(StepRecord {
                 ordinal,
                 key: step.key,

@@ -1,0 +1,213 @@
+//! Journal costs: a journaled tool call is `append_steps` (intent) + `finish_step` (result),
+//! two durable commits on a durable store.
+//!
+//! - `serial/sqlite_call` vs `serial/fdatasync`: one call at a time on `SqliteStore`, next to
+//!   a raw 256-byte `write` + `fdatasync` in the same directory (printed ratio at the end).
+//! - `parallel64/sqlite`: 64 parallel calls (one `append_steps` of 64 intents, then 64
+//!   concurrent `finish_step`), through group commit; throughput in calls/s.
+//! - `memory/call`: the same serial call on `MemoryStore`.
+//!
+//! `cargo bench -p kuralle --bench journal -- --warm-up-time 1 --measurement-time 3`
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use futures::FutureExt;
+use kuralle::stores::{MemoryStore, SqliteStore};
+use kuralle::{NewStep, RunRecord, RunStatus, RunStore, StepKind, StepOutcome};
+use serde_json::json;
+
+/// A fresh run is started after this many steps so the journal does not grow without bound.
+const STEPS_PER_RUN: u64 = 10_000;
+
+fn bench_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kuralle-bench-journal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn new_run(run_id: &str) -> RunRecord {
+    RunRecord {
+        run_id: run_id.to_owned(),
+        agent_id: "bench".to_owned(),
+        status: RunStatus::Running,
+        epoch: 0,
+        version: 0,
+        state: json!({}),
+        created_at_ms: 0,
+        updated_at_ms: 0,
+    }
+}
+
+fn intent(i: u64) -> NewStep {
+    // A realistic key: 64 hex chars, like `journal::tool_key`.
+    NewStep {
+        key: format!("{i:064x}"),
+        kind: StepKind::Tool,
+        name: "get_weather".to_owned(),
+        epoch: 0,
+        started_at_ms: 0,
+    }
+}
+
+/// Drives serial journaled calls on one store, rotating runs.
+struct Caller<S> {
+    store: S,
+    run: u64,
+    run_id: String,
+    next: u64,
+    calls: u64,
+    result: serde_json::Value,
+}
+
+impl<S: RunStore> Caller<S> {
+    async fn new(store: S) -> Self {
+        store.create_run(new_run("run-0")).await.unwrap();
+        let result = json!({"city": "Paris", "temperature_c": 21.5, "conditions": "sunny"});
+        Self { store, run: 0, run_id: "run-0".to_owned(), next: 0, calls: 0, result }
+    }
+
+    async fn rotate_if_full(&mut self, calls: u64) {
+        if self.next + calls > STEPS_PER_RUN {
+            self.store.delete_run(&self.run_id).await.unwrap();
+            self.run += 1;
+            self.run_id = format!("run-{}", self.run);
+            self.next = 0;
+            self.store.create_run(new_run(&self.run_id)).await.unwrap();
+        }
+    }
+
+    async fn call(&mut self) {
+        self.rotate_if_full(1).await;
+        let ordinals = self.store.append_steps(&self.run_id, vec![intent(self.next)]).await.unwrap();
+        self.next += 1;
+        self.calls += 1;
+        // The tool's output, moved into the journal.
+        let outcome = StepOutcome::Finished(self.result.clone());
+        self.store.finish_step(&self.run_id, ordinals[0], outcome, 1).await.unwrap();
+    }
+
+    async fn parallel_calls(&mut self, width: u64) {
+        self.rotate_if_full(width).await;
+        let intents = (self.next..self.next + width).map(intent).collect();
+        let ordinals = self.store.append_steps(&self.run_id, intents).await.unwrap();
+        self.next += width;
+        self.calls += width;
+        let finishes = ordinals.iter().map(|&ordinal| {
+            self.store.finish_step(&self.run_id, ordinal, StepOutcome::Finished(self.result.clone()), 1)
+        });
+        for finished in futures::future::join_all(finishes).await {
+            finished.unwrap();
+        }
+    }
+}
+
+fn fdatasync_file(dir: &Path) -> File {
+    OpenOptions::new().create(true).append(true).open(dir.join("raw.log")).unwrap()
+}
+
+fn raw_fdatasync(file: &mut File) {
+    file.write_all(&[b'x'; 256]).unwrap();
+    file.sync_data().unwrap();
+}
+
+fn serial(c: &mut Criterion) {
+    let dir = bench_dir();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let store = SqliteStore::open(dir.join("serial.db")).unwrap();
+    let mut caller = runtime.block_on(Caller::new(store));
+    let mut file = fdatasync_file(&dir);
+
+    let mut group = c.benchmark_group("serial");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("fdatasync", |b| b.iter(|| raw_fdatasync(&mut file)));
+    group.bench_function("sqlite_call", |b| b.iter(|| runtime.block_on(caller.call())));
+    group.finish();
+}
+
+fn parallel64(c: &mut Criterion) {
+    let dir = bench_dir();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let store = SqliteStore::open(dir.join("parallel.db")).unwrap();
+    let mut caller = runtime.block_on(Caller::new(store));
+
+    let mut group = c.benchmark_group("parallel64");
+    group.throughput(Throughput::Elements(64));
+    group.bench_function("sqlite", |b| b.iter(|| runtime.block_on(caller.parallel_calls(64))));
+    group.finish();
+    let commits = caller.store.commit_count();
+    let calls = caller.calls;
+    eprintln!(
+        "parallel64/sqlite: {calls} journaled calls in {commits} commits ({:.1} calls per commit)",
+        calls as f64 / commits as f64
+    );
+}
+
+fn memory(c: &mut Criterion) {
+    // MemoryStore futures are ready at their first poll: poll once, no executor needed.
+    let ready = "MemoryStore futures complete at their first poll";
+    let mut caller = Caller::new(MemoryStore::new()).now_or_never().expect(ready);
+    let mut group = c.benchmark_group("memory");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("call", |b| b.iter(|| caller.call().now_or_never().expect(ready)));
+    group.finish();
+}
+
+/// Medians of interleaved samples, so both see the same disk conditions; prints the ratio.
+fn ratio_summary(_: &mut Criterion) {
+    let dir = bench_dir();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let store = SqliteStore::open(dir.join("ratio.db")).unwrap();
+    let mut caller = runtime.block_on(Caller::new(store));
+    let mut file = fdatasync_file(&dir);
+    let (mut sync, mut call) = (Vec::new(), Vec::new());
+    for _ in 0..400 {
+        let started = Instant::now();
+        raw_fdatasync(&mut file);
+        sync.push(started.elapsed());
+        let started = Instant::now();
+        runtime.block_on(caller.call());
+        call.push(started.elapsed());
+    }
+    let median = |samples: &mut Vec<Duration>| {
+        samples.sort_unstable();
+        samples[samples.len() / 2]
+    };
+    let (sync, call) = (median(&mut sync), median(&mut call));
+    eprintln!(
+        "ratio (400 interleaved samples, medians): journaled call {call:?} / fdatasync {sync:?} = {:.2}x \
+         (a call is two durable commits, so 2.0x is the floor of a store that fsyncs once per commit)",
+        call.as_secs_f64() / sync.as_secs_f64()
+    );
+    drop(caller);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // On a shared machine wall time includes waiting for a CPU: report on-CPU time as well.
+    let ready = "MemoryStore futures complete at their first poll";
+    let mut caller = Caller::new(MemoryStore::new()).now_or_never().expect(ready);
+    let calls = 500_000;
+    let (started, on_cpu) = (Instant::now(), thread_cpu_ns());
+    for _ in 0..calls {
+        caller.call().now_or_never().expect(ready);
+    }
+    let wall = started.elapsed().as_nanos() as f64 / f64::from(calls);
+    match (on_cpu, thread_cpu_ns()) {
+        (Some(before), Some(after)) => eprintln!(
+            "memory call ({calls} calls): {wall:.0} ns wall, {:.0} ns on-CPU per call",
+            (after - before) as f64 / f64::from(calls)
+        ),
+        _ => eprintln!("memory call ({calls} calls): {wall:.0} ns wall per call"),
+    }
+}
+
+/// Nanoseconds this thread has run on a CPU (Linux `schedstat`).
+fn thread_cpu_ns() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    stat.split_whitespace().next()?.parse().ok()
+}
+
+criterion_group!(benches, serial, parallel64, memory, ratio_summary);
+criterion_main!(benches);
