@@ -116,8 +116,9 @@ pub fn assert_serialize<T: Serialize + ?Sized>() {}
 /// Compile-time check that a tool error type is `Display` (spanned on the user's type).
 pub fn assert_display<E: Display + ?Sized>() {}
 
-/// Compile-time check that an `#[agent]` tools entry is a tool (spanned on its path).
-pub fn assert_tool<T: Tool>(tool: T) -> T {
+/// Compile-time check that an `#[agent]` tools entry is a tool (spanned on its path). Returns
+/// an opaque `impl Tool` so a non-tool is reported once, here, and not again by the builder.
+pub fn assert_tool<T: Tool>(tool: T) -> impl Tool {
     tool
 }
 

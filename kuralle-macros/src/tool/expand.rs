@@ -303,6 +303,10 @@ pub(crate) fn fallback(func: &ItemFn, errors: TokenStream) -> TokenStream {
     let p = private();
     let mut func = strip_param_attrs(func);
     yields::neutralize(&mut func.block);
+    if matches!(func.sig.inputs.first(), Some(syn::FnArg::Receiver(_))) {
+        // A method: the fn sits in an `impl`, where structs and `const _` cannot go.
+        return quote!(#func #errors);
+    }
     let allowed = allowed_lints();
     let fn_name = syn::ext::IdentExt::unraw(&func.sig.ident).to_string();
     let pascal = super::model::pascal_case(&fn_name);
