@@ -81,9 +81,9 @@ async fn tag(tags: HashMap<String, String>) -> usize {
 }
 
 /// Output without a schema.
-pub struct Opaque;
+pub struct NoSchema;
 
-impl Serialize for Opaque {
+impl Serialize for NoSchema {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_unit()
     }
@@ -91,8 +91,8 @@ impl Serialize for Opaque {
 
 /// Return something without a schema.
 #[tool]
-async fn opaque() -> Opaque {
-    Opaque
+async fn opaque() -> NoSchema {
+    NoSchema
 }
 
 #[test]
@@ -102,7 +102,7 @@ fn input_and_output_schemas() {
     insta::assert_json_snapshot!("ship_input", Ship.input_schema());
     assert_eq!(Ship.input_schema()["additionalProperties"], false, "deny_unknown_fields shows in the schema");
     assert!(Opaque.output_schema().is_none(), "a result type without JsonSchema has no output schema");
-    assert_eq!(Opaque.input_schema()["properties"], serde_json::json!({}));
+    assert_eq!(Opaque.input_schema()["type"], "object");
 }
 
 #[test]

@@ -85,6 +85,11 @@ fn structs(tool: &ToolFn<'_>) -> TokenStream {
         #allowed
         #vis struct #ident;
 
+        // schemars' derive calls `.into()` unqualified (through `json!`), which fails in a
+        // `#![no_implicit_prelude]` module; an anonymous import makes the method resolvable.
+        #[allow(unused_imports)]
+        use ::core::convert::Into as _;
+
         #[doc = #input_doc]
         #[derive(#p::Deserialize, #p::JsonSchema)]
         #[serde(crate = "::kuralle::__private::serde", deny_unknown_fields)]
