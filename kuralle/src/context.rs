@@ -24,6 +24,8 @@ pub struct ToolContext {
     inner: Arc<Inner>,
 }
 
+// `scope` and `in_run` are for the runtime (built on another branch).
+#[allow(dead_code)]
 #[derive(Debug)]
 struct Inner {
     run_id: String,
@@ -58,6 +60,7 @@ impl ToolContext {
         }
     }
 
+    #[allow(dead_code)] // for the runtime (built on another branch)
     pub(crate) fn in_run(
         run_id: &str,
         call_id: &str,
@@ -103,6 +106,7 @@ impl ToolContext {
         &self.inner.idempotency_key
     }
 
+    #[allow(dead_code)] // for the runtime (built on another branch)
     pub(crate) fn scope(&self) -> Option<&Scope> {
         self.inner.scope.as_ref()
     }

@@ -18,6 +18,8 @@
 //! assert_eq!(specs[0].input_schema["properties"]["text"]["description"], "The text to echo.");
 //! ```
 
+// Lets `::kuralle::` paths in expansions resolve inside this crate (doctests, unit tests).
+#[allow(unused_extern_crates)]
 extern crate self as kuralle;
 
 mod agent;

@@ -166,10 +166,10 @@ fn walk(
     for key in DROPPED {
         map.remove(*key);
     }
-    if let Some(Value::String(f)) = map.get("format") {
-        if !FORMATS.contains(&f.as_str()) {
-            map.remove("format");
-        }
+    if let Some(Value::String(f)) = map.get("format")
+        && !FORMATS.contains(&f.as_str())
+    {
+        map.remove("format");
     }
     if let Some(one_of) = map.remove("oneOf") {
         map.insert("anyOf".into(), one_of);
@@ -193,7 +193,7 @@ fn walk(
             Some(_) => return Err(fail(&path, "an open map (schema-valued `additionalProperties`)")),
         }
         map.insert("additionalProperties".into(), Value::Bool(false));
-        let props = map.entry("properties").or_insert_with(|| Value::Object(Map::new()));
+        map.entry("properties").or_insert_with(|| Value::Object(Map::new()));
         let required: Vec<String> = map
             .get("required")
             .and_then(Value::as_array)

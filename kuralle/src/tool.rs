@@ -256,6 +256,7 @@ impl ToolSet {
     }
 
     /// Comma-separated names, for error messages.
+    #[allow(dead_code)] // for the runtime (built on another branch)
     pub(crate) fn names(&self) -> String {
         self.tools.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
     }

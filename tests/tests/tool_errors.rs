@@ -1,7 +1,7 @@
 //! Tool flags and error mapping: panicking predicates, idempotency keys, `Err` → `Failed`,
 //! `on_error` recovery (not when the call is cancelled), invalid output.
 
-use kuralle::{PreparedCall, Tool, ToolContext, ToolError, tool};
+use kuralle::{Tool, ToolContext, ToolError, tool};
 use tokio_util::sync::CancellationToken;
 
 /// Why a charge failed.

@@ -43,6 +43,10 @@ pub(crate) fn strip_param_attrs(func: &ItemFn) -> ItemFn {
 
 fn user_fn(tool: &ToolFn<'_>) -> TokenStream {
     let mut func = strip_param_attrs(tool.func);
+    if matches!(tool.kind, Kind::Async) {
+        // `#[tool]` requires `async` even for bodies that never await.
+        func.attrs.push(syn::parse_quote!(#[allow(clippy::unused_async)]));
+    }
     let Kind::Generator { ret } = tool.kind else { return func.into_token_stream() };
     let p = private();
     let ret = ret.map_or_else(|| quote!(()), ToTokens::to_token_stream);
@@ -102,7 +106,7 @@ fn structs(tool: &ToolFn<'_>) -> TokenStream {
 }
 
 /// The result type `T` of the tool, when it can be named.
-fn ok_type<'a>(tool: &'a ToolFn<'_>) -> Option<TokenStream> {
+fn ok_type(tool: &ToolFn<'_>) -> Option<TokenStream> {
     match tool.output {
         Output::Unit => Some(quote!(())),
         Output::Value(Type::ImplTrait(_)) | Output::Result { ok: Type::ImplTrait(_), .. } => None,
