@@ -43,6 +43,10 @@ pub(crate) fn strip_param_attrs(func: &ItemFn) -> ItemFn {
 
 fn user_fn(tool: &ToolFn<'_>) -> TokenStream {
     let mut func = strip_param_attrs(tool.func);
+    if matches!(tool.kind, Kind::Async) {
+        // `#[tool]` requires `async` even for bodies that never await.
+        func.attrs.push(syn::parse_quote!(#[allow(clippy::unused_async)]));
+    }
     let Kind::Generator { ret } = tool.kind else { return func.into_token_stream() };
     let p = private();
     let ret = ret.map_or_else(|| quote!(()), ToTokens::to_token_stream);
@@ -84,6 +88,11 @@ fn structs(tool: &ToolFn<'_>) -> TokenStream {
         #[derive(Clone, Copy, Debug, Default)]
         #allowed
         #vis struct #ident;
+
+        // schemars' derive calls `.into()` unqualified (through `json!`), which fails in a
+        // `#![no_implicit_prelude]` module; an anonymous import makes the method resolvable.
+        #[allow(unused_imports)]
+        use ::core::convert::Into as _;
 
         #[doc = #input_doc]
         #[derive(#p::Deserialize, #p::JsonSchema)]
@@ -303,6 +312,10 @@ pub(crate) fn fallback(func: &ItemFn, errors: TokenStream) -> TokenStream {
     let p = private();
     let mut func = strip_param_attrs(func);
     yields::neutralize(&mut func.block);
+    if matches!(func.sig.inputs.first(), Some(syn::FnArg::Receiver(_))) {
+        // A method: the fn sits in an `impl`, where structs and `const _` cannot go.
+        return quote!(#func #errors);
+    }
     let allowed = allowed_lints();
     let fn_name = syn::ext::IdentExt::unraw(&func.sig.ident).to_string();
     let pascal = super::model::pascal_case(&fn_name);

@@ -1,0 +1,5 @@
+/// You are a support agent.
+#[kuralle::agent(id = "Support Desk", tools = [])]
+struct Support;
+
+fn main() {}

@@ -1,0 +1,4 @@
+#[kuralle::agent(id = "support", tools = [])]
+struct Support;
+
+fn main() {}

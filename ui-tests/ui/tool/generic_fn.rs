@@ -1,0 +1,7 @@
+/// Echo.
+#[kuralle::tool]
+async fn echo<T: ToString>(text: String) -> String {
+    text
+}
+
+fn main() {}

@@ -1,0 +1,6 @@
+#[kuralle::tool]
+async fn echo(text: String) -> String {
+    text
+}
+
+fn main() {}

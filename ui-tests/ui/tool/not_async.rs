@@ -1,0 +1,7 @@
+/// Echo.
+#[kuralle::tool]
+fn echo(text: String) -> String {
+    text
+}
+
+fn main() {}

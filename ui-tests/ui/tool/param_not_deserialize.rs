@@ -1,0 +1,12 @@
+#[derive(schemars::JsonSchema)]
+struct Point {
+    x: i64,
+}
+
+/// Move to a point.
+#[kuralle::tool]
+async fn move_to(point: Point) -> i64 {
+    point.x
+}
+
+fn main() {}

@@ -1,0 +1,11 @@
+struct Service;
+
+impl Service {
+    /// Echo.
+    #[kuralle::tool]
+    async fn echo(&self, text: String) -> String {
+        text
+    }
+}
+
+fn main() {}
