@@ -6,6 +6,9 @@
 //! - `parallel64/sqlite`: 64 parallel calls (one `append_steps` of 64 intents, then 64
 //!   concurrent `finish_step`), through group commit; throughput in calls/s.
 //! - `memory/call`: the same serial call on `MemoryStore`.
+//! - `replay/{sqlite,memory}/{1000,10000}_steps`: resuming a run whose journal holds that many
+//!   steps: the journal is loaded, every finished step replays, and the one unfinished model
+//!   step runs. Linear in steps means the 10,000 figure is about 10× the 1,000 one.
 //!
 //! `cargo bench -p kuralle --bench journal -- --warm-up-time 1 --measurement-time 3`
 
@@ -17,7 +20,10 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use futures::FutureExt;
 use kuralle::stores::{MemoryStore, SqliteStore};
-use kuralle::{NewStep, RunRecord, RunStatus, RunStore, StepKind, StepOutcome};
+use std::sync::Arc;
+
+use kuralle::testing::{ScriptedModel, Turn};
+use kuralle::{AgentDef, NewStep, RunRecord, RunRequest, RunStatus, RunStore, Runtime, StepKind, StepOutcome};
 use serde_json::json;
 
 /// A fresh run is started after this many steps so the journal does not grow without bound.
@@ -209,5 +215,82 @@ fn thread_cpu_ns() -> Option<u64> {
     stat.split_whitespace().next()?.parse().ok()
 }
 
-criterion_group!(benches, serial, parallel64, memory, ratio_summary);
+/// A run left unfinished with `steps` journal steps: one model response with `steps - 2`
+/// parallel-safe calls, all finished, and a second model step whose request failed.
+async fn unfinished_run(store: Arc<dyn RunStore>, steps: usize) {
+    let calls = (0..steps - 2).map(|i| (format!("c{i}"), "noop".to_owned(), format!(r#"{{"i":{i}}}"#)));
+    let model = ScriptedModel::new([Turn::tool_calls(calls), Turn::error("the process died here")]);
+    let err = replay_runtime(store, model).run(RunRequest::new("go").run_id("replay")).await.unwrap_err();
+    assert!(err.is_retryable());
+}
+
+fn replay_runtime(store: Arc<dyn RunStore>, model: ScriptedModel) -> Runtime {
+    Runtime::builder()
+        .agent(AgentDef::new("replay", "x").tool(Noop).max_tool_concurrency(64).max_steps(4))
+        .model(model)
+        .store_arc(store)
+        .max_steps_per_run(100_000)
+        .build()
+        .unwrap()
+}
+
+/// Do nothing.
+#[kuralle::tool(parallel_safe)]
+async fn noop(
+    /// Anything.
+    i: u64,
+) -> u64 {
+    i
+}
+
+async fn resume_timed(store: Arc<dyn RunStore>) -> Duration {
+    let model = ScriptedModel::by_transcript([Turn::text("unused"), Turn::text("done")]);
+    let runtime = replay_runtime(store, model);
+    let start = Instant::now();
+    let out = runtime.resume("replay").await.unwrap();
+    let elapsed = start.elapsed();
+    assert_eq!(out.status, RunStatus::Finished);
+    elapsed
+}
+
+fn replay(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let mut group = c.benchmark_group("replay");
+    group.sample_size(10);
+    for steps in [1_000usize, 10_000] {
+        // SQLite: build the unfinished run once, copy the file for every resume.
+        let template = bench_dir().join(format!("replay-{steps}.db"));
+        let _ = std::fs::remove_file(&template);
+        runtime.block_on(unfinished_run(Arc::new(SqliteStore::open(&template).unwrap()), steps));
+        // Dropping the store checkpointed the WAL into the file.
+        let mut copy = 0u64;
+        group.bench_function(format!("sqlite/{steps}_steps"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    copy += 1;
+                    let path = bench_dir().join(format!("replay-{steps}-{copy}.db"));
+                    std::fs::copy(&template, &path).unwrap();
+                    total += runtime.block_on(resume_timed(Arc::new(SqliteStore::open(&path).unwrap())));
+                    let _ = std::fs::remove_file(&path);
+                }
+                total
+            });
+        });
+        group.bench_function(format!("memory/{steps}_steps"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+                    runtime.block_on(unfinished_run(store.clone(), steps));
+                    total += runtime.block_on(resume_timed(store));
+                }
+                total
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, serial, parallel64, memory, replay, ratio_summary);
 criterion_main!(benches);

@@ -73,6 +73,14 @@ impl CallOutcome {
             Err(e) => error_value(e),
         }
     }
+
+    /// [`model_value`](Self::model_value), consuming the outcome.
+    pub(crate) fn into_model_value(self) -> Value {
+        match self.result {
+            Ok(v) => v,
+            Err(e) => error_value(&e),
+        }
+    }
 }
 
 /// What the model receives for a failed call.
@@ -214,7 +222,7 @@ fn plan(turn: &TurnCtx, p: &Planned) -> Plan {
     let j = &turn.journal;
     let key = match call.idempotency_key() {
         Some(user_key) => override_key(j.run_id(), j.epoch(), tool.name(), &user_key),
-        None => j.key(&p.callsite, &json!({"args": args, "name": tool.name()})),
+        None => j.tool_key(&p.callsite, tool.name(), args),
     };
     if !tool.replay() {
         // Journaled for the record under a key of its own; never answered from the journal.
@@ -261,6 +269,10 @@ fn replayed_error(tool: &str, e: Value) -> ToolError {
     serde_json::from_value(e.clone()).unwrap_or_else(|_| ToolError::failed(tool, format!("(journaled) {e}")))
 }
 
+/// A call's answer within its batch: its result and whether it was replayed, or the approval
+/// it waits for.
+type Slot = Result<(Result<Value, ToolError>, bool), Pending>;
+
 async fn run_batch(turn: &Arc<TurnCtx>, batch: Vec<Planned>) -> Result<(Vec<CallOutcome>, Vec<Pending>), RunError> {
     turn.emit(Event::ToolBatchStart {
         calls: batch.iter().map(|p| BatchCall { call_id: p.req.call_id.clone(), name: p.req.name.clone() }).collect(),
@@ -305,36 +317,43 @@ async fn run_batch(turn: &Arc<TurnCtx>, batch: Vec<Planned>) -> Result<(Vec<Call
         }
     }
 
-    let jobs: Vec<_> = batch
-        .iter()
-        .zip(plans)
-        .enumerate()
-        .map(|(i, (p, plan))| {
-            let turn = Arc::clone(turn);
-            let call_id = p.req.call_id.clone();
-            let callsite = p.callsite.clone();
-            let p_name = p.req.name.clone();
-            async move {
-                let out = match plan {
-                    Plan::Done(result, replayed) => (result, replayed),
-                    Plan::Run(ready) => {
-                        let span = tracing::info_span!("tool_call", tool = ready.tool.name(), call_id = %call_id);
-                        (execute_journaled(&turn, ready, &call_id, &callsite, None, true).instrument(span).await, false)
-                    }
-                    Plan::Indeterminate { key, ordinal } => (indeterminate(&turn, &p_name, key, ordinal).await, false),
-                    Plan::Pending(pending) => return (i, Err(pending)),
-                };
-                (i, Ok(out))
+    // Answers known without running (replays, validation errors, pending approvals) fill
+    // their slot at once; only calls that run go through the bounded pool.
+    let mut slots: Vec<Option<Slot>> = Vec::with_capacity(batch.len());
+    let mut jobs = Vec::new();
+    for (i, (p, plan)) in batch.iter().zip(plans).enumerate() {
+        match plan {
+            Plan::Done(result, replayed) => slots.push(Some(Ok((result, replayed)))),
+            Plan::Pending(pending) => slots.push(Some(Err(pending))),
+            plan => {
+                slots.push(None);
+                let turn = Arc::clone(turn);
+                let call_id = p.req.call_id.clone();
+                let callsite = p.callsite.clone();
+                let name = p.req.name.clone();
+                jobs.push(async move {
+                    let result = match plan {
+                        Plan::Run(ready) => {
+                            let span = tracing::info_span!("tool_call", tool = %name, call_id = %call_id);
+                            execute_journaled(&turn, ready, &call_id, &callsite, None, true).instrument(span).await
+                        }
+                        Plan::Indeterminate { key, ordinal } => indeterminate(&turn, &name, key, ordinal).await,
+                        Plan::Done(..) | Plan::Pending(_) => unreachable!("answered without running"),
+                    };
+                    (i, result)
+                });
             }
-        })
-        .collect();
-    let mut results: Vec<_> = stream::iter(jobs).buffer_unordered(turn.max_concurrency.max(1)).collect().await;
-    results.sort_by_key(|(i, _)| *i);
+        }
+    }
+    let ran: Vec<_> = stream::iter(jobs).buffer_unordered(turn.max_concurrency.max(1)).collect().await;
+    for (i, result) in ran {
+        slots[i] = Some(Ok((result, false)));
+    }
 
     let mut pending = Vec::new();
     let mut outcomes = Vec::with_capacity(batch.len());
-    for (p, (_, r)) in batch.into_iter().zip(results) {
-        match r {
+    for (p, slot) in batch.into_iter().zip(slots) {
+        match slot.expect("every slot is filled: answered at once or by its job") {
             Ok((result, replayed)) => {
                 outcomes.push(CallOutcome { call_id: p.req.call_id, name: p.req.name, result, replayed });
             }

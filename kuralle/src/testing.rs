@@ -133,7 +133,7 @@ impl Model for ScriptedModel {
 
     fn stream(&self, request: ModelRequest) -> BoxStream<'static, Result<ModelEvent, ModelError>> {
         let mut script = self.lock();
-        let input_tokens = estimate_tokens(&serde_json::to_string(&request.messages).unwrap_or_default());
+        let input_tokens = (crate::truncate::json_chars(&request.messages) as u64).div_ceil(4);
         let index = if script.by_transcript {
             request.messages.iter().filter(|m| matches!(m, crate::Message::Assistant { .. })).count()
         } else {

@@ -19,6 +19,37 @@ pub fn estimate_tokens(text: &str) -> usize {
     text.chars().count().div_ceil(4)
 }
 
+/// Counts the characters of what is written to it, without keeping it.
+struct CharCounter(usize);
+
+impl std::io::Write for CharCounter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // Every character has exactly one byte that is not a UTF-8 continuation byte.
+        self.0 += buf.iter().filter(|&&b| (b & 0xC0) != 0x80).count();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Characters of `value`'s compact JSON text, counted without building it.
+pub(crate) fn json_chars(value: &impl serde::Serialize) -> usize {
+    let mut counter = CharCounter(0);
+    // Writing to a counter cannot fail.
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
+}
+
+/// Characters of the text a value is measured as, computed without building the text.
+fn text_chars(value: &Value) -> usize {
+    match value {
+        Value::String(s) => s.chars().count(),
+        other => json_chars(other),
+    }
+}
+
 /// The text a value is measured and cut as: a string as itself, anything else as compact JSON.
 fn as_text(value: &Value) -> String {
     match value {
@@ -42,11 +73,18 @@ fn as_text(value: &Value) -> String {
 /// assert_eq!(truncate_middle_out(&small, 100), small);
 /// ```
 pub fn truncate_middle_out(value: &Value, max_tokens: usize) -> Value {
+    if text_chars(value).div_ceil(4) <= max_tokens { value.clone() } else { truncated(value, max_tokens) }
+}
+
+/// As [`truncate_middle_out`], taking the value by value so one within budget is moved, not
+/// copied.
+pub fn truncate_owned(value: Value, max_tokens: usize) -> Value {
+    if text_chars(&value).div_ceil(4) <= max_tokens { value } else { truncated(&value, max_tokens) }
+}
+
+fn truncated(value: &Value, max_tokens: usize) -> Value {
     let text = as_text(value);
     let original_tokens = estimate_tokens(&text);
-    if original_tokens <= max_tokens {
-        return value.clone();
-    }
     let marker_chars = MARKER.chars().count();
     let budget = (max_tokens * 4).saturating_sub(marker_chars);
     let head_chars = budget / 2;

@@ -28,6 +28,8 @@ pub(crate) struct Journal {
     store: Arc<dyn RunStore>,
     run_id: String,
     epoch: u64,
+    /// `"<run>#<epoch>"`, the key namespace.
+    namespace: String,
     limit: u64,
     state: Mutex<State>,
 }
@@ -56,7 +58,14 @@ impl Journal {
         let steps = store.steps(run_id).await?;
         let len = steps.len() as u64;
         let by_key = steps.into_iter().map(|s| (s.key.clone(), s)).collect();
-        Ok(Self { store, run_id: run_id.to_owned(), epoch, limit, state: Mutex::new(State { by_key, len }) })
+        Ok(Self {
+            store,
+            run_id: run_id.to_owned(),
+            epoch,
+            namespace: format!("{run_id}#{epoch}"),
+            limit,
+            state: Mutex::new(State { by_key, len }),
+        })
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -75,7 +84,19 @@ impl Journal {
 
     /// The key of the effect at `callsite` with `payload`.
     pub(crate) fn key(&self, callsite: &str, payload: &Value) -> String {
-        effect_key(&self.run_id, self.epoch, callsite, payload)
+        effect_key_for(&self.namespace, callsite, payload)
+    }
+
+    /// The key of the tool call `name(args)` at `callsite`.
+    pub(crate) fn tool_key(&self, callsite: &str, name: &str, args: &Value) -> String {
+        key::tool_key_at(&self.namespace, callsite, name, args)
+    }
+
+    /// Reads a finished step's result in place, without copying it.
+    pub(crate) fn with_result<T>(&self, key: &str, f: impl FnOnce(&Value) -> T) -> Option<T> {
+        let state = self.state();
+        let step = state.by_key.get(key).filter(|s| s.status == StepStatus::Finished)?;
+        Some(f(step.result.as_ref().unwrap_or(&Value::Null)))
     }
 
     pub(crate) fn lookup(&self, key: &str) -> Lookup {

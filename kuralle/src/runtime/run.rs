@@ -16,7 +16,7 @@ use crate::{
     RunStatus, RunStore, StepKind, StepOutcome, StoreError, ToolCallRequest, Usage,
     dispatch::{self, Pending, RecordedDecision, TurnCtx},
     journal::{Journal, Lookup, now_ms},
-    truncate::truncate_middle_out,
+    truncate::truncate_owned,
 };
 
 /// How many processed inbound idempotency keys a run remembers.
@@ -222,12 +222,11 @@ async fn turn(
             status = RunStatus::Paused;
             break;
         }
-        for o in &dispatched.outcomes {
-            transcript.push(Message::Tool {
-                call_id: o.call_id.clone(),
-                name: o.name.clone(),
-                content: truncate_middle_out(&o.model_value(), agent.max_tool_result_tokens),
-            });
+        transcript.reserve(dispatched.outcomes.len() + 1);
+        for o in dispatched.outcomes {
+            let (call_id, name) = (o.call_id.clone(), o.name.clone());
+            let content = truncate_owned(o.into_model_value(), agent.max_tool_result_tokens);
+            transcript.push(Message::Tool { call_id, name, content });
         }
     }
 
@@ -256,16 +255,17 @@ async fn model_step(
 ) -> Result<Option<ModelResponse>, RunError> {
     let journal = &ctx.journal;
     let key = journal.key(&callsite.to_string(), &json!("model"));
-    let ordinal = match journal.lookup(&key) {
-        Lookup::Finished(v) => {
-            let response: ModelResponse = serde_json::from_value(v).map_err(|e| {
-                RunError::Store(StoreError::Corrupt(format!("journaled model response is unreadable: {e}")))
-            })?;
-            if !response.text.is_empty() {
-                ctx.events.send(Event::TextDelta { delta: response.text.clone() }).ok();
-            }
-            return Ok(Some(response));
+    if let Some(replayed) = journal.with_result(&key, |v| ModelResponse::deserialize(v)) {
+        let response = replayed.map_err(|e| {
+            RunError::Store(StoreError::Corrupt(format!("journaled model response is unreadable: {e}")))
+        })?;
+        if !response.text.is_empty() {
+            ctx.events.send(Event::TextDelta { delta: response.text.clone() }).ok();
         }
+        return Ok(Some(response));
+    }
+    let ordinal = match journal.lookup(&key) {
+        Lookup::Finished(_) => unreachable!("a finished model step was replayed above"),
         // Model failures are never journaled as final (they are transient), so a failed step
         // cannot occur; treat one like an unfinished step and ask again.
         Lookup::Running(ordinal) => ordinal,
@@ -336,11 +336,17 @@ async fn close(
     state.output = text;
     state.usage = usage;
     state.pending = pending;
+    record.status = status;
+    // The record is moved into the store (its state can be a long transcript); only a lost
+    // race rebuilds it.
+    record.state = Value::Null;
     for _ in 0..CLOSE_ATTEMPTS {
-        record.status = status;
-        record.state = serde_json::to_value(&state).unwrap_or(Value::Null);
-        record.updated_at_ms = now_ms();
-        match store.put_run(record.clone()).await {
+        let attempt = RunRecord {
+            state: serde_json::to_value(&state).unwrap_or(Value::Null),
+            updated_at_ms: now_ms(),
+            ..record.clone()
+        };
+        match store.put_run(attempt).await {
             Ok(version) => {
                 record.version = version;
                 return Ok(output_of(&record, &state));
