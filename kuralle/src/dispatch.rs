@@ -441,6 +441,8 @@ async fn execute(
     let mut events = call.execute(ctx);
     let sink = turn.events.clone();
     let (progress_id, progress_name) = (call_id.to_owned(), name.clone());
+    // Each call is a task of its own: a tool that blocks its thread, or burns CPU, cannot
+    // stall the timer and interrupt that watch it below, and parallel calls use every core.
     let mut task = tokio::spawn(async move {
         while let Some(ev) = events.next().await {
             match ev {
@@ -502,7 +504,7 @@ fn finish_join(
 ) -> Result<Value, ToolError> {
     match joined {
         Ok(Some(Ok(value))) => {
-            let size = serde_json::to_vec(&value).map_or(0, |v| v.len());
+            let size = crate::stores::json_len(&value);
             if size > max_bytes {
                 Err(ToolError::InvalidOutput {
                     tool: name.to_owned(),

@@ -307,7 +307,7 @@ async fn model_step(
         return Err(ModelError::Protocol("the model stream ended without a finish reason".into()).into());
     }
     let value = serde_json::to_value(&response).unwrap_or(Value::Null);
-    let size = value.to_string().len();
+    let size = crate::stores::json_len(&value);
     if size > rt.max_result_bytes {
         return Err(RunError::ResponseTooLarge { size, limit: rt.max_result_bytes });
     }
