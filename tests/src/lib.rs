@@ -308,3 +308,16 @@ impl kuralle::RunStore for FlakyStore {
         self.inner.steps(run_id)
     }
 }
+
+/// `(call_id, result, is_error)` of every `ToolResult` event, in order.
+pub fn tool_results(events: &[kuralle::Event]) -> Vec<(String, Value, bool)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            kuralle::Event::ToolResult { call_id, result, is_error, .. } => {
+                Some((call_id.clone(), result.clone(), *is_error))
+            }
+            _ => None,
+        })
+        .collect()
+}

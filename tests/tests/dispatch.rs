@@ -14,7 +14,7 @@ use kuralle::{
     AgentDef, Event, Message, RunOutput, RunStatus, Runtime, ToolError,
     testing::{ScriptedModel, Turn},
 };
-use kuralle_tests::{FnTool, Probe};
+use kuralle_tests::{FnTool, Probe, tool_results as results};
 use serde_json::{Value, json};
 
 async fn run_collect(runtime: &Runtime, input: &str) -> (Vec<Event>, RunOutput) {
@@ -32,16 +32,6 @@ fn runtime(agent: AgentDef, model: &ScriptedModel) -> Runtime {
 
 fn calls(n: usize, name: &str) -> Turn {
     Turn::tool_calls((0..n).map(|i| (format!("call_{i}"), name.to_owned(), format!(r#"{{"i":{i}}}"#))))
-}
-
-fn results(events: &[Event]) -> Vec<(String, Value, bool)> {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            Event::ToolResult { call_id, result, is_error, .. } => Some((call_id.clone(), result.clone(), *is_error)),
-            _ => None,
-        })
-        .collect()
 }
 
 fn sleeper(probe: &Probe, ms: u64) -> FnTool {

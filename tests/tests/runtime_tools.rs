@@ -12,6 +12,7 @@ use kuralle::{
     testing::{ScriptedModel, Turn},
     tool,
 };
+use kuralle_tests::tool_results as results;
 use serde_json::json;
 
 static RECOVERIES: AtomicUsize = AtomicUsize::new(0);
@@ -76,16 +77,6 @@ async fn drain(runtime: &Runtime) -> (Vec<Event>, kuralle::RunOutput) {
         events.push(e);
     }
     (events, handle.await.unwrap())
-}
-
-fn results(events: &[Event]) -> Vec<(String, serde_json::Value, bool)> {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            Event::ToolResult { call_id, result, is_error, .. } => Some((call_id.clone(), result.clone(), *is_error)),
-            _ => None,
-        })
-        .collect()
 }
 
 #[tokio::test]

@@ -19,14 +19,25 @@ pub fn tool_key(run_id: &str, epoch: u64, callsite: u64, name: &str, args: &Valu
 /// [`tool_key`] with the namespace and callsite given as text (nested callsites are
 /// `"<parent>.<n>"`). Writes the canonical material straight into the hasher.
 pub(crate) fn tool_key_at(namespace: &str, callsite: &str, name: &str, args: &Value) -> String {
+    // The payload `{"args","name"}` is written in place, already in canonical key order.
+    hash_material(namespace, callsite, |h| {
+        h.raw(b"{\"args\":");
+        write_canonical(args, h);
+        h.raw(b",\"name\":");
+        h.string(name);
+        h.raw(b"}");
+    })
+}
+
+/// Hashes `{"callsite":…,"payload":…,"runId":…}` (keys already in canonical order), with the
+/// payload written by `payload`.
+fn hash_material(namespace: &str, callsite: &str, payload: impl FnOnce(&mut HashWriter)) -> String {
     let mut h = HashWriter(Sha256::new());
     h.raw(b"{\"callsite\":");
     h.string(callsite);
-    h.raw(b",\"payload\":{\"args\":");
-    write_canonical(args, &mut h);
-    h.raw(b",\"name\":");
-    h.string(name);
-    h.raw(b"},\"runId\":");
+    h.raw(b",\"payload\":");
+    payload(&mut h);
+    h.raw(b",\"runId\":");
     h.string(namespace);
     h.raw(b"}");
     h.finish()
@@ -66,16 +77,7 @@ pub fn effect_key(run_id: &str, epoch: u64, callsite: &str, payload: &Value) -> 
 
 /// As [`effect_key`], with the namespace (`"<run>#<epoch>"`, or a flow-scoped one) given whole.
 pub fn effect_key_for(namespace: &str, callsite: &str, payload: &Value) -> String {
-    // The material's keys `callsite` < `payload` < `runId` are already in canonical order.
-    let mut h = HashWriter(Sha256::new());
-    h.raw(b"{\"callsite\":");
-    h.string(callsite);
-    h.raw(b",\"payload\":");
-    write_canonical(payload, &mut h);
-    h.raw(b",\"runId\":");
-    h.string(namespace);
-    h.raw(b"}");
-    h.finish()
+    hash_material(namespace, callsite, |h| write_canonical(payload, h))
 }
 
 /// Scopes a tool's own `idempotency_key` to the run and tool, so two tools (or two runs)
