@@ -57,7 +57,8 @@ impl Journal {
     pub(crate) async fn open(store: Arc<dyn RunStore>, run_id: &str, epoch: u64, limit: u64) -> Result<Self, RunError> {
         let steps = store.steps(run_id).await?;
         let len = steps.len() as u64;
-        let by_key = steps.into_iter().map(|s| (s.key.clone(), s)).collect();
+        // The key moves into the map; the cached record's own copy is never read.
+        let by_key = steps.into_iter().map(|mut s| (std::mem::take(&mut s.key), s)).collect();
         Ok(Self {
             store,
             run_id: run_id.to_owned(),
@@ -147,7 +148,7 @@ impl Journal {
         for ((key, kind, name), ordinal) in intents.into_iter().zip(&ordinals) {
             let record = StepRecord {
                 ordinal: *ordinal,
-                key: key.clone(),
+                key: String::new(),
                 kind,
                 name,
                 epoch: self.epoch,
