@@ -327,6 +327,9 @@ async fn journal_and_result_limits_are_typed_errors() {
         .max_steps_per_run(5)
         .build()
         .unwrap();
-    let err = runtime.run("go").await.unwrap_err();
+    let err = runtime.run(RunRequest::new("go").run_id("limited")).await.unwrap_err();
     assert!(matches!(err, RunError::StepLimit { limit: 5, .. }), "{err:?}");
+    assert!(!err.is_retryable());
+    let record = runtime.get_run("limited").await.unwrap().unwrap();
+    assert_eq!(record.status, RunStatus::Failed, "resuming cannot fix a full journal");
 }

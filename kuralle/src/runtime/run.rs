@@ -164,6 +164,45 @@ async fn turn(
         }
         Opened::Turn { record, state } => (*record, *state),
     };
+    let result = drive(rt, run_id, record, state, events, interrupt).await;
+    if let Err(e) = &result
+        && ends_the_run(e)
+    {
+        mark_failed(rt.store.as_ref(), run_id).await;
+    }
+    result
+}
+
+/// Errors that resuming cannot fix: the run is marked failed. Model and store outages, and
+/// rejected credentials (fixable by configuration), leave it resumable.
+fn ends_the_run(e: &RunError) -> bool {
+    matches!(
+        e,
+        RunError::StepLimit { .. }
+            | RunError::ResponseTooLarge { .. }
+            | RunError::Config(_)
+            | RunError::Store(StoreError::Corrupt(_) | StoreError::LimitExceeded(_))
+    )
+}
+
+/// Best effort: a failure to record the failure leaves the run resumable, which is safe.
+async fn mark_failed(store: &dyn RunStore, run_id: &str) {
+    let Ok(Some(mut record)) = store.get_run(run_id).await else { return };
+    record.status = RunStatus::Failed;
+    record.updated_at_ms = now_ms();
+    if let Err(e) = store.put_run(record).await {
+        tracing::warn!(run_id, error = %e, "could not mark the run failed");
+    }
+}
+
+async fn drive(
+    rt: &Arc<Inner>,
+    run_id: &str,
+    record: RunRecord,
+    state: RunState,
+    events: &UnboundedSender<Event>,
+    interrupt: CancellationToken,
+) -> Result<RunOutput, RunError> {
     let agent = agent(rt, Some(&record.agent_id))?.clone();
     let model: Arc<dyn Model> = match (&agent.model, &rt.model) {
         (Some(m), _) | (None, Some(m)) => Arc::clone(m),
