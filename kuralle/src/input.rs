@@ -60,7 +60,7 @@ impl<'de> de::Deserializer<'de> for Args<'de> {
     type Error = serde_json::Error;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        visitor.visit_map(Entries { iter: self.map.iter(), pending: None, path: self.path })
+        visitor.visit_map(Entries::new(self))
     }
 
     serde::forward_to_deserialize_any! {
@@ -103,6 +103,10 @@ impl<'de> de::MapAccess<'de> for Entries<'de> {
 }
 
 impl<'a> Entries<'a> {
+    fn new(args: Args<'a>) -> Self {
+        Self { iter: args.map.iter(), pending: None, path: args.path }
+    }
+
     fn advance(&mut self) -> Option<&'a String> {
         let (key, value) = self.iter.next()?;
         self.pending = Some((key, value));
