@@ -17,6 +17,7 @@ pub use serde_json::{self, Value};
 pub use serde_path_to_error;
 
 pub use crate::generator::{Emit, Emitter, Generator, Slot, emitter, forward, returning, tool_stream};
+pub use crate::input::parse_input;
 pub use crate::{Agent, AgentDef, PreparedCall, Tool, ToolContext, ToolError, ToolEvent, ToolStream, Yielded};
 
 use std::{
@@ -67,26 +68,6 @@ pub fn on_error<T, E, I>(recover: fn(E, &I) -> Result<T, E>) -> fn(E, &I) -> Res
     recover
 }
 
-/// Validates raw arguments into a tool's input struct, exactly once. The message names the
-/// field: `` `units`: unknown variant `kelvin`, expected `celsius` or `fahrenheit` ``.
-///
-/// # Errors
-/// [`ToolError::InvalidInput`].
-pub fn parse_input<T: serde::de::DeserializeOwned>(tool: &str, args: &Value) -> Result<T, ToolError> {
-    if !args.is_object() {
-        return Err(ToolError::invalid_input(
-            tool,
-            format!("the arguments must be a JSON object, not {}", crate::tool::kind(args)),
-        ));
-    }
-    serde_path_to_error::deserialize(args).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let message = if path == "." { inner.to_string() } else { format!("`{path}`: {inner}") };
-        ToolError::invalid_input(tool, message)
-    })
-}
-
 /// The outcome of a call that returned `value`.
 pub fn ok_outcome<T: Serialize>(tool: &str, value: &T) -> ToolEvent {
     ToolEvent::Outcome(serde_json::to_value(value).map_err(|e| ToolError::InvalidOutput {
@@ -129,7 +110,13 @@ pub fn boxed_call<C: PreparedCall + 'static>(call: C) -> Box<dyn PreparedCall> {
 
 /// The input schema of `T`, computed once per tool into `cell`.
 pub fn input_schema<T: JsonSchema>(cell: &'static OnceLock<Value>) -> &'static Value {
-    cell.get_or_init(crate::schema::input_schema::<T>)
+    // Only the fn pointer is per tool: `OnceLock::get_or_init` instantiated for each tool's
+    // fn item cost as much build time as the schema code itself.
+    schema_once(cell, crate::schema::input_schema::<T>)
+}
+
+fn schema_once(cell: &'static OnceLock<Value>, make: fn() -> Value) -> &'static Value {
+    cell.get_or_init(make)
 }
 
 /// `Some(schema)` when `T: JsonSchema`, else `None`, without specialization: autoref-based

@@ -133,6 +133,13 @@ pub fn tool_stream<F>(slot: Slot<Value>, body: F) -> ToolStream
 where
     F: Future<Output = ToolEvent> + Send + 'static,
 {
+    // Every tool calls this with its own future type: boxing it here means the generator, the
+    // mapping and their drop glue are compiled once, not once per tool (one more allocation
+    // per call, next to the stream's own).
+    events(slot, Box::pin(body))
+}
+
+fn events(slot: Slot<Value>, body: Pin<Box<dyn Future<Output = ToolEvent> + Send>>) -> ToolStream {
     Generator::new(slot, body)
         .map(|item| match item {
             Yielded::Progress(value) => ToolEvent::Progress(value),

@@ -27,6 +27,7 @@ mod context;
 mod dispatch;
 mod error;
 mod generator;
+mod input;
 pub mod journal;
 mod model;
 pub mod models;

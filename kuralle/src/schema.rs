@@ -1,7 +1,7 @@
 //! JSON Schemas for tools: generation from Rust types (schemars, draft 2020-12) and the
 //! OpenAI strict-mode transform applied at the provider edge.
 
-use schemars::{JsonSchema, generate::SchemaSettings};
+use schemars::{JsonSchema, Schema, generate::SchemaSettings};
 use serde_json::{Map, Value, json};
 
 use crate::ToolSpec;
@@ -19,8 +19,12 @@ use crate::ToolSpec;
 /// assert!(s.get("title").is_none());
 /// ```
 pub fn input_schema<T: JsonSchema>() -> Value {
-    let generator = SchemaSettings::draft2020_12().into_generator();
-    let mut value = generator.into_root_schema_for::<T>().to_value();
+    // Generic only where it must be: every `#[tool]` instantiates this for its input struct.
+    finish_input(SchemaSettings::draft2020_12().into_generator().into_root_schema_for::<T>())
+}
+
+fn finish_input(schema: Schema) -> Value {
+    let mut value = schema.to_value();
     strip_root(&mut value);
     if let Value::Object(map) = &mut value {
         map.entry("type").or_insert_with(|| json!("object"));
