@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use kuralle::{PreparedCall, Tool, ToolContext};
+use kuralle::{Tool, ToolContext};
 
 /// Why a charge failed.
 #[derive(Debug)]
