@@ -50,8 +50,8 @@ pub use runtime::{
     event::{BatchCall, Event, PendingApproval, RunOutput},
 };
 pub use store::{
-    NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord, StepStatus,
-    StoreError, StoreFuture,
+    Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord,
+    StepStatus, StoreError, StoreFuture,
 };
 pub use tool::{
     MAX_TOOL_ARGS_BYTES, PreparedCall, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded, parse_args,

@@ -265,6 +265,25 @@ pub enum StoreError {
     /// A limit of the store was reached (for example a value too large to store).
     #[error("store limit exceeded: {0}")]
     LimitExceeded(String),
+    /// A write or renew under a fencing token that is no longer the run's current one
+    /// (someone acquired the lease since, or it was released). Nothing was changed.
+    #[error("run `{run_id}`: lease token {token} is no longer current (fenced); nothing was written")]
+    Fenced {
+        /// Run id.
+        run_id: String,
+        /// The stale token.
+        token: u64,
+    },
+    /// Acquiring a lease that another holder holds and has not let expire.
+    #[error("run `{run_id}` is leased by `{owner}` until {expires_at_ms} ms")]
+    LeaseHeld {
+        /// Run id.
+        run_id: String,
+        /// The current holder.
+        owner: String,
+        /// When its lease expires, by the store's clock (ms since the Unix epoch).
+        expires_at_ms: i64,
+    },
 }
 
 impl StoreError {
@@ -272,6 +291,25 @@ impl StoreError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Unavailable(_))
     }
+}
+
+/// Proof of ownership of one run, granted by a store's `acquire_lease`.
+///
+/// ```
+/// let lease = kuralle::Lease { run_id: "run-1".into(), owner: "worker-a/turn-1".into(), token: 1, expires_at_ms: 0 };
+/// assert_eq!(lease.token, 1);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The run.
+    pub run_id: String,
+    /// Who holds it (unique per holder, e.g. `"<process uuid>/<turn uuid>"`).
+    pub owner: String,
+    /// Fencing token: per run, strictly greater than every token granted before for that run,
+    /// including after release or expiry (never reused; the first grant is 1).
+    pub token: u64,
+    /// Expiry by the store's clock (ms since the Unix epoch). Informational for the holder.
+    pub expires_at_ms: i64,
 }
 
 /// Shorthand for store futures.

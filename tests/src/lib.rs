@@ -3,6 +3,7 @@
 //! overlapping calls, and a store wrapper that simulates outages.
 
 pub mod conformance;
+pub mod postgres;
 
 use std::{
     future::Future,

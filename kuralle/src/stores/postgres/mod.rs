@@ -1,0 +1,259 @@
+//! `PostgresStore`: the store for many workers on many machines.
+//!
+//! - [`schema`]: tables and migrations (run on connect, safe to race).
+//! - [`sql`]: the statements; every write of a run checks the run's fencing token in the same
+//!   statement, under a share lock on the lease row.
+//! - [`runs`], [`steps`], [`lease`]: the operations.
+//! - [`codec`]: JSON values as JSONB, losslessly; [`errors`]: typed errors.
+
+mod codec;
+mod errors;
+mod lease;
+mod runs;
+mod schema;
+mod sql;
+mod steps;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+
+use self::sql::Sql;
+use super::DEFAULT_MAX_VALUE_BYTES;
+use crate::StoreError;
+
+/// Settings of a [`PostgresStore`]; start from [`Default`] and override fields.
+///
+/// ```
+/// use kuralle::stores::PostgresOptions;
+///
+/// let options = PostgresOptions { schema: "tenant_a".into(), ..PostgresOptions::default() };
+/// assert_eq!(options.max_connections, 16);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresOptions {
+    /// The PostgreSQL schema that holds kuralle's tables (created if missing). Default
+    /// `"public"`. Stores on different schemas of one database are independent.
+    pub schema: String,
+    /// The most pooled connections. Default 16.
+    pub max_connections: usize,
+    /// How long an operation waits for a pooled connection (or to open one) before it fails
+    /// with a retryable [`StoreError::Unavailable`]. Default 10 s.
+    pub connect_timeout: Duration,
+    /// The largest accepted JSON value (run state, step result or error), in bytes of JSON
+    /// text. Default [`DEFAULT_MAX_VALUE_BYTES`](super::DEFAULT_MAX_VALUE_BYTES).
+    pub max_value_bytes: usize,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        Self {
+            schema: "public".into(),
+            max_connections: 16,
+            connect_timeout: Duration::from_secs(10),
+            max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
+        }
+    }
+}
+
+/// The [`RunStore`](crate::RunStore) for many workers on many machines: runs, journals and
+/// leases in PostgreSQL.
+///
+/// Each write is one statement and one commit (`synchronous_commit` as the server is
+/// configured; the default is durable). Writes that belong to a run carry the run's fencing
+/// token and are checked in the same statement; lease expiry is computed and compared with the
+/// **database's** clock, never the client's. Values are JSONB. A lost connection, a terminated
+/// backend or a server that is down give a retryable [`StoreError::Unavailable`]; the pool
+/// replaces broken connections by itself.
+///
+/// Clones share one connection pool.
+///
+/// ```no_run
+/// use kuralle::stores::PostgresStore;
+/// use kuralle::RunStore;
+///
+/// # async fn demo() -> Result<(), kuralle::StoreError> {
+/// let store = PostgresStore::connect("postgres://postgres@127.0.0.1:5432/test").await?;
+/// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+/// assert!(lease.token >= 1);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    sql: Sql,
+    options: PostgresOptions,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let status = self.inner.pool.status();
+        f.debug_struct("PostgresStore")
+            .field("options", &self.inner.options)
+            .field("connections", &status.size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Connects to `url` (for example `postgres://user@host:5432/db`) with
+    /// [`PostgresOptions::default`], creating or migrating the schema.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), kuralle::StoreError> {
+    /// let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1/test".into());
+    /// let store = kuralle::stores::PostgresStore::connect(&url).await?;
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] if the server cannot be reached now;
+    /// [`StoreError::Corrupt`] if `url` is not a PostgreSQL URL, or the schema holds tables
+    /// kuralle did not create or a newer kuralle schema.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with(url, PostgresOptions::default()).await
+    }
+
+    /// Connects to `url` with `options`, creating or migrating the schema
+    /// [`PostgresOptions::schema`].
+    ///
+    /// ```no_run
+    /// use kuralle::stores::{PostgresOptions, PostgresStore};
+    ///
+    /// # async fn demo() -> Result<(), kuralle::StoreError> {
+    /// let options = PostgresOptions { schema: "agents".into(), max_connections: 4, ..Default::default() };
+    /// let store = PostgresStore::connect_with("postgres://postgres@127.0.0.1/test", options).await?;
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with(url: &str, options: PostgresOptions) -> Result<Self, StoreError> {
+        // The URL may hold a password: it is never echoed.
+        let config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| StoreError::Corrupt(format!("the PostgreSQL connection URL is invalid: {e}")))?;
+        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(options.max_connections.max(1))
+            .wait_timeout(Some(options.connect_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| StoreError::Corrupt(format!("cannot build the PostgreSQL pool: {e}")))?;
+        let sql = Sql::new(&schema::quote_ident(&options.schema));
+        let store = Self { inner: Arc::new(Inner { pool, sql, options }) };
+        let mut client = store.client().await?;
+        schema::migrate(&mut client, &store.inner.options.schema).await?;
+        Ok(store)
+    }
+
+    /// The kuralle schema version this build creates and reads (migrations are applied on
+    /// connect).
+    ///
+    /// ```
+    /// assert!(kuralle::stores::PostgresStore::SCHEMA_VERSION >= 2);
+    /// ```
+    pub const SCHEMA_VERSION: i32 = schema::SCHEMA_VERSION;
+
+    /// The options the store was connected with.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: kuralle::stores::PostgresStore) {
+    /// assert_eq!(store.options().schema, "public");
+    /// # }
+    /// ```
+    pub fn options(&self) -> &PostgresOptions {
+        &self.inner.options
+    }
+
+    async fn client(&self) -> Result<Object, StoreError> {
+        self.inner.pool.get().await.map_err(errors::pool)
+    }
+}
+
+impl PostgresStore {
+    /// Grants the run's lease to `owner` for `ttl` (by the database's clock) if nobody holds
+    /// an unexpired one; the token is one more than the last granted.
+    ///
+    /// # Errors
+    /// [`StoreError::LeaseHeld`] while another holder's lease is live.
+    pub async fn acquire_lease(&self, run_id: &str, owner: &str, ttl: Duration) -> Result<crate::Lease, StoreError> {
+        self.acquire(run_id, owner, ttl).await
+    }
+
+    /// Extends `lease` by `ttl` from now if it is still the run's current lease.
+    ///
+    /// # Errors
+    /// [`StoreError::Fenced`] if it was taken over or released.
+    pub async fn renew_lease(&self, lease: &crate::Lease, ttl: Duration) -> Result<crate::Lease, StoreError> {
+        self.renew(lease, ttl).await
+    }
+
+    /// Lets go of `lease`: another holder may acquire at once, with a higher token.
+    ///
+    /// # Errors
+    /// [`StoreError::Fenced`] if it is no longer the current lease.
+    pub async fn release_lease(&self, lease: &crate::Lease) -> Result<(), StoreError> {
+        self.release(lease).await
+    }
+
+    /// The run's live (unreleased, unexpired) lease, if any.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the database cannot be reached.
+    pub async fn current_lease(&self, run_id: &str) -> Result<Option<crate::Lease>, StoreError> {
+        self.current(run_id).await
+    }
+}
+
+impl crate::RunStore for PostgresStore {
+    fn create_run(&self, run: crate::RunRecord) -> crate::StoreFuture<'_, ()> {
+        Box::pin(self.create_run_fenced(run, None))
+    }
+
+    fn get_run<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, Option<crate::RunRecord>> {
+        Box::pin(self.get_run_row(run_id))
+    }
+
+    fn put_run(&self, run: crate::RunRecord) -> crate::StoreFuture<'_, u64> {
+        Box::pin(self.put_run_fenced(run, None))
+    }
+
+    fn list_runs(&self, filter: crate::RunFilter) -> crate::StoreFuture<'_, Vec<crate::RunSummary>> {
+        Box::pin(self.list_run_rows(filter))
+    }
+
+    fn delete_run<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, bool> {
+        Box::pin(self.delete_run_row(run_id))
+    }
+
+    fn append_steps<'a>(&'a self, run_id: &'a str, steps: Vec<crate::NewStep>) -> crate::StoreFuture<'a, Vec<u64>> {
+        Box::pin(self.append_fenced(run_id, None, steps))
+    }
+
+    fn finish_step<'a>(
+        &'a self,
+        run_id: &'a str,
+        ordinal: u64,
+        outcome: crate::StepOutcome,
+        finished_at_ms: i64,
+    ) -> crate::StoreFuture<'a, ()> {
+        Box::pin(self.finish_fenced(run_id, None, ordinal, outcome, finished_at_ms))
+    }
+
+    fn steps<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, Vec<crate::StepRecord>> {
+        Box::pin(self.step_rows(run_id))
+    }
+}
