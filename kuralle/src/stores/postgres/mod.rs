@@ -154,7 +154,7 @@ impl PostgresStore {
             .map_err(|e| StoreError::Corrupt(format!("cannot build the PostgreSQL pool: {e}")))?;
         let sql = Sql::new(&schema::quote_ident(&options.schema));
         let store = Self { inner: Arc::new(Inner { pool, sql, options }) };
-        let mut client = store.client().await?;
+        let mut client = store.client().await.map_err(|fail| fail.error)?;
         schema::migrate(&mut client, &store.inner.options.schema).await?;
         Ok(store)
     }
@@ -178,8 +178,8 @@ impl PostgresStore {
         &self.inner.options
     }
 
-    async fn client(&self) -> Result<Object, StoreError> {
-        self.inner.pool.get().await.map_err(errors::pool)
+    async fn client(&self) -> Result<Object, errors::Fail> {
+        self.inner.pool.get().await.map_err(errors::Fail::pool)
     }
 }
 
@@ -220,7 +220,7 @@ impl PostgresStore {
 
 impl crate::RunStore for PostgresStore {
     fn create_run(&self, run: crate::RunRecord) -> crate::StoreFuture<'_, ()> {
-        Box::pin(self.create_run_fenced(run, None))
+        Box::pin(async move { self.create_run_fenced(&run, None).await })
     }
 
     fn get_run<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, Option<crate::RunRecord>> {
@@ -228,11 +228,11 @@ impl crate::RunStore for PostgresStore {
     }
 
     fn put_run(&self, run: crate::RunRecord) -> crate::StoreFuture<'_, u64> {
-        Box::pin(self.put_run_fenced(run, None))
+        Box::pin(async move { self.put_run_fenced(&run, None).await })
     }
 
     fn list_runs(&self, filter: crate::RunFilter) -> crate::StoreFuture<'_, Vec<crate::RunSummary>> {
-        Box::pin(self.list_run_rows(filter))
+        Box::pin(async move { self.list_run_rows(&filter).await })
     }
 
     fn delete_run<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, bool> {
@@ -240,7 +240,7 @@ impl crate::RunStore for PostgresStore {
     }
 
     fn append_steps<'a>(&'a self, run_id: &'a str, steps: Vec<crate::NewStep>) -> crate::StoreFuture<'a, Vec<u64>> {
-        Box::pin(self.append_fenced(run_id, None, steps))
+        Box::pin(async move { self.append_fenced(run_id, None, &steps).await })
     }
 
     fn finish_step<'a>(
@@ -250,7 +250,7 @@ impl crate::RunStore for PostgresStore {
         outcome: crate::StepOutcome,
         finished_at_ms: i64,
     ) -> crate::StoreFuture<'a, ()> {
-        Box::pin(self.finish_fenced(run_id, None, ordinal, outcome, finished_at_ms))
+        Box::pin(async move { self.finish_fenced(run_id, None, ordinal, &outcome, finished_at_ms).await })
     }
 
     fn steps<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, Vec<crate::StepRecord>> {

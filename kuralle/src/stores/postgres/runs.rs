@@ -2,67 +2,63 @@
 
 use tokio_postgres::Row;
 
+use super::PostgresStore;
 use super::codec::{decode, encode, to_i64, to_u64};
-use super::{PostgresStore, errors};
+use super::errors::{Fail, retrying};
 use crate::StoreError;
 use crate::store::{RunFilter, RunRecord, RunStatus, RunSummary};
 use crate::stores::check_value_size;
 
 impl PostgresStore {
-    pub(super) async fn create_run_fenced(&self, run: RunRecord, fence: Option<u64>) -> Result<(), StoreError> {
-        let (fence, epoch, version) =
-            (fence_param(fence)?, to_i64("run epoch", run.epoch)?, to_i64("run version", run.version)?);
+    pub(super) async fn create_run_fenced(&self, run: &RunRecord, fence: Option<u64>) -> Result<(), StoreError> {
+        let fence = fence_param(fence)?;
+        let (epoch, version) = (to_i64("run epoch", run.epoch)?, to_i64("run version", run.version)?);
         check_value_size("run state", &run.state, self.inner.options.max_value_bytes)?;
         let state = encode(&run.state);
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(&self.inner.sql.create_run).await.map_err(errors::map)?;
-        let row = client
-            .query_one(
-                &stmt,
-                &[
-                    &run.run_id,
-                    &fence,
-                    &run.agent_id,
-                    &run.status.as_str(),
-                    &epoch,
-                    &version,
-                    &state,
-                    &run.created_at_ms,
-                    &run.updated_at_ms,
-                ],
-            )
-            .await
-            .map_err(errors::map)?;
-        let (allowed, inserted): (bool, bool) = (get(&row, 0)?, get(&row, 1)?);
-        if !allowed {
-            return Err(fenced(&run.run_id, fence));
-        }
-        if !inserted {
-            return Err(StoreError::RunExists(run.run_id));
-        }
-        Ok(())
+        let status = run.status.as_str();
+        retrying(|| async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(&self.inner.sql.create_run).await.map_err(Fail::write)?;
+            let row = client
+                .query_one(
+                    &stmt,
+                    &[
+                        &run.run_id,
+                        &fence,
+                        &run.agent_id,
+                        &status,
+                        &epoch,
+                        &version,
+                        &state,
+                        &run.created_at_ms,
+                        &run.updated_at_ms,
+                    ],
+                )
+                .await
+                .map_err(Fail::write)?;
+            let (allowed, inserted): (bool, bool) = (get(&row, 0)?, get(&row, 1)?);
+            if !allowed {
+                return Err(fenced(&run.run_id, fence).into());
+            }
+            if !inserted {
+                return Err(StoreError::RunExists(run.run_id.clone()).into());
+            }
+            Ok(())
+        })
+        .await
     }
 
     pub(super) async fn get_run_row(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(&self.inner.sql.get_run).await.map_err(errors::map)?;
-        let row = client.query_opt(&stmt, &[&run_id]).await.map_err(errors::map)?;
-        row.map(|row| {
-            Ok(RunRecord {
-                run_id: get(&row, 0)?,
-                agent_id: get(&row, 1)?,
-                status: parse_status(&get::<String>(&row, 2)?)?,
-                epoch: to_u64("kuralle_runs.epoch", get(&row, 3)?)?,
-                version: to_u64("kuralle_runs.version", get(&row, 4)?)?,
-                state: decode("kuralle_runs.state", get(&row, 5)?)?,
-                created_at_ms: get(&row, 6)?,
-                updated_at_ms: get(&row, 7)?,
-            })
+        retrying(|| async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(&self.inner.sql.get_run).await.map_err(Fail::read)?;
+            let row = client.query_opt(&stmt, &[&run_id]).await.map_err(Fail::read)?;
+            Ok(row.map(|row| run_from_row(&row)).transpose()?)
         })
-        .transpose()
+        .await
     }
 
-    pub(super) async fn put_run_fenced(&self, run: RunRecord, fence: Option<u64>) -> Result<u64, StoreError> {
+    pub(super) async fn put_run_fenced(&self, run: &RunRecord, fence: Option<u64>) -> Result<u64, StoreError> {
         let fence = fence_param(fence)?;
         let epoch = to_i64("run epoch", run.epoch)?;
         let expected = to_i64("run version", run.version)?;
@@ -71,68 +67,80 @@ impl PostgresStore {
             .ok_or_else(|| StoreError::LimitExceeded(format!("run `{}` version overflow", run.run_id)))?;
         check_value_size("run state", &run.state, self.inner.options.max_value_bytes)?;
         let state = encode(&run.state);
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(&self.inner.sql.put_run).await.map_err(errors::map)?;
-        let row = client
-            .query_one(
-                &stmt,
-                &[
-                    &run.run_id,
-                    &fence,
-                    &run.agent_id,
-                    &run.status.as_str(),
-                    &epoch,
-                    &next,
-                    &state,
-                    &run.updated_at_ms,
-                    &expected,
-                ],
-            )
-            .await
-            .map_err(errors::map)?;
-        let (allowed, updated): (bool, bool) = (get(&row, 0)?, get(&row, 1)?);
-        if !allowed {
-            return Err(fenced(&run.run_id, fence));
-        }
-        if updated {
-            return to_u64("kuralle_runs.version", next);
-        }
-        // The statement's snapshot may predate the winning writer: read the version anew.
-        let stmt = client.prepare_cached(&self.inner.sql.run_version).await.map_err(errors::map)?;
-        match client.query_opt(&stmt, &[&run.run_id]).await.map_err(errors::map)? {
-            None => Err(StoreError::RunNotFound(run.run_id)),
-            Some(row) => {
-                let actual = to_u64("kuralle_runs.version", get(&row, 0)?)?;
-                Err(StoreError::VersionConflict { run_id: run.run_id, expected: run.version, actual })
+        let status = run.status.as_str();
+        retrying(|| async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(&self.inner.sql.put_run).await.map_err(Fail::write)?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] =
+                [&run.run_id, &fence, &run.agent_id, &status, &epoch, &next, &state, &run.updated_at_ms, &expected];
+            let row = client.query_one(&stmt, &params).await.map_err(Fail::write)?;
+            let (allowed, updated): (bool, bool) = (get(&row, 0)?, get(&row, 1)?);
+            if !allowed {
+                return Err(fenced(&run.run_id, fence).into());
             }
-        }
+            if updated {
+                return Ok(to_u64("kuralle_runs.version", next)?);
+            }
+            // The statement's snapshot may predate the winning writer: read the version anew.
+            let stmt = client.prepare_cached(&self.inner.sql.run_version).await.map_err(Fail::read)?;
+            match client.query_opt(&stmt, &[&run.run_id]).await.map_err(Fail::read)? {
+                None => Err(StoreError::RunNotFound(run.run_id.clone()).into()),
+                Some(row) => {
+                    let actual = to_u64("kuralle_runs.version", get(&row, 0)?)?;
+                    Err(StoreError::VersionConflict { run_id: run.run_id.clone(), expected: run.version, actual }
+                        .into())
+                }
+            }
+        })
+        .await
     }
 
-    pub(super) async fn list_run_rows(&self, filter: RunFilter) -> Result<Vec<RunSummary>, StoreError> {
+    pub(super) async fn list_run_rows(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
         let status = filter.status.map(RunStatus::as_str);
         let limit = filter.limit.map(|limit| i64::try_from(limit).unwrap_or(i64::MAX));
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(&self.inner.sql.list_runs).await.map_err(errors::map)?;
-        let rows = client.query(&stmt, &[&status, &limit]).await.map_err(errors::map)?;
-        rows.iter()
-            .map(|row| {
-                Ok(RunSummary {
-                    run_id: get(row, 0)?,
-                    agent_id: get(row, 1)?,
-                    status: parse_status(&get::<String>(row, 2)?)?,
-                    updated_at_ms: get(row, 3)?,
+        retrying(|| async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(&self.inner.sql.list_runs).await.map_err(Fail::read)?;
+            let rows = client.query(&stmt, &[&status, &limit]).await.map_err(Fail::read)?;
+            let summaries = rows
+                .iter()
+                .map(|row| {
+                    Ok(RunSummary {
+                        run_id: get(row, 0)?,
+                        agent_id: get(row, 1)?,
+                        status: parse_status(&get::<String>(row, 2)?)?,
+                        updated_at_ms: get(row, 3)?,
+                    })
                 })
-            })
-            .collect()
+                .collect::<Result<_, StoreError>>()?;
+            Ok(summaries)
+        })
+        .await
     }
 
     pub(super) async fn delete_run_row(&self, run_id: &str) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(&self.inner.sql.delete_run).await.map_err(errors::map)?;
-        // The journal goes with the run (ON DELETE CASCADE); the lease row stays, so a run
-        // created again under this id still gets higher tokens.
-        Ok(client.execute(&stmt, &[&run_id]).await.map_err(errors::map)? > 0)
+        retrying(|| async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(&self.inner.sql.delete_run).await.map_err(Fail::write)?;
+            // The journal goes with the run (ON DELETE CASCADE); the lease row stays, so a run
+            // created again under this id still gets higher tokens.
+            Ok(client.execute(&stmt, &[&run_id]).await.map_err(Fail::write)? > 0)
+        })
+        .await
     }
+}
+
+fn run_from_row(row: &Row) -> Result<RunRecord, StoreError> {
+    Ok(RunRecord {
+        run_id: get(row, 0)?,
+        agent_id: get(row, 1)?,
+        status: parse_status(&get::<String>(row, 2)?)?,
+        epoch: to_u64("kuralle_runs.epoch", get(row, 3)?)?,
+        version: to_u64("kuralle_runs.version", get(row, 4)?)?,
+        state: decode("kuralle_runs.state", get(row, 5)?)?,
+        created_at_ms: get(row, 6)?,
+        updated_at_ms: get(row, 7)?,
+    })
 }
 
 /// Column `index` of `row`, typed.
