@@ -9,6 +9,8 @@
 mod codec;
 mod errors;
 mod lease;
+mod notify;
+mod queue;
 mod runs;
 mod schema;
 mod sql;
@@ -91,6 +93,9 @@ struct Inner {
     pool: Pool,
     sql: Sql,
     options: PostgresOptions,
+    /// For the `LISTEN` connection, which is not pooled.
+    config: tokio_postgres::Config,
+    listener: notify::Listener,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -144,7 +149,7 @@ impl PostgresStore {
         // The URL may hold a password: it is never echoed.
         let config = tokio_postgres::Config::from_str(url)
             .map_err(|e| StoreError::Corrupt(format!("the PostgreSQL connection URL is invalid: {e}")))?;
-        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let manager = Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
             .max_size(options.max_connections.max(1))
             .wait_timeout(Some(options.connect_timeout))
@@ -153,7 +158,7 @@ impl PostgresStore {
             .build()
             .map_err(|e| StoreError::Corrupt(format!("cannot build the PostgreSQL pool: {e}")))?;
         let sql = Sql::new(&schema::quote_ident(&options.schema));
-        let store = Self { inner: Arc::new(Inner { pool, sql, options }) };
+        let store = Self { inner: Arc::new(Inner { pool, sql, options, config, listener: notify::Listener::default() }) };
         let mut client = store.client().await.map_err(|fail| fail.error)?;
         schema::migrate(&mut client, &store.inner.options.schema).await?;
         Ok(store)

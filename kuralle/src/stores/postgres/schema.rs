@@ -52,6 +52,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
         expires_at timestamptz NOT NULL,
         released boolean NOT NULL DEFAULT false
     );",
+    // 3: the work queue: runnable runs (status `running`, no live lease) in submission order.
+    "CREATE INDEX kuralle_runs_runnable ON {s}.kuralle_runs (updated_at, run_id) WHERE status = 'running';",
 ];
 
 /// The schema version this build reads and writes.

@@ -38,6 +38,8 @@ pub(super) struct Sql {
     pub renew_lease: String,
     pub release_lease: String,
     pub current_lease: String,
+    pub claim_leased: String,
+    pub claim_unleased: String,
 }
 
 impl Sql {
@@ -137,6 +139,38 @@ impl Sql {
                 ms!("expires_at"),
                 " FROM {s}.kuralle_leases
                  WHERE run_id = $1 AND NOT released AND expires_at > clock_timestamp()"
+            )),
+            // Locks only lease rows, skipping those locked by another claimer or share-locked
+            // by an in-flight write of the old holder (claimed on a later poll, after it
+            // committed): lease rows are always locked before run rows, so no deadlock.
+            claim_leased: bind(concat!(
+                "WITH candidates AS (
+                    SELECT l.run_id FROM {s}.kuralle_leases l
+                    JOIN {s}.kuralle_runs r ON r.run_id = l.run_id
+                    WHERE r.status = 'running' AND (l.released OR l.expires_at <= clock_timestamp())
+                    ORDER BY r.updated_at, r.run_id
+                    LIMIT $3
+                    FOR UPDATE OF l SKIP LOCKED
+                )
+                UPDATE {s}.kuralle_leases l
+                SET owner = $1 || '/' || l.run_id, token = l.token + 1, released = false,
+                    expires_at = clock_timestamp() + $2::int8 * interval '1 millisecond'
+                FROM candidates c WHERE l.run_id = c.run_id
+                RETURNING l.run_id, l.owner, l.token, ",
+                ms!("l.expires_at")
+            )),
+            // Runs that never had a lease (written unfenced, or by schema version 1).
+            claim_unleased: bind(concat!(
+                "INSERT INTO {s}.kuralle_leases AS l (run_id, owner, token, expires_at, released)
+                 SELECT r.run_id, $1 || '/' || r.run_id, 1, clock_timestamp() + $2::int8 * interval '1 millisecond', false
+                 FROM {s}.kuralle_runs r
+                 WHERE r.status = 'running'
+                   AND NOT EXISTS (SELECT 1 FROM {s}.kuralle_leases x WHERE x.run_id = r.run_id)
+                 ORDER BY r.updated_at, r.run_id
+                 LIMIT $3
+                 ON CONFLICT (run_id) DO NOTHING
+                 RETURNING l.run_id, l.owner, l.token, ",
+                ms!("l.expires_at")
             )),
         }
     }
