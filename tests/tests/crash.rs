@@ -21,6 +21,8 @@ fn child(dir: &Path, crash: Option<(&str, &str)>) -> Command {
     cmd.env("DB", dir.join("runs.db"))
         .env("EFFECTS", dir.join("effects.log"))
         .env("RUN_ID", "order-42")
+        // A killed child's lease expires quickly, so the restarted one takes over soon.
+        .env("LEASE_TTL_MS", "500")
         .env_remove("CRASH_AT")
         .env_remove("CRASH_TOOL")
         .stdout(Stdio::piped())

@@ -37,7 +37,8 @@ async fn concurrent_connects_migrate_once() {
     for task in tasks {
         stores.push(task.await.unwrap().expect("every racing connect succeeds"));
     }
-    stores[0].create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    let lease = stores[0].acquire_lease("run-1", "test", Duration::from_secs(60)).await.unwrap();
+    stores[1].create_run(run("run-1", RunStatus::Running, 1), lease.token).await.unwrap();
     for store in &stores {
         assert!(store.get_run("run-1").await.unwrap().is_some(), "all stores share the tables");
     }
@@ -89,9 +90,9 @@ async fn version_1_database_upgrades_and_keeps_data() {
     let steps = store.steps("old").await.unwrap();
     assert_eq!(steps.len(), 1);
     assert_eq!((steps[0].status, steps[0].result.clone()), (StepStatus::Finished, Some(json!({"paid": 100}))));
-    assert_eq!(store.append_steps("old", vec![step("k1")]).await.unwrap(), [1], "the journal continues");
     let lease = store.acquire_lease("old", "worker", Duration::from_secs(30)).await.unwrap();
     assert_eq!(lease.token, 1);
+    assert_eq!(store.append_steps("old", lease.token, vec![step("k1")]).await.unwrap(), [1], "the journal continues");
 
     let version: i32 = client
         .query_one(&format!("SELECT version FROM \"{schema}\".kuralle_schema_version"), &[])
@@ -225,7 +226,7 @@ async fn leases_on_the_database_clock() {
     assert_eq!(store.current_lease("run-3").await.unwrap(), Some(revived));
 
     // Deleting a run keeps its lease row: tokens never go down.
-    store.create_run(run("run-2", RunStatus::Running, 1)).await.unwrap();
+    store.create_run(run("run-2", RunStatus::Running, 1), next.token).await.unwrap();
     assert!(store.delete_run("run-2").await.unwrap());
     store.release_lease(&next).await.unwrap();
     assert_eq!(store.acquire_lease("run-2", "d", Duration::from_secs(60)).await.unwrap().token, next.token + 1);
@@ -242,7 +243,8 @@ async fn terminated_connections_are_retryable_and_lose_nothing() {
     let tagged = format!("{url}{separator}application_name={app}");
     let _guard = SchemaGuard { url: url.clone(), schema: app.clone() };
     let store = PostgresStore::connect_with(&tagged, options(&app)).await.unwrap();
-    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    let fence = store.acquire_lease("run-1", "test", Duration::from_secs(600)).await.unwrap().token;
+    store.create_run(run("run-1", RunStatus::Running, 1), fence).await.unwrap();
     let admin = connect(&url).await.unwrap();
 
     let mut acknowledged = Vec::new();
@@ -257,7 +259,7 @@ async fn terminated_connections_are_retryable_and_lose_nothing() {
         }
         let key = format!("k{i}");
         loop {
-            match store.append_steps("run-1", vec![step(&key)]).await {
+            match store.append_steps("run-1", fence, vec![step(&key)]).await {
                 Ok(ordinals) => {
                     acknowledged.push((key.clone(), ordinals[0]));
                     break;
@@ -280,5 +282,5 @@ async fn terminated_connections_are_retryable_and_lose_nothing() {
     for (key, ordinal) in acknowledged {
         assert_eq!(steps[ordinal as usize].key, key);
     }
-    store.finish_step("run-1", 0, StepOutcome::Finished(json!("ok")), 2).await.unwrap();
+    store.finish_step("run-1", fence, 0, StepOutcome::Finished(json!("ok")), 2).await.unwrap();
 }

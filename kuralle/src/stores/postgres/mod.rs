@@ -149,7 +149,8 @@ impl PostgresStore {
         // The URL may hold a password: it is never echoed.
         let config = tokio_postgres::Config::from_str(url)
             .map_err(|e| StoreError::Corrupt(format!("the PostgreSQL connection URL is invalid: {e}")))?;
-        let manager = Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let manager =
+            Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
             .max_size(options.max_connections.max(1))
             .wait_timeout(Some(options.connect_timeout))
@@ -158,7 +159,8 @@ impl PostgresStore {
             .build()
             .map_err(|e| StoreError::Corrupt(format!("cannot build the PostgreSQL pool: {e}")))?;
         let sql = Sql::new(&schema::quote_ident(&options.schema));
-        let store = Self { inner: Arc::new(Inner { pool, sql, options, config, listener: notify::Listener::default() }) };
+        let store =
+            Self { inner: Arc::new(Inner { pool, sql, options, config, listener: notify::Listener::default() }) };
         let mut client = store.client().await.map_err(|fail| fail.error)?;
         schema::migrate(&mut client, &store.inner.options.schema).await?;
         Ok(store)
@@ -188,52 +190,17 @@ impl PostgresStore {
     }
 }
 
-impl PostgresStore {
-    /// Grants the run's lease to `owner` for `ttl` (by the database's clock) if nobody holds
-    /// an unexpired one; the token is one more than the last granted.
-    ///
-    /// # Errors
-    /// [`StoreError::LeaseHeld`] while another holder's lease is live.
-    pub async fn acquire_lease(&self, run_id: &str, owner: &str, ttl: Duration) -> Result<crate::Lease, StoreError> {
-        self.acquire(run_id, owner, ttl).await
-    }
-
-    /// Extends `lease` by `ttl` from now if it is still the run's current lease.
-    ///
-    /// # Errors
-    /// [`StoreError::Fenced`] if it was taken over or released.
-    pub async fn renew_lease(&self, lease: &crate::Lease, ttl: Duration) -> Result<crate::Lease, StoreError> {
-        self.renew(lease, ttl).await
-    }
-
-    /// Lets go of `lease`: another holder may acquire at once, with a higher token.
-    ///
-    /// # Errors
-    /// [`StoreError::Fenced`] if it is no longer the current lease.
-    pub async fn release_lease(&self, lease: &crate::Lease) -> Result<(), StoreError> {
-        self.release(lease).await
-    }
-
-    /// The run's live (unreleased, unexpired) lease, if any.
-    ///
-    /// # Errors
-    /// [`StoreError::Unavailable`] when the database cannot be reached.
-    pub async fn current_lease(&self, run_id: &str) -> Result<Option<crate::Lease>, StoreError> {
-        self.current(run_id).await
-    }
-}
-
 impl crate::RunStore for PostgresStore {
-    fn create_run(&self, run: crate::RunRecord) -> crate::StoreFuture<'_, ()> {
-        Box::pin(async move { self.create_run_fenced(&run, None).await })
+    fn create_run(&self, run: crate::RunRecord, fence: u64) -> crate::StoreFuture<'_, ()> {
+        Box::pin(async move { self.create_run_fenced(&run, Some(fence)).await })
     }
 
     fn get_run<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, Option<crate::RunRecord>> {
         Box::pin(self.get_run_row(run_id))
     }
 
-    fn put_run(&self, run: crate::RunRecord) -> crate::StoreFuture<'_, u64> {
-        Box::pin(async move { self.put_run_fenced(&run, None).await })
+    fn put_run(&self, run: crate::RunRecord, fence: u64) -> crate::StoreFuture<'_, u64> {
+        Box::pin(async move { self.put_run_fenced(&run, Some(fence)).await })
     }
 
     fn list_runs(&self, filter: crate::RunFilter) -> crate::StoreFuture<'_, Vec<crate::RunSummary>> {
@@ -244,21 +211,48 @@ impl crate::RunStore for PostgresStore {
         Box::pin(self.delete_run_row(run_id))
     }
 
-    fn append_steps<'a>(&'a self, run_id: &'a str, steps: Vec<crate::NewStep>) -> crate::StoreFuture<'a, Vec<u64>> {
-        Box::pin(async move { self.append_fenced(run_id, None, &steps).await })
+    fn append_steps<'a>(
+        &'a self,
+        run_id: &'a str,
+        fence: u64,
+        steps: Vec<crate::NewStep>,
+    ) -> crate::StoreFuture<'a, Vec<u64>> {
+        Box::pin(async move { self.append_fenced(run_id, Some(fence), &steps).await })
     }
 
     fn finish_step<'a>(
         &'a self,
         run_id: &'a str,
+        fence: u64,
         ordinal: u64,
         outcome: crate::StepOutcome,
         finished_at_ms: i64,
     ) -> crate::StoreFuture<'a, ()> {
-        Box::pin(async move { self.finish_fenced(run_id, None, ordinal, &outcome, finished_at_ms).await })
+        Box::pin(async move { self.finish_fenced(run_id, Some(fence), ordinal, &outcome, finished_at_ms).await })
     }
 
     fn steps<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, Vec<crate::StepRecord>> {
         Box::pin(self.step_rows(run_id))
+    }
+
+    fn acquire_lease<'a>(
+        &'a self,
+        run_id: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> crate::StoreFuture<'a, crate::Lease> {
+        Box::pin(self.acquire(run_id, owner, ttl))
+    }
+
+    fn renew_lease<'a>(&'a self, lease: &'a crate::Lease, ttl: Duration) -> crate::StoreFuture<'a, crate::Lease> {
+        Box::pin(self.renew(lease, ttl))
+    }
+
+    fn release_lease<'a>(&'a self, lease: &'a crate::Lease) -> crate::StoreFuture<'a, ()> {
+        Box::pin(self.release(lease))
+    }
+
+    fn current_lease<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, Option<crate::Lease>> {
+        Box::pin(self.current(run_id))
     }
 }

@@ -14,8 +14,8 @@ use futures::StreamExt;
 use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, NoTls};
 
-use super::errors::{Fail, retrying};
 use super::PostgresStore;
+use super::errors::{Fail, retrying};
 use crate::StoreError;
 
 /// The notification channel (shared by all schemas; the payload names the schema).

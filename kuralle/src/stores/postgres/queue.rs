@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use super::codec::{ttl_ms, to_u64};
+use super::PostgresStore;
+use super::codec::{to_u64, ttl_ms};
 use super::errors::{Fail, retrying};
 use super::runs::get;
-use super::PostgresStore;
 use crate::{Lease, StoreError};
 
 impl PostgresStore {

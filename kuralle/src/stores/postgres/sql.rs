@@ -132,7 +132,7 @@ impl Sql {
                 ms!("expires_at")
             )),
             release_lease: bind(
-                "UPDATE {s}.kuralle_leases SET released = true WHERE run_id = $1 AND token = $2 RETURNING 1",
+                "UPDATE {s}.kuralle_leases SET released = true WHERE run_id = $1 AND token = $2 AND NOT released RETURNING 1",
             ),
             current_lease: bind(concat!(
                 "SELECT owner, token, ",
