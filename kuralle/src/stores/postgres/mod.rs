@@ -255,4 +255,21 @@ impl crate::RunStore for PostgresStore {
     fn current_lease<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, Option<crate::Lease>> {
         Box::pin(self.current(run_id))
     }
+
+    fn claim_runnable<'a>(
+        &'a self,
+        owner: &'a str,
+        ttl: Duration,
+        limit: usize,
+    ) -> crate::StoreFuture<'a, Vec<crate::Lease>> {
+        Box::pin(self.claim(owner, ttl, limit))
+    }
+
+    fn notify_runnable(&self) -> crate::StoreFuture<'_, ()> {
+        Box::pin(self.notify_hint())
+    }
+
+    fn wait_runnable(&self, poll: Duration) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(self.wait_hint(poll))
+    }
 }

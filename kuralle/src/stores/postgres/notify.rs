@@ -30,7 +30,7 @@ pub(super) struct Listener {
 }
 
 impl PostgresStore {
-    pub(super) async fn notify_runnable(&self) -> Result<(), StoreError> {
+    pub(super) async fn notify_hint(&self) -> Result<(), StoreError> {
         retrying(|| async {
             let client = self.client().await?;
             let schema = &self.inner.options.schema;
