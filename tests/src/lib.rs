@@ -4,6 +4,7 @@
 
 pub mod conformance;
 pub mod postgres;
+pub mod workers;
 
 use std::{
     future::Future,
