@@ -284,3 +284,23 @@ async fn terminated_connections_are_retryable_and_lose_nothing() {
     }
     store.finish_step("run-1", fence, 0, StepOutcome::Finished(json!("ok")), 2).await.unwrap();
 }
+
+/// `notify_runnable` on one store wakes a `wait_runnable` on another (another process, in
+/// production) through `LISTEN/NOTIFY`, long before its poll interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_wakes_a_waiting_worker_of_another_store() {
+    let Some((waiter, guard)) = store("notify_wakes_a_waiting_worker_of_another_store").await else { return };
+    let options = PostgresOptions { schema: guard.schema.clone(), ..PostgresOptions::default() };
+    let notifier = PostgresStore::connect_with(&guard.url, options).await.unwrap();
+    // The first wait starts the listener (and returns once it listens: hints sent before were
+    // lost, so waiters look at once).
+    waiter.wait_runnable(Duration::from_secs(5)).await;
+    let waiting = tokio::spawn(async move { waiter.wait_runnable(Duration::from_secs(600)).await });
+    let started = std::time::Instant::now();
+    while !waiting.is_finished() {
+        notifier.notify_runnable().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(started.elapsed() < Duration::from_secs(60), "no hint arrived");
+    }
+    waiting.await.unwrap();
+}

@@ -140,3 +140,73 @@ pub fn parallel64(c: &mut Criterion) {
     drop(caller);
     drop(runtime);
 }
+
+/// Runs per second through the work queue: 200 submitted runs (one model response with one
+/// tool call, then the answer: 4 journal steps and 3 run writes each), drained by 1, 2 and 4
+/// workers, each its own `serve` loop with its own connection pool, as separate processes
+/// would be.
+pub fn workers(_: &mut Criterion) {
+    let Some(url) = database_url() else { return };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    for workers in [1usize, 2, 4] {
+        let schema = Schema::new(&url, &format!("workers{workers}"));
+        let runs = 200;
+        let elapsed = runtime.block_on(async {
+            let submitter = queue_runtime(schema.store().await);
+            for i in 0..runs {
+                submitter.submit(kuralle::RunRequest::new(format!("order {i}"))).await.unwrap();
+            }
+            let mut stops = Vec::new();
+            let mut serving = Vec::new();
+            let started = Instant::now();
+            for _ in 0..workers {
+                let rt = queue_runtime(schema.store().await);
+                let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+                let options = kuralle::WorkerOptions {
+                    max_concurrent_runs: 16,
+                    poll_interval: Duration::from_millis(20),
+                    ..kuralle::WorkerOptions::default()
+                };
+                serving.push(tokio::spawn(async move {
+                    rt.serve_with(
+                        async {
+                            let _ = stopped.await;
+                        },
+                        options,
+                    )
+                    .await
+                }));
+                stops.push(stop);
+            }
+            let store = schema.store().await;
+            let finished = kuralle::RunFilter { status: Some(kuralle::RunStatus::Finished), limit: None };
+            while kuralle::RunStore::list_runs(&store, finished.clone()).await.unwrap().len() < runs {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let elapsed = started.elapsed();
+            for stop in stops {
+                let _ = stop.send(());
+            }
+            for task in serving {
+                task.await.unwrap().unwrap();
+            }
+            elapsed
+        });
+        eprintln!(
+            "postgres workers={workers}: {runs} runs in {:.2} s = {:.0} runs/s",
+            elapsed.as_secs_f64(),
+            runs as f64 / elapsed.as_secs_f64()
+        );
+    }
+}
+
+fn queue_runtime(store: PostgresStore) -> kuralle::Runtime {
+    use kuralle::testing::{ScriptedModel, Turn};
+    let model = ScriptedModel::by_transcript([Turn::tool_calls([("c1", "noop", r#"{"i":1}"#)]), Turn::text("done")]);
+    kuralle::Runtime::builder()
+        .agent(kuralle::AgentDef::new("bench", "x").tool(super::Noop))
+        .model(model)
+        .store(store)
+        .build()
+        .unwrap()
+}

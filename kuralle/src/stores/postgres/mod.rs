@@ -3,7 +3,8 @@
 //! - [`schema`]: tables and migrations (run on connect, safe to race).
 //! - [`sql`]: the statements; every write of a run checks the run's fencing token in the same
 //!   statement, under a share lock on the lease row.
-//! - [`runs`], [`steps`], [`lease`]: the operations.
+//! - [`runs`], [`steps`], [`lease`], [`queue`]: the operations.
+//! - [`notify`]: `LISTEN/NOTIFY` wake-up hints for idle workers.
 //! - [`codec`]: JSON values as JSONB, losslessly; [`errors`]: typed errors.
 
 mod codec;
@@ -70,6 +71,13 @@ impl Default for PostgresOptions {
 /// **database's** clock, never the client's. Values are JSONB. A lost connection, a terminated
 /// backend or a server that is down give a retryable [`StoreError::Unavailable`]; the pool
 /// replaces broken connections by itself.
+///
+/// It also keeps the work queue of [`Runtime::serve`](crate::Runtime::serve): claiming runnable
+/// runs is one statement (`FOR UPDATE SKIP LOCKED` on the lease rows) that grants their leases,
+/// so workers on many machines claim disjoint runs without waiting on each other. Idle workers
+/// wake on `LISTEN/NOTIFY` hints and poll as well; `LISTEN` needs a direct connection or
+/// session-mode pooling (behind a transaction-mode pooler such as pgbouncer with
+/// `pool_mode = transaction` the hints do not arrive, and workers rely on polling).
 ///
 /// Clones share one connection pool.
 ///
@@ -170,7 +178,7 @@ impl PostgresStore {
     /// connect).
     ///
     /// ```
-    /// assert!(kuralle::stores::PostgresStore::SCHEMA_VERSION >= 2);
+    /// assert!(kuralle::stores::PostgresStore::SCHEMA_VERSION >= 3);
     /// ```
     pub const SCHEMA_VERSION: i32 = schema::SCHEMA_VERSION;
 
