@@ -3,6 +3,10 @@
 //!
 //! - `serial/sqlite_call` vs `serial/fdatasync`: one call at a time on `SqliteStore`, next to
 //!   a raw 256-byte `write` + `fdatasync` in the same directory (printed ratio at the end).
+//!   Every write is fenced by a lease token, as in the runtime (the check runs inside the
+//!   write's own transaction: no extra commit).
+//! - `lease/sqlite_acquire_release`: taking and giving back a run's lease on `SqliteStore`
+//!   (two durable commits), what every turn adds.
 //! - `parallel64/sqlite`: 64 parallel calls (one `append_steps` of 64 intents, then 64
 //!   concurrent `finish_step`), through group commit; throughput in calls/s.
 //! - `memory/call`: the same serial call on `MemoryStore`.
@@ -141,6 +145,24 @@ fn serial(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     group.bench_function("fdatasync", |b| b.iter(|| raw_fdatasync(&mut file)));
     group.bench_function("sqlite_call", |b| b.iter(|| runtime.block_on(caller.call())));
+    group.finish();
+}
+
+fn lease(c: &mut Criterion) {
+    let dir = bench_dir();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let store = SqliteStore::open(dir.join("lease.db")).unwrap();
+    let ttl = Duration::from_secs(30);
+    let mut group = c.benchmark_group("lease");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("sqlite_acquire_release", |b| {
+        b.iter(|| {
+            runtime.block_on(async {
+                let lease = store.acquire_lease("run-lease", "bench", ttl).await.unwrap();
+                store.release_lease(&lease).await.unwrap();
+            })
+        })
+    });
     group.finish();
 }
 
@@ -302,5 +324,16 @@ fn replay(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, serial, parallel64, memory, replay, ratio_summary, postgres::serial, postgres::parallel64);
+criterion_group!(
+    benches,
+    serial,
+    lease,
+    parallel64,
+    memory,
+    replay,
+    ratio_summary,
+    postgres::serial,
+    postgres::parallel64,
+    postgres::workers
+);
 criterion_main!(benches);

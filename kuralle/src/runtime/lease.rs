@@ -53,7 +53,12 @@ pub(crate) async fn acquire(
                 let now = tokio::time::Instant::now();
                 match deadline {
                     Some(deadline) if now < deadline => {
-                        tokio::time::sleep(backoff.min(deadline - now)).await;
+                        // Poll again at the latest just after the holder's lease would expire
+                        // (a crashed holder's run is taken over promptly), else back off.
+                        let until_expiry = u64::try_from(expires_at_ms.saturating_sub(crate::journal::now_ms()))
+                            .map_or(Duration::ZERO, Duration::from_millis);
+                        let pause = backoff.min(until_expiry + Duration::from_millis(2)).min(deadline - now);
+                        tokio::time::sleep(pause).await;
                         backoff = (backoff * 2).min(MAX_BACKOFF);
                     }
                     _ => return Err(RunError::Busy { run_id, owner, expires_at_ms }),

@@ -255,7 +255,14 @@ async fn main() {
     let runtime = builder.build().expect("runtime");
     let mut handle = match mode.as_str() {
         "resume" => runtime.resume(run_id),
-        "soak" => runtime.run(RunRequest::new("Buy the things").run_id(run_id).wait_for_lease(Duration::from_secs(10))),
+        // Every soak process delivers the same inbound message: once its turn finished, a
+        // later process gets the recorded output instead of starting another turn.
+        "soak" => runtime.run(
+            RunRequest::new("Buy the things")
+                .run_id(run_id)
+                .idempotency_key("order-message")
+                .wait_for_lease(Duration::from_secs(10)),
+        ),
         // A restarted process waits for the killed one's lease to expire.
         _ => runtime.run(RunRequest::new("Buy the thing").run_id(run_id).wait_for_lease(Duration::from_secs(10))),
     };
