@@ -35,7 +35,12 @@ async fn charge_card(
 ) -> Value {
     tokio::time::sleep(Duration::from_millis(500)).await;
     // A real provider call passes the key, so a call re-run after a crash is not charged twice.
-    println!("  [{}] charged {amount} cents for {} (key {}…)", std::process::id(), ctx.run_id(), &ctx.idempotency_key()[..12]);
+    println!(
+        "  [{}] charged {amount} cents for {} (key {}…)",
+        std::process::id(),
+        ctx.run_id(),
+        &ctx.idempotency_key()[..12]
+    );
     json!({"status": "charged", "amount": amount, "by_pid": std::process::id()})
 }
 
@@ -66,14 +71,16 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let store_spec = match args.iter().position(|a| a == "--store") {
         Some(i) => args.get(i + 1).cloned().ok_or("--store needs a value")?,
-        None => std::env::var("DATABASE_URL").unwrap_or_else(|_| {
-            format!("sqlite:{}", std::env::temp_dir().join("kuralle-workers.db").display())
-        }),
+        None => std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| format!("sqlite:{}", std::env::temp_dir().join("kuralle-workers.db").display())),
     };
     let runtime = runtime(open_store(&store_spec).await?)?;
     match args.first().map(String::as_str) {
         Some("worker") => {
-            println!("worker {} serving {store_spec}; Ctrl-C stops it (after in-flight runs finish)", std::process::id());
+            println!(
+                "worker {} serving {store_spec}; Ctrl-C stops it (after in-flight runs finish)",
+                std::process::id()
+            );
             let options = WorkerOptions { poll_interval: Duration::from_millis(200), ..WorkerOptions::default() };
             let shutdown = async {
                 let _ = tokio::signal::ctrl_c().await;
