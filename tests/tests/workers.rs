@@ -147,8 +147,18 @@ async fn orphans_are_recovered_after_their_lease_expires() {
 /// resuming): a worker picks it up and the approved call runs once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recorded_decision_makes_a_paused_run_runnable() {
+    decision_makes_runnable(Arc::new(MemoryStore::new())).await;
+}
+
+/// The same on PostgreSQL (`DATABASE_URL`; skipped without it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_decision_makes_a_paused_run_runnable_on_postgres() {
+    let Some((store, _guard)) = kuralle_tests::postgres::store("decision on postgres").await else { return };
+    decision_makes_runnable(Arc::new(store)).await;
+}
+
+async fn decision_makes_runnable(store: Arc<dyn RunStore>) {
     let count = Arc::new(AtomicUsize::new(0));
-    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
     let rt = runtime(store.clone(), counting_tool("pay", &count).needs_approval());
     let run_id = rt.submit(RunRequest::new("order").run_id("needs-ok")).await.unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
