@@ -211,7 +211,8 @@ fn lines_of(proc: &mut Child) -> mpsc::Receiver<String> {
 }
 
 fn signal(proc: &Child, sig: &str) {
-    let status = Command::new("kill").arg(sig).arg(proc.id().to_string()).status().expect("kill runs");
+    // The shell's builtin `kill`: no dependency on a `kill` binary being installed.
+    let status = Command::new("sh").arg("-c").arg(format!("kill {sig} {}", proc.id())).status().expect("sh runs");
     assert!(status.success(), "kill {sig} failed");
 }
 
@@ -294,14 +295,20 @@ async fn a_stopped_zombie_is_fenced_after_another_process_took_its_run_over() {
 
     let dir = tempfile::tempdir().unwrap();
     let zombie_env =
-        [("CRASH_AT", "in_execute"), ("CRASH_TOOL", "charge"), ("ZOMBIE_MS", "300"), ("LEASE_TTL_MS", "600")];
+        [("CRASH_AT", "in_execute"), ("CRASH_TOOL", "charge"), ("ZOMBIE_MS", "1000"), ("LEASE_TTL_MS", "600")];
     let mut zombie = child_with(dir.path(), "order-42", &zombie_env).spawn().expect("spawn zombie");
     let lines = lines_of(&mut zombie);
-    loop {
-        if lines.recv_timeout(Duration::from_secs(60)).expect("zombie reaches the charge") == "MARK in_execute" {
+    let next = |what: &str| loop {
+        let line =
+            lines.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("zombie never printed {what}"));
+        if line.starts_with(what) {
             break;
         }
-    }
+    };
+    next("MARK in_execute");
+    // Stop it just after a renewal committed, so it is stopped far from any SQLite
+    // transaction (a process stopped inside one would hold the database's write lock).
+    next("WRITE renew_lease ok");
     signal(&zombie, "-STOP");
     std::thread::sleep(Duration::from_millis(1_500)); // well past the 600 ms TTL
 
