@@ -175,8 +175,10 @@ async fn chaos(spec: &str, store: Arc<dyn RunStore>, dir: &Path, runs: usize, wo
     let mut cut_off = killed;
     for worker in pool {
         let pid = worker.pid();
-        let [_, _, _, lost, _] = worker.stop();
-        if lost > 0 {
+        // A turn that lost its lease, or failed with a retryable error (a store write in
+        // doubt), may have been cut off between a payment and its journal entry.
+        let [_, _, retried, lost, _] = worker.stop();
+        if lost > 0 || retried > 0 {
             cut_off.insert(pid);
         }
     }

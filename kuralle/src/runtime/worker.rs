@@ -202,7 +202,13 @@ impl Worker {
                         store_backoff = (store_backoff * 2).min(Duration::from_secs(30));
                         continue;
                     }
-                    Err(e) => return Err(e.into()),
+                    Err(e) => {
+                        // Retrying cannot fix it: stop claiming, and let in-flight turns end
+                        // (or hand them back) before reporting it.
+                        tracing::error!(error = %e, "claiming runnable runs failed; the worker stops");
+                        self.drain(&mut report).await;
+                        return Err(e.into());
+                    }
                 }
             }
             let store = Arc::clone(&self.inner.store);
