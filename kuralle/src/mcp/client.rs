@@ -1,0 +1,246 @@
+//! Using an MCP server's tools from an agent, durably.
+
+use std::sync::Arc;
+
+use futures::{StreamExt, stream};
+use rmcp::{
+    ClientHandler, Peer, RoleClient, ServiceExt,
+    handler::client::progress::ProgressDispatcher,
+    model::{
+        CallToolRequest, CallToolRequestParams, ClientCapabilities, ClientConfig, ClientRequest, Implementation,
+        ProgressNotificationParam, ProtocolVersion, RequestMetaObject, ServerResult,
+    },
+    service::{NotificationContext, PeerRequestOptions, RunningService},
+    transport::{StreamableHttpClientTransport, TokioChildProcess},
+};
+use serde_json::{Value, json};
+
+use super::{IDEMPOTENCY_KEY_META, McpError, content::from_call_result};
+use crate::{PreparedCall, Tool, ToolContext, ToolError, ToolEvent, ToolSet, ToolStream};
+
+/// Routes `notifications/progress` to the call that asked for them.
+#[derive(Clone, Default)]
+struct Handler {
+    progress: ProgressDispatcher,
+}
+
+impl ClientHandler for Handler {
+    /// The newest released protocol version: servers deployed today speak it (or negotiate
+    /// down from it), while the SDK's default is a draft few servers know.
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(ClientCapabilities::default(), Implementation::new("kuralle", env!("CARGO_PKG_VERSION")))
+            .with_protocol_version(ProtocolVersion::V_2025_11_25)
+    }
+
+    async fn on_progress(&self, params: ProgressNotificationParam, _cx: NotificationContext<RoleClient>) {
+        self.progress.handle_notification(params).await;
+    }
+}
+
+/// A connection to an MCP server whose tools an agent can use.
+///
+/// Each remote tool becomes an [`McpTool`], a [`Tool`] like any other: add them with
+/// [`AgentDef::tools`](crate::AgentDef::tools) (or `tool`). Their calls are journaled, so a
+/// resumed run answers a finished call from the journal instead of calling the server again,
+/// and each call carries its idempotency key in `_meta` under [`IDEMPOTENCY_KEY_META`].
+///
+/// ```no_run
+/// use kuralle::{AgentDef, mcp::McpClient};
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = McpClient::http("http://127.0.0.1:3001/mcp").await?;
+/// let agent = AgentDef::new("helper", "Use the tools you have.").tools(client.tool_set().await?);
+/// # let _ = agent; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct McpClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    service: RunningService<RoleClient, Handler>,
+}
+
+impl std::fmt::Debug for McpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpClient")
+            .field("server", &self.inner.service.peer_info().and_then(|i| i.server_info.clone()).map(|s| s.name))
+            .finish()
+    }
+}
+
+impl McpClient {
+    /// Starts `command` and speaks MCP over its stdin and stdout. The child is killed when
+    /// the last clone of the client is dropped.
+    ///
+    /// # Errors
+    /// [`McpError::Connect`] when the command cannot start or the handshake fails.
+    pub async fn stdio(command: tokio::process::Command) -> Result<Self, McpError> {
+        let transport = TokioChildProcess::new(command).map_err(|e| McpError::Connect(e.to_string()))?;
+        Self::connect(Handler::default().serve(transport).await)
+    }
+
+    /// Connects to a streamable HTTP endpoint such as `http://127.0.0.1:3001/mcp`.
+    ///
+    /// # Errors
+    /// [`McpError::Connect`] when the server cannot be reached or the handshake fails.
+    pub async fn http(url: impl Into<String>) -> Result<Self, McpError> {
+        let url: String = url.into();
+        let transport = StreamableHttpClientTransport::from_uri(url);
+        Self::connect(Handler::default().serve(transport).await)
+    }
+
+    fn connect<E: std::fmt::Display>(served: Result<RunningService<RoleClient, Handler>, E>) -> Result<Self, McpError> {
+        let service = served.map_err(|e| McpError::Connect(e.to_string()))?;
+        Ok(Self { inner: Arc::new(Inner { service }) })
+    }
+
+    /// The connection, for requests this type does not wrap.
+    pub fn peer(&self) -> &Peer<RoleClient> {
+        self.inner.service.peer()
+    }
+
+    /// The server's tools, as [`Tool`]s.
+    ///
+    /// # Errors
+    /// [`McpError::Request`] when listing fails.
+    pub async fn tools(&self) -> Result<Vec<McpTool>, McpError> {
+        let listed = self.peer().list_all_tools().await?;
+        Ok(listed
+            .into_iter()
+            .map(|t| McpTool {
+                client: self.clone(),
+                name: t.name.to_string(),
+                description: t.description.map(|d| d.to_string()).unwrap_or_default(),
+                input_schema: Value::Object((*t.input_schema).clone()),
+                output_schema: t.output_schema.map(|s| Value::Object((*s).clone())),
+            })
+            .collect())
+    }
+
+    /// The server's tools as a [`ToolSet`], ready for [`AgentDef::tools`](crate::AgentDef::tools).
+    ///
+    /// # Errors
+    /// See [`tools`](Self::tools).
+    pub async fn tool_set(&self) -> Result<ToolSet, McpError> {
+        let mut set = ToolSet::new();
+        for tool in self.tools().await? {
+            set.push(Arc::new(tool));
+        }
+        Ok(set)
+    }
+
+    /// Calls `name` on the server with `args` (a JSON object), passing `idempotency_key` in
+    /// `_meta`. Progress notifications go to `progress`; when `cancel` fires, the server gets
+    /// `notifications/cancelled` and the call ends with [`ToolError::Cancelled`].
+    async fn call(
+        &self,
+        name: &str,
+        args: serde_json::Map<String, Value>,
+        idempotency_key: &str,
+        cancel: &tokio_util::sync::CancellationToken,
+        progress: futures::channel::mpsc::UnboundedSender<Value>,
+    ) -> Result<Value, ToolError> {
+        let mut meta = RequestMetaObject::new();
+        meta.insert(IDEMPOTENCY_KEY_META.to_owned(), Value::String(idempotency_key.to_owned()));
+        let mut options = PeerRequestOptions::no_options();
+        options.meta = Some(meta);
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(
+            CallToolRequestParams::new(name.to_owned()).with_arguments(args),
+        ));
+        let unreachable =
+            |e: rmcp::ServiceError| ToolError::failed(name, format!("the MCP server could not be reached: {e}"));
+        let mut handle = self.peer().send_cancellable_request(request, options).await.map_err(unreachable)?;
+        let mut updates = self.inner.service.service().progress.subscribe(handle.progress_token.clone()).await;
+        let response = loop {
+            tokio::select! {
+                response = &mut handle.rx => break response,
+                Some(update) = updates.next() => {
+                    let _ = progress.unbounded_send(json!({
+                        "progress": update.progress,
+                        "total": update.total,
+                        "message": update.message,
+                    }));
+                }
+                () = cancel.cancelled() => {
+                    // The call's outcome is decided here; telling the server is best effort.
+                    let _ = handle.cancel(Some("the caller cancelled the call".to_owned())).await;
+                    return Err(ToolError::Cancelled { tool: name.to_owned() });
+                }
+            }
+        };
+        let response = response.map_err(|_| ToolError::failed(name, "the MCP connection closed during the call"))?;
+        match response.map_err(unreachable)? {
+            ServerResult::CallToolResult(result) => from_call_result(name, result),
+            other => Err(ToolError::InvalidOutput {
+                tool: name.to_owned(),
+                message: format!("the MCP server answered tools/call with {other:?}"),
+            }),
+        }
+    }
+}
+
+/// One tool of an MCP server, usable by an agent like any [`Tool`].
+///
+/// Its arguments are checked to be a JSON object here and validated by the server against
+/// its own schema; a server-side failure (`isError`) becomes [`ToolError::Failed`] with the
+/// server's message. A single text block is the result as a string, structured content is the
+/// result as it is, and other content is an [`McpContent`](super::McpContent).
+#[derive(Clone)]
+pub struct McpTool {
+    client: McpClient,
+    name: String,
+    description: String,
+    input_schema: Value,
+    output_schema: Option<Value>,
+}
+
+impl std::fmt::Debug for McpTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpTool").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl Tool for McpTool {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn description(&self) -> &str {
+        &self.description
+    }
+
+    fn input_schema(&self) -> &Value {
+        &self.input_schema
+    }
+
+    fn output_schema(&self) -> Option<&Value> {
+        self.output_schema.as_ref()
+    }
+
+    fn prepare(&self, args: &Value) -> Result<Box<dyn PreparedCall>, ToolError> {
+        let Value::Object(args) = args else {
+            return Err(ToolError::invalid_input(&self.name, "the arguments must be a JSON object"));
+        };
+        Ok(Box::new(RemoteCall { tool: self.clone(), args: args.clone() }))
+    }
+}
+
+struct RemoteCall {
+    tool: McpTool,
+    args: serde_json::Map<String, Value>,
+}
+
+impl PreparedCall for RemoteCall {
+    fn execute(self: Box<Self>, ctx: ToolContext) -> ToolStream {
+        let (progress, updates) = futures::channel::mpsc::unbounded();
+        let outcome = async move {
+            let RemoteCall { tool, args } = *self;
+            let result = tool.client.call(&tool.name, args, ctx.idempotency_key(), ctx.cancellation(), progress).await;
+            ToolEvent::Outcome(result)
+        };
+        // Progress ends when the call does (its sender drops), so the outcome is the last
+        // thing the runtime needs from this stream.
+        stream::select(updates.map(ToolEvent::Progress), stream::once(outcome)).boxed()
+    }
+}

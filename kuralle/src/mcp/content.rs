@@ -1,0 +1,154 @@
+//! How tool results map to MCP content, both ways.
+//!
+//! A tool's result is one JSON value. Over MCP it becomes a text block (a string as is, any
+//! other value as JSON text), plus `structuredContent` when the tool has an output schema. A
+//! tool that wants images, audio or embedded resources returns an [`McpContent`], whose JSON
+//! form `{"mcp:content": [blocks]}` the server sends as the blocks themselves; the client maps
+//! non-text results from a remote tool to the same form, so both directions agree.
+
+use rmcp::model::{CallToolResult, ContentBlock, ResourceContents};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use crate::ToolError;
+
+/// The key of [`McpContent`]'s JSON form.
+pub const CONTENT_KEY: &str = "mcp:content";
+
+/// MCP content blocks as a tool result: text, images, audio, embedded resources.
+///
+/// Return it from a `#[tool]` fn; it is journaled as `{"mcp:content": [...]}` and served as
+/// those blocks.
+///
+/// ```
+/// use kuralle::mcp::McpContent;
+///
+/// let c = McpContent::new().text("a red pixel:").image("iVBORw0KGgo=", "image/png");
+/// let v = serde_json::to_value(&c).unwrap();
+/// assert_eq!(v["mcp:content"][1]["type"], "image");
+/// assert_eq!(serde_json::from_value::<McpContent>(v).unwrap(), c);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpContent {
+    #[serde(rename = "mcp:content")]
+    blocks: Vec<ContentBlock>,
+}
+
+impl McpContent {
+    /// No blocks yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a text block.
+    #[must_use]
+    pub fn text(self, text: impl Into<String>) -> Self {
+        self.block(ContentBlock::text(text))
+    }
+
+    /// Adds an image block (`data` is base64).
+    #[must_use]
+    pub fn image(self, data: impl Into<String>, mime_type: impl Into<String>) -> Self {
+        self.block(ContentBlock::image(data, mime_type))
+    }
+
+    /// Adds an audio block (`data` is base64).
+    #[must_use]
+    pub fn audio(self, data: impl Into<String>, mime_type: impl Into<String>) -> Self {
+        self.block(ContentBlock::audio(data, mime_type))
+    }
+
+    /// Adds an embedded text resource.
+    #[must_use]
+    pub fn resource_text(self, uri: impl Into<String>, mime_type: impl Into<String>, text: impl Into<String>) -> Self {
+        self.block(ContentBlock::resource(ResourceContents::TextResourceContents {
+            uri: uri.into(),
+            mime_type: Some(mime_type.into()),
+            text: text.into(),
+            meta: None,
+        }))
+    }
+
+    /// Adds any block.
+    #[must_use]
+    pub fn block(mut self, block: ContentBlock) -> Self {
+        self.blocks.push(block);
+        self
+    }
+
+    /// The blocks, in order.
+    pub fn blocks(&self) -> &[ContentBlock] {
+        &self.blocks
+    }
+}
+
+/// The output schema a tool advertises over MCP, which requires an object at the root: an
+/// object schema as it is, anything else wrapped as `{"result": <schema>}` (with `$defs` and
+/// `$schema` lifted to the root so references still resolve). `None` when not an object.
+pub(crate) fn mcp_output_schema(schema: &Value) -> Option<(Map<String, Value>, bool)> {
+    let Value::Object(map) = schema else { return None };
+    if map.get("type").and_then(Value::as_str) == Some("object") {
+        return Some((map.clone(), false));
+    }
+    let mut inner = map.clone();
+    let mut root = Map::new();
+    for lifted in ["$schema", "$defs"] {
+        if let Some(v) = inner.remove(lifted) {
+            root.insert(lifted.to_owned(), v);
+        }
+    }
+    root.insert("type".into(), json!("object"));
+    root.insert("properties".into(), json!({ "result": inner }));
+    root.insert("required".into(), json!(["result"]));
+    Some((root, true))
+}
+
+/// The `tools/call` result for a call's outcome. `structured` is `Some(wrapped)` when the tool
+/// advertises an output schema (`wrapped`: the value sits under `"result"`).
+pub(crate) fn to_call_result(outcome: Result<Value, ToolError>, structured: Option<bool>) -> CallToolResult {
+    let value = match outcome {
+        Ok(v) => v,
+        // The message names the tool and the problem in words a client's user (or model) can
+        // act on; `isError` keeps it out of the protocol-error path that clients hide.
+        Err(e) => return CallToolResult::error(vec![ContentBlock::text(e.to_string())]),
+    };
+    if value.get(CONTENT_KEY).is_some()
+        && let Ok(content) = McpContent::deserialize(&value)
+    {
+        return CallToolResult::success(content.blocks);
+    }
+    let text = match &value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+    result.structured_content = match structured {
+        Some(true) => Some(json!({ "result": value })),
+        Some(false) => Some(value),
+        None => None,
+    };
+    result
+}
+
+/// A remote tool's result as one JSON value: an error result is a [`ToolError::Failed`] with
+/// its text; structured content wins; a single text block is its text; anything else is the
+/// [`McpContent`] form.
+pub(crate) fn from_call_result(tool: &str, result: CallToolResult) -> Result<Value, ToolError> {
+    let texts =
+        || result.content.iter().filter_map(|b| b.as_text().map(|t| t.text.as_str())).collect::<Vec<_>>().join("\n");
+    if result.is_error == Some(true) {
+        let message = texts();
+        let message = if message.is_empty() { "the MCP server reported an error".to_owned() } else { message };
+        return Err(ToolError::failed(tool, message));
+    }
+    if let Some(v) = result.structured_content.clone() {
+        return Ok(v);
+    }
+    match result.content.as_slice() {
+        [] => Ok(Value::Null),
+        [only] if only.as_text().is_some() => Ok(Value::String(texts())),
+        blocks => serde_json::to_value(McpContent { blocks: blocks.to_vec() })
+            .map_err(|e| ToolError::InvalidOutput { tool: tool.to_owned(), message: e.to_string() }),
+    }
+}
