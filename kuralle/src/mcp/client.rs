@@ -15,7 +15,10 @@ use rmcp::{
 };
 use serde_json::{Value, json};
 
-use super::{IDEMPOTENCY_KEY_META, McpError, content::from_call_result};
+use super::{
+    IDEMPOTENCY_KEY_META, McpError,
+    content::{from_call_result, unwrap_output_schema},
+};
 use crate::{PreparedCall, Tool, ToolContext, ToolError, ToolEvent, ToolSet, ToolStream};
 
 /// Routes `notifications/progress` to the call that asked for them.
@@ -108,12 +111,22 @@ impl McpClient {
         let listed = self.peer().list_all_tools().await?;
         Ok(listed
             .into_iter()
-            .map(|t| McpTool {
-                client: self.clone(),
-                name: t.name.to_string(),
-                description: t.description.map(|d| d.to_string()).unwrap_or_default(),
-                input_schema: Value::Object((*t.input_schema).clone()),
-                output_schema: t.output_schema.map(|s| Value::Object((*s).clone())),
+            .map(|t| {
+                let (output_schema, wrapped) = match t.output_schema {
+                    Some(s) => {
+                        let (schema, wrapped) = unwrap_output_schema(Value::Object((*s).clone()));
+                        (Some(schema), wrapped)
+                    }
+                    None => (None, false),
+                };
+                McpTool {
+                    client: self.clone(),
+                    name: t.name.to_string(),
+                    description: t.description.map(|d| d.to_string()).unwrap_or_default(),
+                    input_schema: Value::Object((*t.input_schema).clone()),
+                    output_schema,
+                    wrapped,
+                }
             })
             .collect())
     }
@@ -133,9 +146,11 @@ impl McpClient {
     /// Calls `name` on the server with `args` (a JSON object), passing `idempotency_key` in
     /// `_meta`. Progress notifications go to `progress`; when `cancel` fires, the server gets
     /// `notifications/cancelled` and the call ends with [`ToolError::Cancelled`].
+    #[allow(clippy::too_many_arguments)]
     async fn call(
         &self,
         name: &str,
+        wrapped: bool,
         args: serde_json::Map<String, Value>,
         idempotency_key: &str,
         cancel: &tokio_util::sync::CancellationToken,
@@ -171,7 +186,7 @@ impl McpClient {
         };
         let response = response.map_err(|_| ToolError::failed(name, "the MCP connection closed during the call"))?;
         match response.map_err(unreachable)? {
-            ServerResult::CallToolResult(result) => from_call_result(name, result),
+            ServerResult::CallToolResult(result) => from_call_result(name, result, wrapped),
             other => Err(ToolError::InvalidOutput {
                 tool: name.to_owned(),
                 message: format!("the MCP server answered tools/call with {other:?}"),
@@ -193,6 +208,8 @@ pub struct McpTool {
     description: String,
     input_schema: Value,
     output_schema: Option<Value>,
+    /// Structured results arrive as `{"result": …}` (see `unwrap_output_schema`).
+    wrapped: bool,
 }
 
 impl std::fmt::Debug for McpTool {
@@ -236,7 +253,10 @@ impl PreparedCall for RemoteCall {
         let (progress, updates) = futures::channel::mpsc::unbounded();
         let outcome = async move {
             let RemoteCall { tool, args } = *self;
-            let result = tool.client.call(&tool.name, args, ctx.idempotency_key(), ctx.cancellation(), progress).await;
+            let result = tool
+                .client
+                .call(&tool.name, tool.wrapped, args, ctx.idempotency_key(), ctx.cancellation(), progress)
+                .await;
             ToolEvent::Outcome(result)
         };
         // Progress ends when the call does (its sender drops), so the outcome is the last

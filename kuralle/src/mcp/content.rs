@@ -15,6 +15,10 @@ use crate::ToolError;
 /// The key of [`McpContent`]'s JSON form.
 pub const CONTENT_KEY: &str = "mcp:content";
 
+/// Marks an output schema that wraps a non-object result as `{"result": …}`. FastMCP uses
+/// its own key for the same convention; the client reads both.
+const WRAP_MARKERS: [&str; 2] = ["x-kuralle-wrap-result", "x-fastmcp-wrap-result"];
+
 /// MCP content blocks as a tool result: text, images, audio, embedded resources.
 ///
 /// Return it from a `#[tool]` fn; it is journaled as `{"mcp:content": [...]}` and served as
@@ -101,7 +105,26 @@ pub(crate) fn mcp_output_schema(schema: &Value) -> Option<(Map<String, Value>, b
     root.insert("type".into(), json!("object"));
     root.insert("properties".into(), json!({ "result": inner }));
     root.insert("required".into(), json!(["result"]));
+    root.insert(WRAP_MARKERS[0].into(), Value::Bool(true));
     Some((root, true))
+}
+
+/// A remote tool's output schema as the result the client hands out: a wrapped schema (see
+/// [`mcp_output_schema`]) is unwrapped, with `$defs` and `$schema` moved back inside.
+/// Returns the schema and whether results arrive wrapped.
+pub(crate) fn unwrap_output_schema(schema: Value) -> (Value, bool) {
+    let wrapped = WRAP_MARKERS.iter().any(|m| schema.get(*m) == Some(&Value::Bool(true)));
+    let Some(mut inner) = schema.pointer("/properties/result").cloned().filter(|_| wrapped) else {
+        return (schema, false);
+    };
+    if let Value::Object(map) = &mut inner {
+        for lifted in ["$schema", "$defs"] {
+            if let Some(v) = schema.get(lifted) {
+                map.insert(lifted.to_owned(), v.clone());
+            }
+        }
+    }
+    (inner, true)
 }
 
 /// The `tools/call` result for a call's outcome. `structured` is `Some(wrapped)` when the tool
@@ -134,7 +157,7 @@ pub(crate) fn to_call_result(outcome: Result<Value, ToolError>, structured: Opti
 /// A remote tool's result as one JSON value: an error result is a [`ToolError::Failed`] with
 /// its text; structured content wins; a single text block is its text; anything else is the
 /// [`McpContent`] form.
-pub(crate) fn from_call_result(tool: &str, result: CallToolResult) -> Result<Value, ToolError> {
+pub(crate) fn from_call_result(tool: &str, result: CallToolResult, wrapped: bool) -> Result<Value, ToolError> {
     let texts =
         || result.content.iter().filter_map(|b| b.as_text().map(|t| t.text.as_str())).collect::<Vec<_>>().join("\n");
     if result.is_error == Some(true) {
@@ -142,7 +165,10 @@ pub(crate) fn from_call_result(tool: &str, result: CallToolResult) -> Result<Val
         let message = if message.is_empty() { "the MCP server reported an error".to_owned() } else { message };
         return Err(ToolError::failed(tool, message));
     }
-    if let Some(v) = result.structured_content.clone() {
+    if let Some(mut v) = result.structured_content.clone() {
+        if wrapped && let Some(inner) = v.get_mut("result") {
+            return Ok(inner.take());
+        }
         return Ok(v);
     }
     match result.content.as_slice() {
