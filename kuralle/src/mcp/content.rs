@@ -15,8 +15,9 @@ use crate::ToolError;
 /// The key of [`McpContent`]'s JSON form.
 pub const CONTENT_KEY: &str = "mcp:content";
 
-/// Marks an output schema that wraps a non-object result as `{"result": …}`. FastMCP uses
-/// its own key for the same convention; the client reads both.
+/// Marks an output schema that wraps a non-object result as `{"result": …}`. The standalone
+/// FastMCP 2 package marks its wrappers with its own key; the client reads both. (The
+/// official Python SDK wraps without a mark, so its results stay as declared.)
 const WRAP_MARKERS: [&str; 2] = ["x-kuralle-wrap-result", "x-fastmcp-wrap-result"];
 
 /// MCP content blocks as a tool result: text, images, audio, embedded resources.
