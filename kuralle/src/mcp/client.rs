@@ -1,19 +1,22 @@
 //! Using an MCP server's tools from an agent, durably.
 
-use std::sync::Arc;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError},
+};
 
 use futures::{StreamExt, stream};
 use rmcp::{
     ClientHandler, Peer, RoleClient, ServiceExt,
-    handler::client::progress::ProgressDispatcher,
     model::{
         CallToolRequest, CallToolRequestParams, ClientCapabilities, ClientConfig, ClientRequest, Implementation,
-        ProgressNotificationParam, ProtocolVersion, RequestMetaObject, ServerResult,
+        ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestMetaObject, ServerResult,
     },
     service::{NotificationContext, PeerRequestOptions, RunningService},
     transport::{StreamableHttpClientTransport, TokioChildProcess},
 };
 use serde_json::{Value, json};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::{
     IDEMPOTENCY_KEY_META, McpError,
@@ -22,9 +25,53 @@ use super::{
 use crate::{PreparedCall, Tool, ToolContext, ToolError, ToolEvent, ToolSet, ToolStream};
 
 /// Routes `notifications/progress` to the call that asked for them.
+///
+/// A call learns its progress token only once its request is sent, and a fast server's
+/// notifications can arrive before the call subscribes, so notifications for a token nobody
+/// listens to yet are kept (a bounded number) and handed over on subscription.
 #[derive(Clone, Default)]
 struct Handler {
-    progress: ProgressDispatcher,
+    progress: Arc<Mutex<Routes>>,
+}
+
+#[derive(Default)]
+struct Routes {
+    listeners: HashMap<ProgressToken, UnboundedSender<ProgressNotificationParam>>,
+    early: HashMap<ProgressToken, Vec<ProgressNotificationParam>>,
+}
+
+/// Early notifications kept, over all tokens; past it the oldest are dropped (progress is
+/// advisory, never journaled).
+const EARLY_PROGRESS_LIMIT: usize = 256;
+
+impl Handler {
+    fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
+        self.progress.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn subscribe(&self, token: ProgressToken) -> (UnboundedReceiver<ProgressNotificationParam>, Subscription) {
+        let (tx, rx) = unbounded_channel();
+        let mut routes = self.routes();
+        for early in routes.early.remove(&token).unwrap_or_default() {
+            let _ = tx.send(early);
+        }
+        routes.listeners.insert(token.clone(), tx);
+        (rx, Subscription { handler: self.clone(), token })
+    }
+}
+
+/// Stops routing a token's notifications when the call ends.
+struct Subscription {
+    handler: Handler,
+    token: ProgressToken,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut routes = self.handler.routes();
+        routes.listeners.remove(&self.token);
+        routes.early.remove(&self.token);
+    }
 }
 
 impl ClientHandler for Handler {
@@ -36,7 +83,15 @@ impl ClientHandler for Handler {
     }
 
     async fn on_progress(&self, params: ProgressNotificationParam, _cx: NotificationContext<RoleClient>) {
-        self.progress.handle_notification(params).await;
+        let mut routes = self.routes();
+        if let Some(listener) = routes.listeners.get(&params.progress_token) {
+            let _ = listener.send(params);
+            return;
+        }
+        if routes.early.values().map(Vec::len).sum::<usize>() >= EARLY_PROGRESS_LIMIT {
+            routes.early.clear();
+        }
+        routes.early.entry(params.progress_token.clone()).or_default().push(params);
     }
 }
 
@@ -163,19 +218,20 @@ impl McpClient {
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(
             CallToolRequestParams::new(name.to_owned()).with_arguments(args),
         ));
-        let unreachable =
-            |e: rmcp::ServiceError| ToolError::failed(name, format!("the MCP server could not be reached: {e}"));
+        let unreachable = |e: rmcp::ServiceError| match e {
+            // The server answered with a protocol error (an unknown tool, bad parameters).
+            rmcp::ServiceError::McpError(e) => {
+                ToolError::failed(name, format!("the MCP server refused the call: {}", e.message))
+            }
+            other => ToolError::failed(name, format!("the MCP server could not be reached: {other}")),
+        };
         let mut handle = self.peer().send_cancellable_request(request, options).await.map_err(unreachable)?;
-        let mut updates = self.inner.service.service().progress.subscribe(handle.progress_token.clone()).await;
+        let (mut updates, _subscription) = self.inner.service.service().subscribe(handle.progress_token.clone());
         let response = loop {
             tokio::select! {
                 response = &mut handle.rx => break response,
-                Some(update) = updates.next() => {
-                    let _ = progress.unbounded_send(json!({
-                        "progress": update.progress,
-                        "total": update.total,
-                        "message": update.message,
-                    }));
+                Some(update) = updates.recv() => {
+                    let _ = progress.unbounded_send(progress_value(&update));
                 }
                 () = cancel.cancelled() => {
                     // The call's outcome is decided here; telling the server is best effort.
@@ -184,6 +240,14 @@ impl McpClient {
                 }
             }
         };
+        // rmcp hands each notification to a task of its own, so progress the server sent just
+        // before its response may still be on its way: give those tasks a moment to deliver.
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+            while let Ok(update) = updates.try_recv() {
+                let _ = progress.unbounded_send(progress_value(&update));
+            }
+        }
         let response = response.map_err(|_| ToolError::failed(name, "the MCP connection closed during the call"))?;
         match response.map_err(unreachable)? {
             ServerResult::CallToolResult(result) => from_call_result(name, result, wrapped),
@@ -193,6 +257,11 @@ impl McpClient {
             }),
         }
     }
+}
+
+/// A progress notification as a [`ToolEvent::Progress`] value.
+fn progress_value(update: &ProgressNotificationParam) -> Value {
+    json!({"progress": update.progress, "total": update.total, "message": update.message})
 }
 
 /// One tool of an MCP server, usable by an agent like any [`Tool`].
