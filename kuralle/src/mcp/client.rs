@@ -40,7 +40,7 @@ struct Routes {
     early: HashMap<ProgressToken, Vec<ProgressNotificationParam>>,
 }
 
-/// Early notifications kept, over all tokens; past it the oldest are dropped (progress is
+/// Early notifications kept, over all tokens; past it they are all dropped (progress is
 /// advisory, never journaled).
 const EARLY_PROGRESS_LIMIT: usize = 256;
 
