@@ -185,6 +185,11 @@ fn tools_list_is_the_model_specs_with_only_declared_hints() {
     assert_eq!(wrapped["properties"]["result"]["type"], "integer");
     assert_eq!(wrapped["required"], json!(["result"]));
     assert!(by_name("picture").output_schema.is_none(), "McpContent has no JSON Schema");
+
+    // An agent's tools, the same way.
+    let agent = AgentDef::new("support", "Look orders up.").tool(Lookup);
+    let names: Vec<_> = McpServer::for_agent(&agent).list().into_iter().map(|t| t.name).collect();
+    assert_eq!(names, ["lookup"]);
 }
 
 #[tokio::test]

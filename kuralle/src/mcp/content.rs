@@ -179,3 +179,50 @@ pub(crate) fn from_call_result(tool: &str, result: CallToolResult, wrapped: bool
             .map_err(|e| ToolError::InvalidOutput { tool: tool.to_owned(), message: e.to_string() }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_schemas_stay_and_others_are_wrapped_with_their_defs_lifted() {
+        let object = json!({"type": "object", "properties": {"id": {"type": "integer"}}});
+        assert_eq!(mcp_output_schema(&object), Some((object.as_object().unwrap().clone(), false)));
+
+        let list = json!({"$schema": "s", "type": "array", "items": {"$ref": "#/$defs/Item"}, "$defs": {"Item": {}}});
+        let (wrapped, is_wrapped) = mcp_output_schema(&list).unwrap();
+        let wrapped = Value::Object(wrapped);
+        assert!(is_wrapped);
+        assert_eq!(wrapped["$defs"], json!({"Item": {}}));
+        assert_eq!(wrapped["properties"]["result"], json!({"type": "array", "items": {"$ref": "#/$defs/Item"}}));
+        assert_eq!(unwrap_output_schema(wrapped), (list, true));
+        assert_eq!(mcp_output_schema(&json!(true)), None);
+    }
+
+    #[test]
+    fn results_round_trip_through_a_call_result() {
+        let wrapped = to_call_result(Ok(json!(7)), Some(true));
+        assert_eq!(wrapped.structured_content, Some(json!({"result": 7})));
+        assert_eq!(from_call_result("t", wrapped, true), Ok(json!(7)));
+
+        let text = to_call_result(Ok(json!("plain")), None);
+        assert_eq!(text.structured_content, None);
+        assert_eq!(from_call_result("t", text, false), Ok(json!("plain")));
+
+        let content = McpContent::new().text("a").image("AA==", "image/png");
+        let served = to_call_result(Ok(serde_json::to_value(&content).unwrap()), None);
+        assert_eq!(served.content.len(), 2);
+        assert_eq!(from_call_result("t", served, false), Ok(serde_json::to_value(&content).unwrap()));
+
+        let failed = to_call_result(Err(ToolError::failed("t", "no stock")), Some(false));
+        assert_eq!(failed.is_error, Some(true));
+        assert_eq!(from_call_result("t", failed, false), Err(ToolError::failed("t", "tool `t` failed: no stock")));
+    }
+
+    #[test]
+    fn an_object_that_only_looks_like_content_is_a_plain_result() {
+        let lookalike = json!({"mcp:content": "not blocks"});
+        let served = to_call_result(Ok(lookalike.clone()), None);
+        assert_eq!(served.content[0].as_text().map(|t| t.text.clone()), Some(lookalike.to_string()));
+    }
+}
