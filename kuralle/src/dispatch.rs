@@ -224,11 +224,10 @@ fn plan(turn: &TurnCtx, p: &Planned) -> Plan {
         Some(user_key) => override_key(j.run_id(), j.epoch(), tool.name(), &user_key),
         None => j.tool_key(&p.callsite, tool.name(), args),
     };
-    if !tool.replay() {
-        // Journaled for the record under a key of its own; never answered from the journal.
-        let key = format!("{key}:nonreplay:{}", uuid::Uuid::new_v4());
-        return Plan::Run(Ready { tool: tool.clone(), call, key, ordinal: None });
-    }
+    // `replay = false`: never answered from the journal, so each execution is journaled (for
+    // the record) under a key of its own, `<key>:nonreplay:<n>` for the n-th execution. The
+    // guards below still apply: each execution needs its own approval.
+    let key = if tool.replay() { key } else { nonreplay_key(j, &key) };
     let lookup = j.lookup(&key);
     if tool.needs_approval() && matches!(lookup, Lookup::Fresh | Lookup::Running(_)) {
         let decision_key = approval_key(j.run_id(), j.epoch(), &key, tool.name(), args);
@@ -263,6 +262,15 @@ fn plan(turn: &TurnCtx, p: &Planned) -> Plan {
         Lookup::Running(ordinal) if tool.at_most_once() => Plan::Indeterminate { key, ordinal },
         Lookup::Running(ordinal) => Plan::Run(Ready { tool: tool.clone(), call, key, ordinal: Some(ordinal) }),
     }
+}
+
+/// The key of the next execution of a `replay = false` call: the first `<key>:nonreplay:<n>`
+/// the journal does not hold.
+fn nonreplay_key(j: &Journal, key: &str) -> String {
+    (0u64..)
+        .map(|n| format!("{key}:nonreplay:{n}"))
+        .find(|k| matches!(j.lookup(k), Lookup::Fresh))
+        .unwrap_or_else(|| unreachable!("a journal holds fewer than u64::MAX steps"))
 }
 
 fn replayed_error(tool: &str, e: Value) -> ToolError {
@@ -430,6 +438,10 @@ async fn execute(
     emit_progress: bool,
 ) -> Result<Value, ToolError> {
     let name = tool.name().to_owned();
+    if turn.journal.lease_lost() {
+        // Another owner took the run over: nothing more starts here.
+        return Err(ToolError::Cancelled { tool: name });
+    }
     let token = parent.map_or_else(CancellationToken::new, CancellationToken::child_token);
     let scope = Scope {
         turn: Arc::clone(turn),
@@ -654,9 +666,13 @@ pub(crate) async fn call_standalone(
         created_at_ms: now,
         updated_at_ms: now,
     };
+    // The throwaway run is owned like any other (its store checks the fence on every write).
     let opened = async {
-        store.create_run(record).await?;
-        Journal::open(Arc::clone(&store), run_id, 0, crate::DEFAULT_MAX_STEPS_PER_RUN).await
+        use crate::runtime::lease;
+        let held = lease::acquire(store.as_ref(), run_id, lease::DEFAULT_LEASE_TTL, None).await?;
+        let fence = lease::Fence::new(&held, CancellationToken::new());
+        store.create_run(record, fence.token()).await?;
+        Journal::open(Arc::clone(&store), fence, run_id, 0, crate::DEFAULT_MAX_STEPS_PER_RUN).await
     };
     let journal =
         opened.await.map_err(|e| ToolError::failed(&name, format!("the call journal could not open: {e}")))?;

@@ -3,6 +3,8 @@
 //! `CRASH` is set. Run again without `CRASH` on the same run id, it must finish without
 //! calling `add` on the server a second time. Prints one JSON line with the outcome.
 
+use std::time::Duration;
+
 use futures::StreamExt;
 use kuralle::{
     AgentDef, Event, RunRequest, Runtime,
@@ -44,9 +46,12 @@ async fn main() {
         .agent(agent)
         .model(model)
         .store(SqliteStore::open(&db).expect("open store"))
+        // The crashed process still holds the run's lease until it expires: keep it short,
+        // and let the resuming process wait for it.
+        .lease_ttl(Duration::from_secs(1))
         .build()
         .expect("runtime");
-    let mut handle = runtime.run(RunRequest::new("Add 2 and 3").run_id(run_id));
+    let mut handle = runtime.run(RunRequest::new("Add 2 and 3").run_id(run_id).wait_for_lease(Duration::from_secs(20)));
     let mut results = Vec::new();
     while let Some(event) = handle.next().await {
         if let Event::ToolResult { name, result, is_error, replayed, .. } = event {
