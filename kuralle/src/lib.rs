@@ -29,6 +29,8 @@ mod error;
 mod generator;
 mod input;
 pub mod journal;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 mod model;
 pub mod models;
 mod runtime;
