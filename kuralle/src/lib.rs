@@ -45,8 +45,8 @@ pub use error::{RunError, ToolError};
 pub use kuralle_macros::{agent, tool};
 pub use model::{FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, ToolCallRequest, Usage};
 pub use runtime::{
-    DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN, Decision, InterruptHandle, RunHandle, RunRequest, Runtime,
-    RuntimeBuilder,
+    DEFAULT_EVENT_BUFFER, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN, Decision, InterruptHandle, RunHandle,
+    RunRequest, Runtime, RuntimeBuilder,
     event::{BatchCall, Event, PendingApproval, RunOutput},
 };
 pub use store::{

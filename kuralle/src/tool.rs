@@ -134,6 +134,12 @@ pub trait Tool: Send + Sync + 'static {
         false
     }
 
+    /// The implementing type's name, for error messages that must tell two tools apart (two
+    /// tools with one name on an agent). Rarely worth overriding.
+    fn type_name(&self) -> &'static str {
+        std::any::type_name::<Self>()
+    }
+
     /// Validates raw arguments (exactly once) into a runnable call.
     ///
     /// # Errors
@@ -205,6 +211,16 @@ impl ToolSpec {
 #[derive(Clone, Default)]
 pub struct ToolSet {
     tools: Vec<Arc<dyn Tool>>,
+    /// Names added twice, with the type names of the replaced and the replacing tool.
+    replaced: Vec<Replaced>,
+}
+
+/// A tool that replaced another of the same name in a [`ToolSet`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Replaced {
+    pub(crate) name: String,
+    pub(crate) first: &'static str,
+    pub(crate) second: &'static str,
 }
 
 impl fmt::Debug for ToolSet {
@@ -219,16 +235,25 @@ impl ToolSet {
         Self::default()
     }
 
-    /// Adds a tool. A later tool with the same name replaces the earlier one.
+    /// Adds a tool. A later tool with the same name replaces the earlier one; an agent whose
+    /// tools had such a replacement is refused by
+    /// [`RuntimeBuilder::build`](crate::RuntimeBuilder::build) with
+    /// [`RunError::DuplicateTool`](crate::RunError::DuplicateTool).
     #[must_use]
     pub fn with(mut self, tool: impl Tool) -> Self {
         self.push(Arc::new(tool));
         self
     }
 
-    /// Adds a shared tool. A later tool with the same name replaces the earlier one.
+    /// Adds a shared tool. A later tool with the same name replaces the earlier one (see
+    /// [`ToolSet::with`]).
     pub fn push(&mut self, tool: Arc<dyn Tool>) {
         if let Some(slot) = self.tools.iter_mut().find(|t| t.name() == tool.name()) {
+            self.replaced.push(Replaced {
+                name: tool.name().to_owned(),
+                first: slot.type_name(),
+                second: tool.type_name(),
+            });
             *slot = tool;
         } else {
             self.tools.push(tool);
@@ -253,6 +278,11 @@ impl ToolSet {
     /// Whether the set is empty.
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
+    }
+
+    /// The first name that was added twice, if any.
+    pub(crate) fn first_replaced(&self) -> Option<&Replaced> {
+        self.replaced.first()
     }
 
     /// Comma-separated names, for error messages.
@@ -307,10 +337,10 @@ pub const MAX_TOOL_ARGS_BYTES: usize = 1 << 20;
 /// ```
 pub fn parse_args(tool: &str, raw: &str) -> Result<Value, ToolError> {
     if raw.len() > MAX_TOOL_ARGS_BYTES {
-        return Err(ToolError::invalid_input(
-            tool,
-            format!("the arguments are {} bytes; the limit is {MAX_TOOL_ARGS_BYTES} bytes", raw.len()),
-        ));
+        return Err(oversized(tool, raw.len(), MAX_TOOL_ARGS_BYTES));
+    }
+    if let Some((bytes, limit)) = oversized_marker_parts(raw) {
+        return Err(oversized(tool, bytes, limit));
     }
     if raw.trim().is_empty() {
         return Ok(Value::Object(serde_json::Map::new()));
@@ -324,6 +354,36 @@ pub fn parse_args(tool: &str, raw: &str) -> Result<Value, ToolError> {
         ));
     }
     Ok(value)
+}
+
+fn oversized(tool: &str, bytes: usize, limit: usize) -> ToolError {
+    ToolError::invalid_input(
+        tool,
+        format!(
+            "the arguments are {bytes} bytes; the limit is {limit} bytes. Send smaller arguments (for example a reference instead of the content)"
+        ),
+    )
+}
+
+/// The key of the marker that stands in for arguments too large to keep.
+const OVERSIZED_KEY: &str = "__kuralle_oversized_arguments";
+
+/// What the runtime journals and sends back in place of arguments too large to keep: a small
+/// JSON object that [`parse_args`] answers with the same [`ToolError::InvalidInput`] the
+/// original arguments got, so a replayed run gives the model the same answer.
+pub(crate) fn oversized_marker(bytes: usize, limit: usize) -> String {
+    format!("{{\"{OVERSIZED_KEY}\":{{\"bytes\":{bytes},\"limit\":{limit}}}}}")
+}
+
+/// `(bytes, limit)` of an [`oversized_marker`].
+pub(crate) fn oversized_marker_parts(raw: &str) -> Option<(usize, usize)> {
+    if !raw.starts_with("{\"__kuralle_oversized") || raw.len() > 128 {
+        return None;
+    }
+    let value: Value = serde_json::from_str(raw).ok()?;
+    let marker = value.get(OVERSIZED_KEY)?;
+    let number = |k: &str| marker.get(k)?.as_u64().and_then(|n| usize::try_from(n).ok());
+    Some((number("bytes")?, number("limit")?))
 }
 
 /// "a string", "an array", ... for error messages.

@@ -6,11 +6,13 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{Inner, RunRequest, event::RunOutput};
+use super::{
+    Inner, RunRequest,
+    event::{EventSender, RunOutput},
+};
 use crate::{
     AgentDef, Event, FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, RunError, RunRecord,
     RunStatus, RunStore, StepKind, StepOutcome, StoreError, ToolCallRequest, Usage,
@@ -59,14 +61,14 @@ enum Opened {
 pub(super) async fn run(
     rt: Arc<Inner>,
     req: RunRequest,
-    events: UnboundedSender<Event>,
+    events: EventSender,
     interrupt: CancellationToken,
 ) -> Result<RunOutput, RunError> {
     let run_id = req.run_id.clone().or_else(|| req.session.clone()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let span = tracing::info_span!("run", run_id = %run_id);
     let result = turn(&rt, &req, &run_id, &events, interrupt).instrument(span).await;
     if let Err(e) = &result {
-        let _ = events.send(Event::Error { message: e.to_string() });
+        events.send(Event::Error { message: e.to_string() }).await;
     }
     result
 }
@@ -153,13 +155,13 @@ async fn turn(
     rt: &Arc<Inner>,
     req: &RunRequest,
     run_id: &str,
-    events: &UnboundedSender<Event>,
+    events: &EventSender,
     interrupt: CancellationToken,
 ) -> Result<RunOutput, RunError> {
     let (record, state) = match open(rt, req, run_id).await? {
         Opened::Done(out) => {
-            let _ = events.send(Event::RunStarted { run_id: run_id.to_owned() });
-            let _ = events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage });
+            events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
+            events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
             return Ok(out);
         }
         Opened::Turn { record, state } => (*record, *state),
@@ -200,7 +202,7 @@ async fn drive(
     run_id: &str,
     record: RunRecord,
     state: RunState,
-    events: &UnboundedSender<Event>,
+    events: &EventSender,
     interrupt: CancellationToken,
 ) -> Result<RunOutput, RunError> {
     let agent = agent(rt, Some(&record.agent_id))?.clone();
@@ -208,7 +210,7 @@ async fn drive(
         (Some(m), _) | (None, Some(m)) => Arc::clone(m),
         (None, None) => return Err(RunError::Config(format!("agent `{}` has no model", agent.id))),
     };
-    let _ = events.send(Event::RunStarted { run_id: run_id.to_owned() });
+    events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
 
     let journal = Journal::open(Arc::clone(&rt.store), run_id, record.epoch, rt.max_steps_per_run).await?;
     let ctx = Arc::new(TurnCtx {
@@ -270,16 +272,18 @@ async fn drive(
     }
 
     if status == RunStatus::Paused {
-        let _ = events.send(Event::Paused {
-            run_id: run_id.to_owned(),
-            pending: pending.iter().map(|p: &Pending| p.request.clone()).collect(),
-        });
+        events
+            .send(Event::Paused {
+                run_id: run_id.to_owned(),
+                pending: pending.iter().map(|p: &Pending| p.request.clone()).collect(),
+            })
+            .await;
         // The transcript of a paused turn is rebuilt by replay on resume; keep the one
         // before the turn.
         transcript = state.messages.clone();
     }
     let out = close(rt.store.as_ref(), record, state, Closing { transcript, status, text, usage, pending }).await?;
-    let _ = events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage });
+    events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
     Ok(out)
 }
 
@@ -299,7 +303,7 @@ async fn model_step(
             RunError::Store(StoreError::Corrupt(format!("journaled model response is unreadable: {e}")))
         })?;
         if !response.text.is_empty() {
-            ctx.events.send(Event::TextDelta { delta: response.text.clone() }).ok();
+            ctx.events.send(Event::TextDelta { delta: response.text.clone() }).await;
         }
         return Ok(Some(response));
     }
@@ -332,7 +336,7 @@ async fn model_step(
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(ModelEvent::TextDelta { delta })) => {
                 response.text.push_str(&delta);
-                ctx.events.send(Event::TextDelta { delta }).ok();
+                ctx.events.send(Event::TextDelta { delta }).await;
             }
             Some(Ok(ModelEvent::ToolCall(call))) => response.tool_calls.push(call),
             Some(Ok(ModelEvent::Finish { reason, usage })) => {
@@ -345,6 +349,9 @@ async fn model_step(
     if !finished {
         return Err(ModelError::Protocol("the model stream ended without a finish reason".into()).into());
     }
+    // Before journaling, so a replay gives the model the same answers.
+    super::response::dedupe_call_ids(&mut response.tool_calls);
+    super::response::cap_arguments(&mut response.tool_calls, rt.max_result_bytes.saturating_sub(response.text.len()));
     let value = serde_json::to_value(&response).unwrap_or(Value::Null);
     let size = crate::stores::json_len(&value);
     if size > rt.max_result_bytes {
