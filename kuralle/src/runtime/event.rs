@@ -124,9 +124,10 @@ pub struct RunOutput {
 /// run buffer events without limit.
 ///
 /// When the buffer is full, [`EventSender::send`] waits for the consumer (the run slows to the
-/// consumer's pace), except [`Event::ToolProgress`], which is dropped instead
-/// ([`EventSender::progress`]): progress is advisory and never journaled, and a chatty tool
-/// must not stall on a slow reader. Once the handle is dropped or awaited, sends return at once.
+/// consumer's pace). [`Event::ToolProgress`] never waits and never takes more than half the
+/// buffer: it is dropped instead ([`EventSender::progress`]), because progress is advisory and
+/// never journaled, and a chatty tool must neither stall on a slow reader nor crowd out the
+/// events that matter. Once the handle is dropped or awaited, sends return at once.
 #[derive(Debug, Clone)]
 pub(crate) struct EventSender(tokio::sync::mpsc::Sender<Event>);
 
@@ -143,8 +144,10 @@ impl EventSender {
         let _ = self.0.send(event).await;
     }
 
-    /// Sends a progress event if there is room; returns whether it was sent.
+    /// Sends a progress event if less than half the buffer is in use; returns whether it was
+    /// sent.
     pub(crate) fn progress(&self, event: Event) -> bool {
-        self.0.try_send(event).is_ok()
+        let (free, max) = (self.0.capacity(), self.0.max_capacity());
+        free > max / 2 && self.0.try_send(event).is_ok()
     }
 }
