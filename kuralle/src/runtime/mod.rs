@@ -319,7 +319,8 @@ impl RuntimeBuilder {
     /// How many events a run buffers for its [`RunHandle`] (default [`DEFAULT_EVENT_BUFFER`],
     /// at least 1). When a consumer lags and the buffer is full, the run waits for it, except
     /// that [`Event::ToolProgress`](crate::Event::ToolProgress) values are dropped rather than
-    /// waited for (progress is advisory and never journaled). A handle that is dropped or
+    /// waited for, and never fill more than half the buffer (progress is advisory and never
+    /// journaled). A handle that is dropped or
     /// awaited stops receiving, so it never holds a run up; one that is kept but never read
     /// does, once the buffer is full.
     #[must_use]
