@@ -34,6 +34,8 @@ pub mod models;
 mod runtime;
 pub mod schema;
 mod store;
+#[cfg(test)]
+mod strategies;
 pub mod stores;
 pub mod testing;
 mod tool;

@@ -397,3 +397,52 @@ pub(crate) fn kind(value: &Value) -> &'static str {
         Value::Object(_) => "an object",
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::{Map, Value};
+
+    use super::*;
+    use crate::strategies::json_value;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+        /// Any text: a value exactly when it is blank or a JSON object, else a clear
+        /// `InvalidInput` naming the tool; never a panic.
+        #[test]
+        fn any_text_parses_or_gets_a_clear_error(raw in "(?s).{0,64}") {
+            match parse_args("t", &raw) {
+                Ok(v) => {
+                    prop_assert!(v.is_object());
+                    prop_assert!(raw.trim().is_empty() || serde_json::from_str::<Value>(&raw).is_ok_and(|p| p == v));
+                }
+                Err(ToolError::InvalidInput { tool, message }) => {
+                    prop_assert_eq!(tool, "t");
+                    prop_assert!(!message.is_empty());
+                    prop_assert!(!serde_json::from_str::<Value>(&raw).is_ok_and(|v| v.is_object()));
+                }
+                Err(other) => prop_assert!(false, "unexpected {other:?}"),
+            }
+        }
+
+        /// Every JSON object round-trips through its text (compact and pretty).
+        #[test]
+        fn json_objects_round_trip(entries in proptest::collection::vec(("(?s).{0,6}", json_value()), 0..6)) {
+            let object = Value::Object(entries.into_iter().collect::<Map<_, _>>());
+            prop_assert_eq!(parse_args("t", &object.to_string()).unwrap(), object.clone());
+            prop_assert_eq!(parse_args("t", &serde_json::to_string_pretty(&object).unwrap()).unwrap(), object);
+        }
+
+        /// Hostile shapes: deep nesting, truncation at any point, a marker look-alike.
+        #[test]
+        fn hostile_shapes_never_panic(depth in 0usize..2000, cut in any::<prop::sample::Index>(), open in "[\\[{\"]") {
+            let nested = format!("{{\"a\":{}{}", open.repeat(depth), "]".repeat(depth / 2));
+            let _ = parse_args("t", &nested);
+            let text = format!("{{\"__kuralle_oversized_arguments\":{{\"bytes\":{depth},\"limit\":1}}}}");
+            let _ = parse_args("t", &text[..cut.index(text.len() + 1)]);
+            prop_assert!(parse_args("t", &text).is_err());
+        }
+    }
+}
