@@ -34,9 +34,9 @@ pub mod models;
 mod runtime;
 pub mod schema;
 mod store;
+pub mod stores;
 #[cfg(test)]
 mod strategies;
-pub mod stores;
 pub mod testing;
 mod tool;
 pub mod truncate;

@@ -28,4 +28,3 @@ pub(crate) fn json_value() -> impl Strategy<Value = Value> {
         ]
     })
 }
-

@@ -59,9 +59,12 @@ async fn server(body: Body) -> (String, Arc<AtomicUsize>) {
                 );
                 ("text/event-stream", None, String::new(), event.into_bytes())
             }
-            Body::SseEndlessLine => {
-                ("text/event-stream", None, "data: {\"choices\":[{\"delta\":{\"content\":\"".into(), vec![b'y'; 64 << 10])
-            }
+            Body::SseEndlessLine => (
+                "text/event-stream",
+                None,
+                "data: {\"choices\":[{\"delta\":{\"content\":\"".into(),
+                vec![b'y'; 64 << 10],
+            ),
             Body::Json | Body::JsonWithLength => {
                 let head = "{\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"".to_owned();
                 let length = matches!(body, Body::JsonWithLength).then_some(HUNDRED_MB + head.len() + 3);

@@ -262,3 +262,85 @@ fn finish_reason(reason: &str) -> FinishReason {
         other => FinishReason::Other(other.to_owned()),
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::*;
+    use crate::models::assemble_events;
+
+    /// A streamed response: per call an id, a name and its argument text cut into fragments;
+    /// the order in which the calls' fragments are interleaved; and text pieces.
+    fn response() -> impl Strategy<Value = (Vec<(String, String, Vec<String>)>, Vec<usize>, Vec<String>)> {
+        let call = ("call_[a-zA-Z0-9]{1,8}", "[a-z_]{1,8}", proptest::collection::vec("(?s).{0,6}", 0..5));
+        (proptest::collection::vec(call, 0..4), proptest::collection::vec("(?s).{1,5}", 0..4)).prop_flat_map(
+            |(calls, text)| {
+                let order: Vec<usize> =
+                    calls.iter().enumerate().flat_map(|(i, (_, _, f))| std::iter::repeat_n(i, f.len())).collect();
+                (Just(calls), Just(order).prop_shuffle(), Just(text))
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// However the fragments interleave, each call comes out once, in index order, with its
+        /// fragments joined unchanged; text comes out as sent; the finish says tool calls.
+        #[test]
+        fn interleaved_fragments_assemble_into_whole_calls((calls, order, text) in response()) {
+            let mut data = vec![json!({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}).to_string()];
+            for (i, (id, name, _)) in calls.iter().enumerate() {
+                data.push(json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                    {"index": i, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}
+                ]}}]}).to_string());
+            }
+            let mut next = vec![0usize; calls.len()];
+            for (step, &i) in order.iter().enumerate() {
+                let fragment = &calls[i].2[next[i]];
+                next[i] += 1;
+                data.push(json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                    {"index": i, "function": {"arguments": fragment}}
+                ]}}]}).to_string());
+                if let Some(t) = text.get(step) {
+                    data.push(json!({"choices": [{"index": 0, "delta": {"content": t}}]}).to_string());
+                }
+            }
+            let finish = if calls.is_empty() { "stop" } else { "tool_calls" };
+            data.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}).to_string());
+            data.push(json!({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}).to_string());
+            data.push("[DONE]".to_owned());
+
+            let events = assemble_events(data.iter().map(String::as_str)).unwrap();
+            let got_calls: Vec<(String, String, String)> = events.iter().filter_map(|e| match e {
+                ModelEvent::ToolCall(c) => Some((c.call_id.clone(), c.name.clone(), c.arguments.clone())),
+                _ => None,
+            }).collect();
+            let want: Vec<(String, String, String)> =
+                calls.iter().map(|(id, name, f)| (id.clone(), name.clone(), f.concat())).collect();
+            prop_assert_eq!(got_calls, want);
+            let got_text: String = events.iter().filter_map(|e| match e {
+                ModelEvent::TextDelta { delta } => Some(delta.as_str()),
+                _ => None,
+            }).collect();
+            let sent_text: String = text.iter().take(order.len()).map(String::as_str).collect();
+            prop_assert_eq!(got_text, sent_text);
+            let reason = if calls.is_empty() { FinishReason::Stop } else { FinishReason::ToolCalls };
+            prop_assert_eq!(events.last(), Some(&ModelEvent::Finish { reason, usage: Usage { input_tokens: 3, output_tokens: 4 } }));
+        }
+
+        /// Arbitrary chunk payloads (JSON-ish or not): events or a typed error, never a panic.
+        #[test]
+        fn arbitrary_payloads_never_panic(data in proptest::collection::vec(prop_oneof![
+            "(?s).{0,24}",
+            crate::strategies::json_value().prop_map(|v| json!({"choices": [{"index": 0, "delta": {"tool_calls": [v]}}]}).to_string()),
+            crate::strategies::json_value().prop_map(|v| json!({"choices": [v], "usage": v}).to_string()),
+            (any::<u64>(), any::<Option<u64>>()).prop_map(|(i, j)| json!({"choices": [{"delta": {"tool_calls": [
+                {"index": i, "function": {"name": "x", "arguments": "{"}}, {"index": j, "id": "a"}]}, "finish_reason": "length"}]}).to_string()),
+        ], 0..6)) {
+            let _ = assemble_events(data.iter().map(String::as_str));
+        }
+    }
+}
