@@ -430,14 +430,25 @@ pub(super) async fn record_decision(rt: &Inner, run_id: &str, decision: &super::
             request_id: decision.request_id.clone().unwrap_or_else(|| "*".to_owned()),
         });
     }
-    let recorded: std::collections::HashSet<String> = store.steps(run_id).await?.into_iter().map(|s| s.key).collect();
+    // A decision whose intent was written but not its value (the process died in between) is
+    // finished now; without that, the run would pause on it again forever.
+    let recorded: std::collections::HashMap<String, (u64, crate::StepStatus)> =
+        store.steps(run_id).await?.into_iter().map(|s| (s.key, (s.ordinal, s.status))).collect();
     let value = serde_json::to_value(RecordedDecision {
         approved: decision.approved,
         by: decision.by.clone(),
         reason: decision.reason.clone(),
     })
     .unwrap_or(Value::Null);
-    for p in targets.into_iter().filter(|p| !recorded.contains(&p.decision_key)) {
+    for p in targets {
+        match recorded.get(&p.decision_key) {
+            None => {}
+            Some(&(ordinal, crate::StepStatus::Running)) => {
+                store.finish_step(run_id, ordinal, StepOutcome::Finished(value.clone()), now_ms()).await?;
+                continue;
+            }
+            Some(_) => continue,
+        }
         let step = crate::NewStep {
             key: p.decision_key.clone(),
             kind: StepKind::Approval,
