@@ -109,7 +109,15 @@ pub trait Tool: Send + Sync + 'static {
         false
     }
 
-    /// Upper bound on one call's duration.
+    /// Upper bound on one call's duration. When it passes, the call's
+    /// [`ToolContext::cancellation`](crate::ToolContext::cancellation) token fires, the model
+    /// gets [`ToolError::Timeout`], and a call that has not stopped 50 ms later is aborted.
+    ///
+    /// An abort takes effect at the call's next `.await`. Work that blocks its thread
+    /// (`std::thread::sleep`, synchronous I/O, a long computation) belongs in
+    /// `tokio::task::spawn_blocking`: a call stuck in it cannot be aborted, keeps its thread
+    /// until it returns, and is reported with a `tracing` warning. The run does not wait for it:
+    /// its result and the end of its event stream arrive on time either way.
     fn timeout(&self) -> Option<Duration> {
         None
     }
