@@ -110,7 +110,7 @@ async fn random_kills_over_hundreds_of_mixed_runs_lose_and_double_nothing() {
         assert_eq!(ordinals, (0..steps.len() as u64).collect::<Vec<_>>(), "{run_id}: the journal has gaps");
         assert!(steps.iter().all(|s| s.status != StepStatus::Running), "{run_id}: a step was left running");
 
-        let denied = i % 3 == 0;
+        let denied = i.is_multiple_of(3);
         let tools: Vec<_> = steps.iter().filter(|s| s.kind == StepKind::Tool).collect();
         assert_eq!(tools.len(), if denied { 9 } else { 10 }, "{run_id}: tool steps {tools:#?}");
         for step in tools {

@@ -99,7 +99,7 @@ async fn drive(runtime: &Runtime, run_id: String) {
                 // Every third run is denied: the model is told, and the run still finishes.
                 let n: u64 = run_id.trim_start_matches("run-").parse().unwrap_or(0);
                 let decision =
-                    if n % 3 == 0 { Decision::deny("chaos", "not today") } else { Decision::approve("chaos") };
+                    if n.is_multiple_of(3) { Decision::deny("chaos", "not today") } else { Decision::approve("chaos") };
                 runtime.deliver(run_id.clone(), decision)
             }
             Some(_) => runtime.resume(run_id.clone()),

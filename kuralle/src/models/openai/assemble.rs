@@ -273,7 +273,10 @@ mod properties {
 
     /// A streamed response: per call an id, a name and its argument text cut into fragments;
     /// the order in which the calls' fragments are interleaved; and text pieces.
-    fn response() -> impl Strategy<Value = (Vec<(String, String, Vec<String>)>, Vec<usize>, Vec<String>)> {
+    /// `(id, name, argument fragments)` of one call.
+    type Call = (String, String, Vec<String>);
+
+    fn response() -> impl Strategy<Value = (Vec<Call>, Vec<usize>, Vec<String>)> {
         let call = ("call_[a-zA-Z0-9]{1,8}", "[a-z_]{1,8}", proptest::collection::vec("(?s).{0,6}", 0..5));
         (proptest::collection::vec(call, 0..4), proptest::collection::vec("(?s).{1,5}", 0..4)).prop_flat_map(
             |(calls, text)| {
