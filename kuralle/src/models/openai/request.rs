@@ -210,3 +210,132 @@ pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use futures::StreamExt;
+    use tokio::{
+        io::{AsyncReadExt, AsyncWriteExt},
+        net::TcpListener,
+    };
+    use tracing::{
+        Metadata,
+        field::{Field, Visit},
+        span::{Attributes, Id, Record},
+    };
+
+    use tracing_core::span::Current;
+
+    use crate::{Message, Model, ModelRequest, models::OpenAi};
+
+    /// A subscriber with one span at a time that keeps every value recorded for `attempts`.
+    #[derive(Default)]
+    struct Attempts {
+        values: Arc<Mutex<Vec<u64>>>,
+        span: Mutex<Option<&'static Metadata<'static>>>,
+        depth: Mutex<usize>,
+    }
+
+    struct U64s<'a>(&'a Mutex<Vec<u64>>);
+
+    impl Visit for U64s<'_> {
+        fn record_u64(&mut self, field: &Field, value: u64) {
+            if field.name() == "attempts" {
+                self.0.lock().unwrap().push(value);
+            }
+        }
+        fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
+    }
+
+    impl tracing::Subscriber for Attempts {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, attrs: &Attributes<'_>) -> Id {
+            attrs.record(&mut U64s(&self.values));
+            *self.span.lock().unwrap() = Some(attrs.metadata());
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, values: &Record<'_>) {
+            values.record(&mut U64s(&self.values));
+        }
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {}
+        fn enter(&self, _: &Id) {
+            *self.depth.lock().unwrap() += 1;
+        }
+        fn exit(&self, _: &Id) {
+            *self.depth.lock().unwrap() -= 1;
+        }
+        fn current_span(&self) -> Current {
+            match *self.span.lock().unwrap() {
+                Some(meta) if *self.depth.lock().unwrap() > 0 => Current::new(Id::from_u64(1), meta),
+                _ => Current::none(),
+            }
+        }
+    }
+
+    /// Answers two requests with 503, the third with a short event stream.
+    async fn flaky_server() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/v1", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            for n in 0..3 {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                // The head, then the body by its length.
+                loop {
+                    let read = socket.read(&mut buf).await.unwrap();
+                    request.extend_from_slice(&buf[..read]);
+                    let text = String::from_utf8_lossy(&request).to_lowercase();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if request.len() >= end + 4 + length {
+                            break;
+                        }
+                    }
+                    if read == 0 {
+                        break;
+                    }
+                }
+                let reply = if n < 2 {
+                    "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_owned()
+                } else {
+                    let body = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
+                    format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{body}")
+                };
+                socket.write_all(reply.as_bytes()).await.unwrap();
+                socket.shutdown().await.ok();
+            }
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn the_span_records_attempts_once_with_the_final_count() {
+        let subscriber = Attempts::default();
+        let values = Arc::clone(&subscriber.values);
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let model = OpenAi::builder()
+            .base_url(flaky_server().await)
+            .model("m")
+            .retry_backoff(std::time::Duration::from_millis(1), std::time::Duration::from_millis(2))
+            .build()
+            .unwrap();
+        let request = ModelRequest {
+            system: String::new(),
+            messages: vec![Message::User { content: "x".into() }],
+            tools: vec![],
+        };
+        let events: Vec<_> = model.stream(request).collect().await;
+        assert!(events.iter().all(Result::is_ok), "{events:?}");
+        assert_eq!(*values.lock().unwrap(), [3]);
+    }
+}
