@@ -37,6 +37,8 @@ mod runtime;
 pub mod schema;
 mod store;
 pub mod stores;
+#[cfg(test)]
+mod strategies;
 pub mod testing;
 mod tool;
 pub mod truncate;
@@ -47,8 +49,8 @@ pub use error::{RunError, ToolError};
 pub use kuralle_macros::{agent, tool};
 pub use model::{FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, ToolCallRequest, Usage};
 pub use runtime::{
-    DEFAULT_LEASE_TTL, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN, Decision, InterruptHandle, RunHandle,
-    RunRequest, Runtime, RuntimeBuilder, ServeReport, WorkerOptions,
+    DEFAULT_EVENT_BUFFER, DEFAULT_LEASE_TTL, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN, Decision,
+    InterruptHandle, RunHandle, RunRequest, Runtime, RuntimeBuilder, ServeReport, WorkerOptions,
     event::{BatchCall, Event, PendingApproval, RunOutput},
     record_decision,
 };

@@ -626,8 +626,9 @@ async fn persistent_5xx_fails_after_the_retry_budget() {
     }
     let requests = server.requests();
     assert_eq!(requests.len(), 3);
-    assert!(requests[1].at - requests[0].at >= Duration::from_millis(20));
-    assert!(requests[2].at - requests[1].at >= Duration::from_millis(40));
+    // Jittered backoff: each wait is between half and all of 20 ms, then 40 ms.
+    assert!(requests[1].at - requests[0].at >= Duration::from_millis(10));
+    assert!(requests[2].at - requests[1].at >= Duration::from_millis(20));
 }
 
 #[tokio::test]

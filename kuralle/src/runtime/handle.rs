@@ -1,13 +1,13 @@
 //! `RunHandle`: a run's events as a `Stream`, its output as a future, and its interrupt.
 
 use std::{
-    future::IntoFuture,
+    future::{Future, IntoFuture},
     pin::Pin,
     task::{Context, Poll},
 };
 
 use futures::{Stream, future::BoxFuture};
-use tokio::{sync::mpsc::UnboundedReceiver, task::JoinHandle};
+use tokio::{sync::mpsc::Receiver, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Event, RunError, runtime::event::RunOutput};
@@ -16,11 +16,18 @@ use crate::{Event, RunError, runtime::event::RunOutput};
 /// `IntoFuture<Output = Result<RunOutput, RunError>>`.
 ///
 /// Read events with `next().await`, then `.await` the handle for the output. Awaiting without
-/// reading events is fine (they are buffered); dropping the handle does not stop the run.
+/// reading events is fine (awaiting stops the event stream); dropping the handle does not stop
+/// the run. The event stream ends when the run ends, even if a timed-out tool that blocks its
+/// thread is still running (blocking work belongs in `tokio::task::spawn_blocking`). Events
+/// are buffered up to [`RuntimeBuilder::event_buffer`](crate::RuntimeBuilder::event_buffer).
 pub struct RunHandle {
-    events: UnboundedReceiver<Event>,
+    events: Receiver<Event>,
     task: JoinHandle<Result<RunOutput, RunError>>,
     interrupt: CancellationToken,
+    /// The run's result, once its task ended (taken by `into_future`).
+    output: Option<Result<RunOutput, RunError>>,
+    /// The stream has returned `None` and stays ended.
+    ended: bool,
 }
 
 impl std::fmt::Debug for RunHandle {
@@ -31,11 +38,11 @@ impl std::fmt::Debug for RunHandle {
 
 impl RunHandle {
     pub(crate) fn new(
-        events: UnboundedReceiver<Event>,
+        events: Receiver<Event>,
         task: JoinHandle<Result<RunOutput, RunError>>,
         interrupt: CancellationToken,
     ) -> Self {
-        Self { events, task, interrupt }
+        Self { events, task, interrupt, output: None, ended: false }
     }
 
     /// Barge-in: cancels in-flight interruptible tool calls and the model stream, runs no
@@ -63,11 +70,35 @@ impl InterruptHandle {
     }
 }
 
+fn joined(result: Result<Result<RunOutput, RunError>, tokio::task::JoinError>) -> Result<RunOutput, RunError> {
+    result.unwrap_or_else(|e| Err(RunError::Internal(format!("the run task failed: {e}"))))
+}
+
 impl Stream for RunHandle {
     type Item = Event;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
-        self.events.poll_recv(cx)
+        let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        loop {
+            if let Poll::Ready(event) = this.events.poll_recv(cx) {
+                this.ended = event.is_none();
+                return Poll::Ready(event);
+            }
+            // Nothing buffered. The stream ends with the run, not with the last sender: a
+            // timed-out call stuck in a blocking section may still hold one.
+            if this.output.is_some() {
+                this.ended = true;
+                return Poll::Ready(None);
+            }
+            match Pin::new(&mut this.task).poll(cx) {
+                // Look at the buffer once more: events sent before the end are still delivered.
+                Poll::Ready(result) => this.output = Some(joined(result)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
     }
 }
 
@@ -76,10 +107,14 @@ impl IntoFuture for RunHandle {
     type IntoFuture = BoxFuture<'static, Self::Output>;
 
     fn into_future(self) -> Self::IntoFuture {
+        let Self { mut events, task, output, .. } = self;
+        // Nobody reads events any more: close the channel so the run never waits on it.
+        events.close();
+        drop(events);
         Box::pin(async move {
-            match self.task.await {
-                Ok(result) => result,
-                Err(e) => Err(RunError::Internal(format!("the run task failed: {e}"))),
+            match output {
+                Some(result) => result,
+                None => joined(task.await),
             }
         })
     }
