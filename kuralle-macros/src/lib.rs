@@ -6,9 +6,12 @@
 //! user's item, so one mistake does not cascade.
 
 mod agent;
+mod args;
 mod ctxt;
 mod docs;
 mod path;
+#[cfg(test)]
+mod snapshots;
 mod tool;
 
 use proc_macro::TokenStream;

@@ -91,6 +91,11 @@ macro_rules! progress {
     ($emit:ident, $value:expr) => {
         $emit.emit($value)
     };
+    // What a progress point becomes when its tool has other errors: the value is still
+    // type-checked, nothing is emitted, and the user's import stays used.
+    (@discard $value:expr) => {{
+        let _ = $value;
+    }};
     ($($tokens:tt)*) => {
         ::core::compile_error!(
             "`progress!` only works directly in the body of a `#[tool]` fn (not in a closure or `async` block)"

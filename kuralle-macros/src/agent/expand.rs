@@ -5,7 +5,7 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 
 use super::model::AgentStruct;
-use crate::path::{allowed_lints, private};
+use crate::path::{allowed_lints, private, private_at};
 
 pub(crate) fn agent(agent: &AgentStruct<'_>) -> TokenStream {
     let p = private();
@@ -15,7 +15,9 @@ pub(crate) fn agent(agent: &AgentStruct<'_>) -> TokenStream {
     let id = &agent.id;
     let instructions = &agent.instructions;
     let tools = agent.tools.iter().map(|path| {
-        let checked = quote_spanned!(path.span()=> #p::assert_tool(#path));
+        // Every token at the entry's span: a non-tool is then one error, on the entry.
+        let at = private_at(path.span());
+        let checked = quote_spanned!(path.span()=> #at::assert_tool(#path));
         quote!(.tool(#checked))
     });
     let args = agent.args;
@@ -48,8 +50,8 @@ pub(crate) fn agent(agent: &AgentStruct<'_>) -> TokenStream {
     quote! {
         #item
         #[doc(hidden)]
+        #allowed
         const _: () = {
-            #allowed
             #[automatically_derived]
             impl #p::Agent for #ident {
                 fn definition(&self) -> #p::AgentDef {
@@ -74,8 +76,8 @@ pub(crate) fn fallback(item: &syn::ItemStruct, errors: TokenStream) -> TokenStre
     let stub = item.generics.params.is_empty().then(|| {
         quote! {
             #[doc(hidden)]
+            #allowed
             const _: () = {
-                #allowed
                 impl #p::Agent for #ident {
                     fn definition(&self) -> #p::AgentDef {
                         ::core::unreachable!()

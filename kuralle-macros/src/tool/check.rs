@@ -32,4 +32,20 @@ pub(crate) fn tool(cx: &Ctxt, tool: &ToolFn<'_>) {
             "`#[tool(on_error = ...)]` needs a tool that returns `Result<T, E>`: there is no error to recover from",
         );
     }
+
+    // DESIGN §8: guards come first. A non-replayed call gets a fresh journal key each time,
+    // so after a crash its unfinished intent cannot be matched to the retry.
+    let never_replayed = tool.args.replay.as_ref().is_some_and(|r| !r.value);
+    let at_most_once = tool.args.at_most_once.as_ref().is_some_and(|a| a.value);
+    if never_replayed
+        && at_most_once
+        && let Some(span) = tool.args.later_of("replay", "at_most_once")
+    {
+        cx.error_at(
+            span,
+            "`#[tool(replay = false)]` cannot be combined with `at_most_once`: a call cut off by a crash \
+             could not be told apart from a fresh one (a call that is never replayed gets a new journal \
+             key each time), so it could run twice; drop `replay = false` to keep the at-most-once guarantee",
+        );
+    }
 }
