@@ -17,8 +17,8 @@ pub(crate) fn agent(agent: &AgentStruct<'_>) -> TokenStream {
     let tools = agent.tools.iter().map(|path| {
         // Every token at the entry's span: a non-tool is then one error, on the entry.
         let at = private_at(path.span());
-        let checked = quote_spanned!(path.span()=> #at::assert_tool(#path));
-        quote!(.tool(#checked))
+        // (the `.tool(..)` call too: it re-checks the opaque `impl Tool` there).
+        quote_spanned!(path.span()=> .tool(#at::assert_tool(#path)))
     });
     let args = agent.args;
     let limit = |method: &str, expr: Option<&syn::Expr>| {
