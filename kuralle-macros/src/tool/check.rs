@@ -49,3 +49,33 @@ pub(crate) fn tool(cx: &Ctxt, tool: &ToolFn<'_>) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+    use syn::{ItemFn, parse_quote};
+
+    use super::*;
+    use crate::tool::args::ToolArgs;
+
+    fn errors(args: proc_macro2::TokenStream) -> String {
+        let cx = Ctxt::new();
+        let args = ToolArgs::parse(&cx, args);
+        let func: ItemFn = parse_quote! {
+            /// Charge.
+            async fn charge(cents: u64) -> u64 { cents }
+        };
+        let tool = ToolFn::from_syn(&cx, &args, &func);
+        super::tool(&cx, &tool);
+        cx.into_compile_errors().to_string()
+    }
+
+    #[test]
+    fn replay_false_excludes_at_most_once_in_either_order() {
+        for args in [quote!(replay = false, at_most_once), quote!(at_most_once, replay = false)] {
+            assert!(errors(args).contains("could run twice"));
+        }
+        assert!(errors(quote!(replay = false, at_most_once = false)).is_empty());
+        assert!(errors(quote!(replay = true, at_most_once)).is_empty());
+    }
+}

@@ -390,4 +390,30 @@ mod tests {
         assert!(errors.contains("at most one `&ToolContext`"));
         assert!(errors.contains("plain names"));
     }
+
+    #[test]
+    fn one_argument_result_aliases_are_fallible() {
+        let (cx, args) = (Ctxt::new(), ToolArgs::default());
+        for func in [
+            parse_quote! { async fn f() -> std::io::Result<String> { todo!() } },
+            parse_quote! { async fn f() -> anyhow::Result<String> { todo!() } },
+        ] {
+            let func: ItemFn = func;
+            let tool = ToolFn::from_syn(&cx, &args, &func);
+            assert!(matches!(tool.output, Output::Result { err: None, .. }));
+        }
+        let func: ItemFn = parse_quote! { async fn f() -> Result<u8, E> { todo!() } };
+        assert!(matches!(ToolFn::from_syn(&cx, &args, &func).output, Output::Result { err: Some(_), .. }));
+        assert!(!cx.has_errors());
+    }
+
+    #[test]
+    fn a_context_by_value_or_mut_says_take_a_reference() {
+        let func: ItemFn = parse_quote! { async fn f(a: ToolContext, b: &mut kuralle::ToolContext) -> u8 { 1 } };
+        let (cx, args) = (Ctxt::new(), ToolArgs::default());
+        let tool = ToolFn::from_syn(&cx, &args, &func);
+        assert_eq!(tool.args().count(), 0, "neither becomes a model-facing argument");
+        let errors = cx.into_compile_errors().to_string();
+        assert_eq!(errors.matches("take `&ToolContext`").count(), 2, "{errors}");
+    }
 }
