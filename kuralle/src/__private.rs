@@ -18,7 +18,7 @@ pub use serde_path_to_error;
 
 pub use crate::generator::{Emit, Emitter, Generator, Slot, emitter, forward, returning, tool_stream};
 pub use crate::input::parse_input;
-pub use crate::{Agent, AgentDef, PreparedCall, Tool, ToolContext, ToolError, ToolEvent, ToolStream, Yielded};
+pub use crate::{Agent, AgentDef, PreparedCall, Tool, ToolContext, ToolError, ToolEvent, ToolSet, ToolStream, Yielded};
 
 use serde::de::DeserializeOwned;
 use std::{
@@ -127,9 +127,10 @@ pub fn is_cancelled(ctx: &ToolContext) -> bool {
 }
 
 /// Compile-time check that an `#[agent]` tools entry is a tool (spanned on its path). Returns
-/// an opaque `impl Tool` so a non-tool is reported once, here, and not again by the builder.
-pub fn assert_tool<T: Tool>(tool: T) -> impl Tool {
-    tool
+/// a concrete `Arc<dyn Tool>`, so a non-tool is reported once, here, and nothing after it
+/// (an opaque `impl Tool` was checked again where it was used).
+pub fn assert_tool<T: Tool>(tool: T) -> std::sync::Arc<dyn Tool> {
+    std::sync::Arc::new(tool)
 }
 
 /// A `Box<dyn PreparedCall>` from a generated call.

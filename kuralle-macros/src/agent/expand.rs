@@ -17,9 +17,9 @@ pub(crate) fn agent(agent: &AgentStruct<'_>) -> TokenStream {
     let tools = agent.tools.iter().map(|path| {
         // Every token at the entry's span: a non-tool is then one error, on the entry.
         let at = private_at(path.span());
-        // (the `.tool(..)` call too: it re-checks the opaque `impl Tool` there).
-        quote_spanned!(path.span()=> .tool(#at::assert_tool(#path)))
+        quote_spanned!(path.span()=> __kuralle_tools.push(#at::assert_tool(#path));)
     });
+    let mutable = (!agent.tools.is_empty()).then(|| quote!(mut));
     let args = agent.args;
     let limit = |method: &str, expr: Option<&syn::Expr>| {
         let method = syn::Ident::new(method, proc_macro2::Span::call_site());
@@ -55,8 +55,10 @@ pub(crate) fn agent(agent: &AgentStruct<'_>) -> TokenStream {
             #[automatically_derived]
             impl #p::Agent for #ident {
                 fn definition(&self) -> #p::AgentDef {
+                    let #mutable __kuralle_tools = #p::ToolSet::new();
+                    #(#tools)*
                     #p::AgentDef::new(#id, #instructions)
-                        #(#tools)*
+                        .tools(__kuralle_tools)
                         #max_steps
                         #max_tool_concurrency
                         #max_tool_result_tokens
