@@ -67,13 +67,13 @@ const _: () = {
         // Computed once, on first use.
         fn input_schema(&self) -> &Value {
             static SCHEMA: OnceLock<Value> = OnceLock::new();
-            SCHEMA.get_or_init(|| kuralle::schema::input_schema::<GetWeatherInput>())
+            SCHEMA.get_or_init(kuralle::schema::input_schema::<GetWeatherInput>)
         }
 
         // `String` implements `JsonSchema`, so the result's schema is published too.
         fn output_schema(&self) -> Option<&Value> {
             static SCHEMA: OnceLock<Value> = OnceLock::new();
-            Some(SCHEMA.get_or_init(|| kuralle::schema::output_schema::<String>()))
+            Some(SCHEMA.get_or_init(kuralle::schema::output_schema::<String>))
         }
 
         // `parallel_safe`: may share a batch with the calls next to it.
