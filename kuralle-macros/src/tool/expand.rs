@@ -153,7 +153,8 @@ fn impls(tool: &ToolFn<'_>) -> TokenStream {
     let parallel_safe = args.parallel_safe.as_ref().map(|ps| match &ps.value {
         ParallelSafe::Always => quote!(fn parallel_safe(&self, _: &#p::Value) -> bool { true }),
         ParallelSafe::Predicate(expr) => {
-            let check = quote_spanned!(expr.span()=> #p::parallel_safe(&(#expr), __kuralle_raw_args));
+            let at = private_at(expr.span());
+            let check = quote_spanned!(expr.span()=> #at::parallel_safe(&(#expr), __kuralle_raw_args));
             quote!(fn parallel_safe(&self, __kuralle_raw_args: &#p::Value) -> bool { #check })
         }
     });
@@ -180,7 +181,8 @@ fn impls(tool: &ToolFn<'_>) -> TokenStream {
     let raw_init = keeps_raw.then(|| quote!(raw: #p::Value::clone(__kuralle_args),));
 
     let idempotency_key = args.idempotency_key.as_ref().map(|expr| {
-        let key = quote_spanned!(expr.span()=> #p::idempotency_key::<#input, _>(&(#expr), &self.input));
+        let at = private_at(expr.span());
+        let key = quote_spanned!(expr.span()=> #at::idempotency_key::<#input, _>(&(#expr), &self.input));
         quote!(fn idempotency_key(&self) -> #p::Option<#p::String> { #p::Option::Some(#key) })
     });
 
@@ -337,7 +339,8 @@ fn outcome(tool: &ToolFn<'_>, name: &TokenStream) -> TokenStream {
             let input = &tool.input_ident;
             let on_error = tool.args.on_error.as_ref().map(|path| {
                 let err = err.map_or_else(|| quote!(_), ToTokens::to_token_stream);
-                let recover = quote_spanned!(path.span()=> #p::on_error::<#ok, #err, #input>(#path));
+                let at = private_at(path.span());
+                let recover = quote_spanned!(path.span()=> #at::on_error::<#ok, #err, #input>(#path));
                 quote! {
                     if !#p::is_cancelled(&__kuralle_ctx) {
                         let __kuralle_recover = #recover;
