@@ -20,6 +20,36 @@ use crate::{Event, RunError, runtime::event::RunOutput};
 /// the run. The event stream ends when the run ends, even if a timed-out tool that blocks its
 /// thread is still running (blocking work belongs in `tokio::task::spawn_blocking`). Events
 /// are buffered up to [`RuntimeBuilder::event_buffer`](crate::RuntimeBuilder::event_buffer).
+///
+/// ```
+/// # use kuralle::{Runtime, agent, tool, testing::{ScriptedModel, Turn}};
+/// # /// Echo back the text.
+/// # #[tool] async fn echo(text: String) -> String { text }
+/// # /// Wait until the call is cancelled.
+/// # #[tool] async fn wait(ctx: &kuralle::ToolContext) { ctx.cancellation().cancelled().await }
+/// # /// Use the echo tool.
+/// # #[agent(id = "support", tools = [Echo, Wait])] struct Support;
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use futures::StreamExt;
+/// use kuralle::Event;
+///
+/// let model = ScriptedModel::new([
+///     Turn::tool_calls([("call_1", "echo", r#"{"text":"hi"}"#)]),
+///     Turn::text("Echoed: hi"),
+/// ]);
+/// let runtime = Runtime::builder().agent(Support).model(model).build()?;
+/// let mut handle = runtime.run("Echo hi");
+/// let mut names = Vec::new();
+/// while let Some(event) = handle.next().await {
+///     if let Event::ToolResult { name, .. } = event {
+///         names.push(name);
+///     }
+/// }
+/// assert_eq!(names, ["echo"]);
+/// assert_eq!(handle.await?.text, "Echoed: hi");
+/// # Ok::<(), kuralle::RunError>(())
+/// # }).unwrap();
+/// ```
 pub struct RunHandle {
     events: Receiver<Event>,
     task: JoinHandle<Result<RunOutput, RunError>>,
@@ -48,23 +78,104 @@ impl RunHandle {
     /// Barge-in: cancels in-flight interruptible tool calls and the model stream, runs no
     /// further batch, and ends the turn with status `interrupted`. Calls declared
     /// `interruptible = false` run to completion and are journaled.
+    ///
+    /// ```
+    /// # use kuralle::{Runtime, agent, tool, testing::{ScriptedModel, Turn}};
+    /// # /// Echo back the text.
+    /// # #[tool] async fn echo(text: String) -> String { text }
+    /// # /// Wait until the call is cancelled.
+    /// # #[tool] async fn wait(ctx: &kuralle::ToolContext) { ctx.cancellation().cancelled().await }
+    /// # /// Use the echo tool.
+    /// # #[agent(id = "support", tools = [Echo, Wait])] struct Support;
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// use kuralle::RunStatus;
+    ///
+    /// // The tool waits until cancelled: only the interrupt ends this turn.
+    /// let model = ScriptedModel::new([Turn::tool_calls([("call_1", "wait", "{}")]), Turn::text("done")]);
+    /// let runtime = Runtime::builder().agent(Support).model(model).build()?;
+    /// let handle = runtime.run("Echo hi");
+    /// handle.interrupt();
+    /// assert_eq!(handle.await?.status, RunStatus::Interrupted);
+    /// # Ok::<(), kuralle::RunError>(())
+    /// # }).unwrap();
+    /// ```
     pub fn interrupt(&self) {
         self.interrupt.cancel();
     }
 
     /// A cloneable handle that interrupts this run from elsewhere (another task, a signal
     /// handler).
+    ///
+    /// ```
+    /// # use kuralle::{Runtime, agent, tool, testing::{ScriptedModel, Turn}};
+    /// # /// Echo back the text.
+    /// # #[tool] async fn echo(text: String) -> String { text }
+    /// # /// Wait until the call is cancelled.
+    /// # #[tool] async fn wait(ctx: &kuralle::ToolContext) { ctx.cancellation().cancelled().await }
+    /// # /// Use the echo tool.
+    /// # #[agent(id = "support", tools = [Echo, Wait])] struct Support;
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// use kuralle::RunStatus;
+    ///
+    /// let model = ScriptedModel::new([Turn::tool_calls([("call_1", "wait", "{}")]), Turn::text("done")]);
+    /// let runtime = Runtime::builder().agent(Support).model(model).build()?;
+    /// let handle = runtime.run("Echo hi");
+    /// let interrupt = handle.interrupt_handle();
+    /// tokio::spawn(async move { interrupt.interrupt() }); // e.g. from a Ctrl-C handler
+    /// assert_eq!(handle.await?.status, RunStatus::Interrupted);
+    /// # Ok::<(), kuralle::RunError>(())
+    /// # }).unwrap();
+    /// ```
     pub fn interrupt_handle(&self) -> InterruptHandle {
         InterruptHandle(self.interrupt.clone())
     }
 }
 
 /// Interrupts a run; see [`RunHandle::interrupt`].
+///
+/// ```
+/// # use kuralle::{Runtime, agent, tool, testing::{ScriptedModel, Turn}};
+/// # /// Echo back the text.
+/// # #[tool] async fn echo(text: String) -> String { text }
+/// # /// Wait until the call is cancelled.
+/// # #[tool] async fn wait(ctx: &kuralle::ToolContext) { ctx.cancellation().cancelled().await }
+/// # /// Use the echo tool.
+/// # #[agent(id = "support", tools = [Echo, Wait])] struct Support;
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use kuralle::{InterruptHandle, RunStatus};
+///
+/// let model = ScriptedModel::new([Turn::tool_calls([("call_1", "wait", "{}")]), Turn::text("done")]);
+/// let runtime = Runtime::builder().agent(Support).model(model).build()?;
+/// let handle = runtime.run("Echo hi");
+/// let interrupt: InterruptHandle = handle.interrupt_handle();
+/// interrupt.clone().interrupt(); // clones interrupt the same run
+/// assert_eq!(handle.await?.status, RunStatus::Interrupted);
+/// # Ok::<(), kuralle::RunError>(())
+/// # }).unwrap();
+/// ```
 #[derive(Debug, Clone)]
 pub struct InterruptHandle(CancellationToken);
 
 impl InterruptHandle {
     /// Interrupts the run.
+    ///
+    /// ```
+    /// # use kuralle::{Runtime, agent, tool, testing::{ScriptedModel, Turn}};
+    /// # /// Echo back the text.
+    /// # #[tool] async fn echo(text: String) -> String { text }
+    /// # /// Wait until the call is cancelled.
+    /// # #[tool] async fn wait(ctx: &kuralle::ToolContext) { ctx.cancellation().cancelled().await }
+    /// # /// Use the echo tool.
+    /// # #[agent(id = "support", tools = [Echo, Wait])] struct Support;
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let model = ScriptedModel::new([Turn::tool_calls([("call_1", "wait", "{}")]), Turn::text("done")]);
+    /// let runtime = Runtime::builder().agent(Support).model(model).build()?;
+    /// let handle = runtime.run("Echo hi");
+    /// handle.interrupt_handle().interrupt();
+    /// assert_eq!(handle.await?.status, kuralle::RunStatus::Interrupted);
+    /// # Ok::<(), kuralle::RunError>(())
+    /// # }).unwrap();
+    /// ```
     pub fn interrupt(&self) {
         self.0.cancel();
     }
