@@ -28,15 +28,18 @@ mod dispatch;
 mod error;
 mod generator;
 mod input;
+pub mod inspect;
 pub mod journal;
 mod model;
 pub mod models;
+mod policy;
 mod runtime;
 pub mod schema;
 mod store;
 pub mod stores;
 pub mod testing;
 mod tool;
+mod trace;
 pub mod truncate;
 
 pub use agent::{Agent, AgentDef, DEFAULT_MAX_STEPS, DEFAULT_MAX_TOOL_CONCURRENCY, DEFAULT_MAX_TOOL_RESULT_TOKENS};
@@ -44,10 +47,12 @@ pub use context::ToolContext;
 pub use error::{RunError, ToolError};
 pub use kuralle_macros::{agent, tool};
 pub use model::{FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, ToolCallRequest, Usage};
+pub use policy::{Policy, Verdict};
 pub use runtime::{
     DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN, Decision, InterruptHandle, RunHandle, RunRequest, Runtime,
     RuntimeBuilder,
     event::{BatchCall, Event, PendingApproval, RunOutput},
+    record_decision,
 };
 pub use store::{
     NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord, StepStatus,

@@ -6,7 +6,8 @@ use syn::{Expr, ExprArray, ExprPath, LitStr, meta::ParseNestedMeta, parse::Parse
 use crate::ctxt::Ctxt;
 
 /// Every argument `#[agent]` accepts, in the order the error message lists them.
-const VALID: &[&str] = &["id", "tools", "max_steps", "max_tool_concurrency", "max_tool_result_tokens", "model"];
+const VALID: &[&str] =
+    &["id", "tools", "max_steps", "max_tool_concurrency", "max_tool_result_tokens", "model", "policy"];
 
 /// The parsed `#[agent(...)]` arguments.
 #[derive(Default)]
@@ -18,6 +19,8 @@ pub(crate) struct AgentArgs {
     pub(crate) max_tool_concurrency: Option<Expr>,
     pub(crate) max_tool_result_tokens: Option<Expr>,
     pub(crate) model: Option<Expr>,
+    /// An expression convertible into `kuralle::Policy`.
+    pub(crate) policy: Option<Expr>,
 }
 
 impl AgentArgs {
@@ -52,6 +55,7 @@ impl AgentArgs {
             "max_tool_concurrency" => set(cx, meta, &mut self.max_tool_concurrency, meta.value()?.parse()?),
             "max_tool_result_tokens" => set(cx, meta, &mut self.max_tool_result_tokens, meta.value()?.parse()?),
             "model" => set(cx, meta, &mut self.model, meta.value()?.parse()?),
+            "policy" => set(cx, meta, &mut self.policy, meta.value()?.parse()?),
             _ => {
                 let valid = VALID.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
                 let shown = quote::ToTokens::to_token_stream(&meta.path).to_string().replace(' ', "");

@@ -7,6 +7,7 @@ mod run;
 use std::{fmt, sync::Arc};
 
 pub use handle::{InterruptHandle, RunHandle};
+pub use run::record_decision;
 use tokio_util::sync::CancellationToken;
 
 use crate::{Agent, AgentDef, Model, RunError, RunRecord, RunStore, StepRecord, stores::MemoryStore};
@@ -201,7 +202,7 @@ impl Runtime {
         let inner = Arc::clone(&self.inner);
         let token = interrupt.clone();
         let task = tokio::spawn(async move {
-            if let Err(e) = run::record_decision(&inner, &run_id, &decision).await {
+            if let Err(e) = run::record_decision(inner.store.as_ref(), &run_id, &decision).await {
                 let _ = tx.send(crate::Event::Error { message: e.to_string() });
                 return Err(e);
             }

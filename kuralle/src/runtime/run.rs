@@ -63,8 +63,19 @@ pub(super) async fn run(
     interrupt: CancellationToken,
 ) -> Result<RunOutput, RunError> {
     let run_id = req.run_id.clone().or_else(|| req.session.clone()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    let span = tracing::info_span!("run", run_id = %run_id);
-    let result = turn(&rt, &req, &run_id, &events, interrupt).instrument(span).await;
+    let span = crate::trace::run_span(&run_id);
+    let started = std::time::Instant::now();
+    let result = turn(&rt, &req, &run_id, &events, interrupt).instrument(span.clone()).await;
+    match &result {
+        Ok(out) => {
+            span.record("status", out.status.as_str());
+            span.record("outcome", "ok");
+        }
+        Err(e) => {
+            span.record("outcome", tracing::field::display(e));
+        }
+    }
+    crate::trace::record_duration(&span, started);
     if let Err(e) = &result {
         let _ = events.send(Event::Error { message: e.to_string() });
     }
@@ -204,6 +215,7 @@ async fn drive(
     interrupt: CancellationToken,
 ) -> Result<RunOutput, RunError> {
     let agent = agent(rt, Some(&record.agent_id))?.clone();
+    tracing::Span::current().record("agent", agent.id.as_str());
     let model: Arc<dyn Model> = match (&agent.model, &rt.model) {
         (Some(m), _) | (None, Some(m)) => Arc::clone(m),
         (None, None) => return Err(RunError::Config(format!("agent `{}` has no model", agent.id))),
@@ -218,6 +230,7 @@ async fn drive(
         interrupt: interrupt.clone(),
         max_concurrency: agent.max_tool_concurrency,
         max_result_bytes: rt.max_result_bytes,
+        policy: agent.policy.clone(),
         fatal: Mutex::new(None),
     });
 
@@ -239,7 +252,19 @@ async fn drive(
         }
         let request =
             ModelRequest { system: agent.instructions.clone(), messages: transcript.clone(), tools: specs.clone() };
-        let Some(response) = model_step(rt, &ctx, model.as_ref(), request, callsite).await? else {
+        let span = crate::trace::model_span(run_id, callsite);
+        let started = std::time::Instant::now();
+        let step = model_step(rt, &ctx, model.as_ref(), request, callsite).instrument(span.clone()).await;
+        span.record(
+            "outcome",
+            match &step {
+                Ok(Some(_)) => "ok",
+                Ok(None) => "interrupted",
+                Err(_) => "error",
+            },
+        );
+        crate::trace::record_duration(&span, started);
+        let Some(response) = step? else {
             status = RunStatus::Interrupted;
             break;
         };
@@ -301,6 +326,7 @@ async fn model_step(
         if !response.text.is_empty() {
             ctx.events.send(Event::TextDelta { delta: response.text.clone() }).ok();
         }
+        tracing::Span::current().record("replayed", true);
         return Ok(Some(response));
     }
     let ordinal = match journal.lookup(&key) {
@@ -407,9 +433,14 @@ async fn close(
 }
 
 /// Records a human decision on a paused run's pending calls (all of them, or the one the
-/// decision names). Recording is idempotent: a decision already recorded is kept.
-pub(super) async fn record_decision(rt: &Inner, run_id: &str, decision: &super::Decision) -> Result<(), RunError> {
-    let store = &rt.store;
+/// decision names), without resuming it: the run's owner (or a worker) picks it up.
+/// [`Runtime::deliver`](crate::Runtime::deliver) records through this function too.
+/// Recording is idempotent: a decision already recorded is kept.
+///
+/// # Errors
+/// [`RunError::RunNotFound`], [`RunError::NotPending`] when the run does not wait on that
+/// request, [`RunError::Store`] when the store fails.
+pub async fn record_decision(store: &dyn RunStore, run_id: &str, decision: &super::Decision) -> Result<(), RunError> {
     let record = store.get_run(run_id).await?.ok_or_else(|| RunError::RunNotFound(run_id.to_owned()))?;
     let state = decode_state(&record)?;
     let targets: Vec<&Pending> = state

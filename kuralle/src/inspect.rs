@@ -1,0 +1,111 @@
+//! Reading a run from outside the process that owns it: what it waits on and what each
+//! journal step was called with. Operators' tools (the `kuralle` CLI and console) need only
+//! the store, never the agent's code, so everything here works from stored records alone.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::{
+    PendingApproval, RunRecord, StepKind, StepRecord, StepStatus, ToolCallRequest,
+    journal::{approval_key, effect_key, tool_key},
+    parse_args,
+};
+
+/// The approvals a paused run waits for (empty for a run that is not paused).
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use futures::StreamExt;
+/// use kuralle::{AgentDef, Runtime, inspect, testing::{ScriptedModel, Turn}, tool};
+///
+/// /// Refund an order.
+/// #[tool(needs_approval)]
+/// async fn refund(order: String) -> String { format!("refunded {order}") }
+///
+/// let runtime = Runtime::builder()
+///     .agent(AgentDef::new("shop", "Refund when asked.").tool(Refund))
+///     .model(ScriptedModel::new([Turn::tool_calls([("c1", "refund", r#"{"order":"A1"}"#)])]))
+///     .build()
+///     .unwrap();
+/// let output = runtime.run("Refund A1").await.unwrap();
+/// let record = runtime.get_run(&output.run_id).await.unwrap().unwrap();
+/// let pending = inspect::pending_approvals(&record);
+/// assert_eq!(pending[0].name, "refund");
+/// assert_eq!(pending[0].args["order"], "A1");
+/// # });
+/// ```
+pub fn pending_approvals(record: &RunRecord) -> Vec<PendingApproval> {
+    #[derive(Deserialize)]
+    struct Waiting {
+        request: PendingApproval,
+    }
+    if record.status != crate::RunStatus::Paused {
+        return Vec::new();
+    }
+    record
+        .state
+        .get("pending")
+        .cloned()
+        .and_then(|v| serde_json::from_value::<Vec<Waiting>>(v).ok())
+        .map(|w| w.into_iter().map(|w| w.request).collect())
+        .unwrap_or_default()
+}
+
+/// The model's call behind a journaled tool or approval step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepCall {
+    /// The model's id for the call.
+    pub call_id: String,
+    /// The arguments the model sent (parsed).
+    pub args: Value,
+}
+
+/// The model-issued call behind each tool and approval step of `steps`, by ordinal.
+///
+/// The journal stores keys, not arguments; the arguments are recovered from the journaled
+/// model responses, whose calls hash to those keys. Steps a model response does not explain
+/// (nested `ctx.tool()` calls, tools with their own `idempotency_key`) are absent.
+pub fn step_calls(run_id: &str, steps: &[StepRecord]) -> HashMap<u64, StepCall> {
+    let mut by_key: HashMap<(u64, &str), u64> = HashMap::with_capacity(steps.len());
+    for s in steps {
+        // A `replay = false` call is journaled under its derived key plus a unique suffix.
+        let key = s.key.split(":nonreplay:").next().unwrap_or(&s.key);
+        by_key.entry((s.epoch, key)).or_insert(s.ordinal);
+    }
+    let results: HashMap<u64, &StepRecord> = steps.iter().map(|s| (s.ordinal, s)).collect();
+    let mut epochs: Vec<u64> = steps.iter().map(|s| s.epoch).collect();
+    epochs.sort_unstable();
+    epochs.dedup();
+
+    let mut calls = HashMap::new();
+    for epoch in epochs {
+        let mut callsite: u64 = 0;
+        loop {
+            let model_key = effect_key(run_id, epoch, &callsite.to_string(), &json!("model"));
+            let Some(step) = by_key.get(&(epoch, model_key.as_str())).and_then(|o| results.get(o)) else { break };
+            if step.kind != StepKind::Model || step.status != StepStatus::Finished {
+                break;
+            }
+            let requests: Vec<ToolCallRequest> = step
+                .result
+                .as_ref()
+                .and_then(|r| r.get("tool_calls"))
+                .and_then(|c| serde_json::from_value(c.clone()).ok())
+                .unwrap_or_default();
+            for (i, req) in requests.iter().enumerate() {
+                let Ok(args) = parse_args(&req.name, &req.arguments) else { continue };
+                let key = tool_key(run_id, epoch, callsite + 1 + i as u64, &req.name, &args);
+                let approval = approval_key(run_id, epoch, &key, &req.name, &args);
+                for k in [key.as_str(), approval.as_str()] {
+                    if let Some(&ordinal) = by_key.get(&(epoch, k)) {
+                        calls.insert(ordinal, StepCall { call_id: req.call_id.clone(), args: args.clone() });
+                    }
+                }
+            }
+            callsite += 1 + requests.len() as u64;
+        }
+    }
+    calls
+}
