@@ -16,7 +16,7 @@ pub(crate) fn run_span(run_id: &str) -> Span {
 
 /// Span for one model response, `step` being its callsite in the turn.
 pub(crate) fn model_span(run_id: &str, step: u64) -> Span {
-    tracing::info_span!("model_step", run_id = %run_id, step, replayed = false, outcome = Empty, duration_ms = Empty)
+    tracing::info_span!("model_step", run_id = %run_id, step, replayed = Empty, outcome = Empty, duration_ms = Empty)
 }
 
 /// Span for one tool call (model-issued, or nested `ctx.tool()` with a `nested:` call id).

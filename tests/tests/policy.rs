@@ -8,7 +8,7 @@ use std::sync::{
 
 use futures::StreamExt;
 use kuralle::{
-    AgentDef, Decision, Event, Message, Policy, RunRequest, RunStatus, Runtime, RunStore, Verdict, agent,
+    AgentDef, Decision, Event, Message, Policy, RunRequest, RunStatus, RunStore, Runtime, Verdict, agent,
     stores::MemoryStore,
     testing::{ScriptedModel, Turn},
     tool,
@@ -61,10 +61,8 @@ fn tool_message(model: &ScriptedModel, call_id: &str) -> Value {
 #[tokio::test]
 async fn ask_pauses_durably_and_runs_once_approved() {
     let count = Arc::new(AtomicUsize::new(0));
-    let model = ScriptedModel::by_transcript([
-        Turn::tool_calls([("c1", "wire", r#"{"amount":900}"#)]),
-        Turn::text("Wired."),
-    ]);
+    let model =
+        ScriptedModel::by_transcript([Turn::tool_calls([("c1", "wire", r#"{"amount":900}"#)]), Turn::text("Wired.")]);
     let agent = AgentDef::new("pay", "x").tool(counting("wire", &count)).policy(payments_policy());
     let rt = runtime(agent, model, Arc::new(MemoryStore::new()));
 
@@ -179,10 +177,7 @@ async fn a_resumed_run_is_checked_again_and_cannot_bypass_the_policy() {
     let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
     let count = Arc::new(AtomicUsize::new(0));
     let script = || {
-        ScriptedModel::by_transcript([
-            Turn::tool_calls([("c1", "wire", r#"{"amount":900}"#)]),
-            Turn::text("Wired."),
-        ])
+        ScriptedModel::by_transcript([Turn::tool_calls([("c1", "wire", r#"{"amount":900}"#)]), Turn::text("Wired.")])
     };
     let agent = || AgentDef::new("pay", "x").tool(counting("wire", &count)).policy(payments_policy());
     let first = runtime(agent(), script(), store.clone());
@@ -194,9 +189,8 @@ async fn a_resumed_run_is_checked_again_and_cannot_bypass_the_policy() {
     assert_eq!(count.load(Ordering::SeqCst), 0);
 
     // A process whose policy now denies the tool: resuming gives the denial, never the call.
-    let strict = AgentDef::new("pay", "x")
-        .tool(counting("wire", &count))
-        .policy(Policy::new().deny("wire", "wires are frozen"));
+    let strict =
+        AgentDef::new("pay", "x").tool(counting("wire", &count)).policy(Policy::new().deny("wire", "wires are frozen"));
     let third = runtime(strict, script(), store.clone());
     let out = third.resume("r").await.unwrap();
     assert_eq!(out.status, RunStatus::Finished);
@@ -228,10 +222,8 @@ struct Payments;
 
 #[tokio::test]
 async fn the_agent_attribute_sets_the_policy() {
-    let model = ScriptedModel::by_transcript([
-        Turn::tool_calls([("c1", "wire", r#"{"amount":900}"#)]),
-        Turn::text("Wired."),
-    ]);
+    let model =
+        ScriptedModel::by_transcript([Turn::tool_calls([("c1", "wire", r#"{"amount":900}"#)]), Turn::text("Wired.")]);
     let rt = Runtime::builder().agent(Payments).model(model).build().unwrap();
     let out = rt.run(RunRequest::new("wire 900").run_id("r")).await.unwrap();
     assert_eq!(out.status, RunStatus::Paused);

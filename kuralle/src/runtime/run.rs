@@ -329,6 +329,7 @@ async fn model_step(
         tracing::Span::current().record("replayed", true);
         return Ok(Some(response));
     }
+    tracing::Span::current().record("replayed", false);
     let ordinal = match journal.lookup(&key) {
         Lookup::Finished(_) => unreachable!("a finished model step was replayed above"),
         // Model failures are never journaled as final (they are transient), so a failed step
