@@ -37,20 +37,46 @@ use crate::{
 /// # });
 /// ```
 pub fn pending_approvals(record: &RunRecord) -> Vec<PendingApproval> {
-    #[derive(Deserialize)]
-    struct Waiting {
-        request: PendingApproval,
-    }
+    waiting(record).into_iter().map(|w| w.request).collect()
+}
+
+/// A pending approval's decision, when one is recorded in `steps` but the run has not been
+/// resumed yet (by request id): the owner, or a worker, acts on it when it resumes the run.
+pub fn recorded_decisions(record: &RunRecord, steps: &[StepRecord]) -> HashMap<String, RecordedDecision> {
+    let waiting = waiting(record);
+    steps
+        .iter()
+        .filter(|s| s.kind == StepKind::Approval && s.status == StepStatus::Finished)
+        .filter_map(|s| {
+            let w = waiting.iter().find(|w| w.decision_key == s.key)?;
+            let decision = serde_json::from_value(s.result.clone()?).ok()?;
+            Some((w.request.request_id.clone(), decision))
+        })
+        .collect()
+}
+
+/// A human decision as journaled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordedDecision {
+    /// Approved (`true`) or denied.
+    pub approved: bool,
+    /// Who decided.
+    pub by: String,
+    /// Why, for a denial.
+    pub reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Waiting {
+    request: PendingApproval,
+    decision_key: String,
+}
+
+fn waiting(record: &RunRecord) -> Vec<Waiting> {
     if record.status != crate::RunStatus::Paused {
         return Vec::new();
     }
-    record
-        .state
-        .get("pending")
-        .cloned()
-        .and_then(|v| serde_json::from_value::<Vec<Waiting>>(v).ok())
-        .map(|w| w.into_iter().map(|w| w.request).collect())
-        .unwrap_or_default()
+    record.state.get("pending").and_then(|v| Vec::<Waiting>::deserialize(v).ok()).unwrap_or_default()
 }
 
 /// The model's call behind a journaled tool or approval step.
