@@ -6,43 +6,17 @@
 mod common;
 
 use std::{
-    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
-use common::{PAUSED, seed, store_arg};
+use common::{Killed, PAUSED, console, seed};
 use fantoccini::{ClientBuilder, Locator};
 use kuralle::{RunStore, StepKind, stores::SqliteStore};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
-
-/// A child process killed when the test ends, pass or fail.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `kuralle console` on a free loopback port; returns it and its base URL.
-fn console(db: &Path) -> (Killed, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kuralle"))
-        .args(["console", "--store", &store_arg(db), "--listen", "127.0.0.1:0", "--operator", "console-test"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let url = line.trim().rsplit(' ').next().unwrap().to_owned();
-    assert!(url.starts_with("http://127.0.0.1:"), "unexpected first line: {line:?}");
-    (Killed(child), url)
-}
 
 /// Starts chromedriver on a free port; returns it and its URL once it accepts connections.
 async fn chromedriver() -> (Killed, String) {

@@ -42,6 +42,30 @@ pub fn pending_approvals(record: &RunRecord) -> Vec<PendingApproval> {
 
 /// A pending approval's decision, when one is recorded in `steps` but the run has not been
 /// resumed yet (by request id): the owner, or a worker, acts on it when it resumes the run.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use kuralle::{AgentDef, Decision, Runtime, inspect, record_decision, testing::{ScriptedModel, Turn}, tool};
+///
+/// /// Refund an order.
+/// #[tool(needs_approval)]
+/// async fn refund(order: String) -> String { format!("refunded {order}") }
+///
+/// let runtime = Runtime::builder()
+///     .agent(AgentDef::new("shop", "Refund when asked.").tool(Refund))
+///     .model(ScriptedModel::new([Turn::tool_calls([("c1", "refund", r#"{"order":"A1"}"#)])]))
+///     .build()
+///     .unwrap();
+/// let run_id = runtime.run("Refund A1").await.unwrap().run_id;
+/// let store = runtime.store().as_ref();
+/// record_decision(store, &run_id, &Decision::approve("alice")).await.unwrap();
+///
+/// let record = store.get_run(&run_id).await.unwrap().unwrap();
+/// let decided = inspect::recorded_decisions(&record, &store.steps(&run_id).await.unwrap());
+/// let request = &inspect::pending_approvals(&record)[0].request_id;
+/// assert_eq!(decided[request].by, "alice");
+/// # });
+/// ```
 pub fn recorded_decisions(record: &RunRecord, steps: &[StepRecord]) -> HashMap<String, RecordedDecision> {
     let waiting = waiting(record);
     steps
@@ -93,6 +117,28 @@ pub struct StepCall {
 /// The journal stores keys, not arguments; the arguments are recovered from the journaled
 /// model responses, whose calls hash to those keys. Steps a model response does not explain
 /// (nested `ctx.tool()` calls, tools with their own `idempotency_key`) are absent.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use kuralle::{AgentDef, Runtime, inspect, testing::{ScriptedModel, Turn}, tool};
+///
+/// /// Echo back the provided text.
+/// #[tool]
+/// async fn echo(text: String) -> String { text }
+///
+/// let runtime = Runtime::builder()
+///     .agent(AgentDef::new("support", "Echo.").tool(Echo))
+///     .model(ScriptedModel::new([Turn::tool_calls([("c1", "echo", r#"{"text":"hi"}"#)]), Turn::text("hi")]))
+///     .build()
+///     .unwrap();
+/// let run_id = runtime.run("Say hi").await.unwrap().run_id;
+/// let steps = runtime.journal(&run_id).await.unwrap();
+/// let calls = inspect::step_calls(&run_id, &steps);
+/// let echo_step = steps.iter().find(|s| s.name == "echo").unwrap();
+/// assert_eq!(calls[&echo_step.ordinal].call_id, "c1");
+/// assert_eq!(calls[&echo_step.ordinal].args["text"], "hi");
+/// # });
+/// ```
 pub fn step_calls(run_id: &str, steps: &[StepRecord]) -> HashMap<u64, StepCall> {
     let mut by_key: HashMap<(u64, &str), u64> = HashMap::with_capacity(steps.len());
     for s in steps {

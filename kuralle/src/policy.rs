@@ -10,6 +10,12 @@ use std::{fmt, panic::AssertUnwindSafe, sync::Arc};
 use serde_json::Value;
 
 /// What a [`Policy`] says about one call.
+///
+/// ```
+/// use kuralle::{Policy, Verdict};
+/// let policy = Policy::new().ask("refund");
+/// assert_eq!(policy.check("refund", &serde_json::json!({"order": "A1"})), Verdict::Ask);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// The call runs (unless the tool itself is `needs_approval`).
@@ -26,6 +32,11 @@ pub enum Verdict {
 
 impl Verdict {
     /// A denial with a reason for the model.
+    ///
+    /// ```
+    /// let v = kuralle::Verdict::deny("read-only agent");
+    /// assert_eq!(v, kuralle::Verdict::Deny { reason: Some("read-only agent".into()) });
+    /// ```
     pub fn deny(reason: impl Into<String>) -> Self {
         Self::Deny { reason: Some(reason.into()) }
     }

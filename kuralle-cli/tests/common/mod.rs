@@ -4,8 +4,9 @@
 #![allow(dead_code)] // each test binary uses part of it
 
 use std::{
+    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::{Child, Command, Output, Stdio},
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -85,4 +86,29 @@ pub fn kuralle(args: &[&str]) -> Output {
 /// `sqlite:PATH`.
 pub fn store_arg(db: &Path) -> String {
     format!("sqlite:{}", db.display())
+}
+
+/// A child process killed when the test ends, pass or fail.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `kuralle console` on a free loopback port; returns it and its base URL.
+pub fn console(db: &Path) -> (Killed, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kuralle"))
+        .args(["console", "--store", &store_arg(db), "--listen", "127.0.0.1:0", "--operator", "console-test"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let url = line.trim().rsplit(' ').next().unwrap().to_owned();
+    assert!(url.starts_with("http://127.0.0.1:"), "unexpected first line: {line:?}");
+    (Killed(child), url)
 }
