@@ -12,6 +12,12 @@ use kuralle::RunStatus;
 #[derive(Debug, Parser)]
 #[command(name = "kuralle", version)]
 pub struct Cli {
+    /// The store: `sqlite:PATH` or `postgres://USER@HOST/DB` (before or after the command).
+    #[arg(long, env = "KURALLE_STORE", global = true)]
+    pub store: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
     /// The command.
     #[command(subcommand)]
     pub command: Command,
@@ -27,24 +33,11 @@ pub enum Command {
     Console(ConsoleArgs),
 }
 
-/// Where runs are stored, and the output format.
-#[derive(Debug, Args)]
-pub struct Common {
-    /// The store: `sqlite:PATH` or `postgres://USER@HOST/DB`.
-    #[arg(long, env = "KURALLE_STORE")]
-    pub store: String,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    pub json: bool,
-}
-
 /// `kuralle runs ...`.
 #[derive(Debug, Subcommand)]
 pub enum RunsCommand {
     /// Runs, most recently updated first: id, agent, status, steps, last update, pending approvals.
     List {
-        #[command(flatten)]
-        common: Common,
         /// Only runs with this status.
         #[arg(long, value_enum)]
         status: Option<StatusArg>,
@@ -57,15 +50,11 @@ pub enum RunsCommand {
     },
     /// A run's journal step by step, and the approvals it waits for.
     Show {
-        #[command(flatten)]
-        common: Common,
         /// Run id.
         id: String,
     },
     /// Approve a pending request; the run's owner resumes it.
     Approve {
-        #[command(flatten)]
-        common: Common,
         /// Run id.
         id: String,
         /// Request id (from `runs show`).
@@ -76,8 +65,6 @@ pub enum RunsCommand {
     },
     /// Deny a pending request; the model is told the reason and the call never runs.
     Deny {
-        #[command(flatten)]
-        common: Common,
         /// Run id.
         id: String,
         /// Request id (from `runs show`).
@@ -94,9 +81,6 @@ pub enum RunsCommand {
 /// `kuralle console ...`.
 #[derive(Debug, Args)]
 pub struct ConsoleArgs {
-    /// The store: `sqlite:PATH` or `postgres://USER@HOST/DB`.
-    #[arg(long, env = "KURALLE_STORE")]
-    pub store: String,
     /// Address to listen on (port 0 picks a free port; the address is printed).
     #[arg(long, default_value = "127.0.0.1:7878")]
     pub listen: SocketAddr,

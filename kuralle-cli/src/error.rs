@@ -5,6 +5,9 @@ use kuralle::{RunError, StoreError};
 /// A failed `kuralle` command.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
+    /// Neither `--store` nor `KURALLE_STORE` names a store.
+    #[error("no store given: pass --store sqlite:PATH (or postgres://...), or set KURALLE_STORE")]
+    NoStore,
     /// `--store sqlite:PATH` names a file that does not exist.
     #[error("no store at `{0}`: the file does not exist (check --store; the CLI never creates a store)")]
     MissingStore(String),

@@ -41,32 +41,31 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<(), CliError> {
     let style = Style::detect();
+    let spec = cli.store.filter(|s| !s.trim().is_empty()).ok_or(CliError::NoStore)?;
+    let store = store::open(&spec).await?;
+    let as_json = cli.json;
     let mut out = std::io::stdout().lock();
     match cli.command {
-        Command::Runs(RunsCommand::List { common, status, agent, limit }) => {
-            let store = store::open(&common.store).await?;
+        Command::Runs(RunsCommand::List { status, agent, limit }) => {
             let query = ListQuery { status: status.map(Into::into), agent, limit };
             let rows = view::list(store.as_ref(), &query).await?;
-            if common.json { json(&mut out, &rows)? } else { write!(out, "{}", text::runs(&rows, style))? }
+            if as_json { json(&mut out, &rows)? } else { write!(out, "{}", text::runs(&rows, style))? }
         }
-        Command::Runs(RunsCommand::Show { common, id }) => {
-            let store = store::open(&common.store).await?;
+        Command::Runs(RunsCommand::Show { id }) => {
             let detail = view::show(store.as_ref(), &id).await?;
-            if common.json { json(&mut out, &detail)? } else { write!(out, "{}", text::run(&detail, style))? }
+            if as_json { json(&mut out, &detail)? } else { write!(out, "{}", text::run(&detail, style))? }
         }
-        Command::Runs(RunsCommand::Approve { common, id, request, by }) => {
-            let store = store::open(&common.store).await?;
+        Command::Runs(RunsCommand::Approve { id, request, by }) => {
             let decided = decide::decide(store.as_ref(), &id, &request, &by, None).await?;
-            report(&mut out, common.json, &decided)?;
+            report(&mut out, as_json, &decided)?;
         }
-        Command::Runs(RunsCommand::Deny { common, id, request, by, reason }) => {
-            let store = store::open(&common.store).await?;
+        Command::Runs(RunsCommand::Deny { id, request, by, reason }) => {
             let decided = decide::decide(store.as_ref(), &id, &request, &by, Some(&reason)).await?;
-            report(&mut out, common.json, &decided)?;
+            report(&mut out, as_json, &decided)?;
         }
         Command::Console(args) => {
             drop(out);
-            console::serve(args).await?;
+            console::serve(args, store).await?;
         }
     }
     Ok(())

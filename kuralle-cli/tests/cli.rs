@@ -49,6 +49,8 @@ async fn list_filters_by_status_agent_and_limit() {
     assert_eq!(ids(&ok_json(&["runs", "list", "--store", &store, "--status", "paused", "--json"])), [PAUSED]);
     assert_eq!(ids(&ok_json(&["runs", "list", "--store", &store, "--agent", "support", "--json"])), [FINISHED]);
     assert_eq!(ok_json(&["runs", "list", "--store", &store, "--limit", "1", "--json"]).as_array().unwrap().len(), 1);
+    // Global flags go before or after the command.
+    assert_eq!(ids(&ok_json(&["--store", &store, "--json", "runs", "list", "--status", "paused"])), [PAUSED]);
     assert!(ids(&ok_json(&["runs", "list", "--store", &store, "--status", "failed", "--json"])).is_empty());
 
     let table = ok_text(&["runs", "list", "--store", &store]);
@@ -158,6 +160,9 @@ async fn errors_are_clear() {
     let err = fails(&["runs", "list", "--store", &format!("sqlite:{}", missing.display())]);
     assert!(err.contains("no store at") && err.contains("nope.db"), "{err}");
     assert!(!missing.exists(), "the CLI must not create a store");
+
+    let err = fails(&["runs", "list"]);
+    assert!(err.contains("no store given"), "{err}");
 
     let err = fails(&["runs", "list", "--store", "mysql://x"]);
     assert!(err.contains("expected `sqlite:PATH` or `postgres://...`"), "{err}");

@@ -21,7 +21,7 @@ use axum::{
 use kuralle::{RunStatus, RunStore};
 use serde::Deserialize;
 
-use crate::{args::ConsoleArgs, decide, error::CliError, store, view};
+use crate::{args::ConsoleArgs, decide, error::CliError, view};
 
 struct Console {
     store: Arc<dyn RunStore>,
@@ -32,14 +32,13 @@ struct Console {
 type Shared = Arc<Console>;
 
 /// Serves the console until Ctrl-C.
-pub async fn serve(args: ConsoleArgs) -> Result<(), CliError> {
+pub async fn serve(args: ConsoleArgs, store: Arc<dyn RunStore>) -> Result<(), CliError> {
     if !args.listen.ip().is_loopback() && !args.allow_remote {
         return Err(CliError::Console(format!(
             "{} is not a loopback address and the console has no authentication; to expose it, put it behind an authenticating reverse proxy and pass --allow-remote",
             args.listen
         )));
     }
-    let store = store::open(&args.store).await?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| CliError::Console(format!("cannot listen on {}: {e}", args.listen)))?;
