@@ -151,6 +151,10 @@ pub fn run(detail: &RunDetail, style: Style) -> String {
             })
             .collect();
         out.push_str(&table(&["REQUEST", "TOOL", "CALL", "ARGS", "DECISION"], &cells, |_, _, cell| cell.to_owned()));
+        if detail.pending.iter().all(|p| p.decision.is_some()) {
+            out.push_str("\ndecided; the run's owner (or a worker) resumes it\n");
+            return out;
+        }
         out.push_str(&format!(
             "\ndecide with: kuralle runs approve {id} REQUEST --by NAME\n         or: kuralle runs deny {id} REQUEST --by NAME --reason TEXT\n",
             id = detail.run_id
