@@ -182,3 +182,26 @@ async fn errors_are_clear() {
     let err = fails(&["runs", "deny", PAUSED, "approval-x", "--by", "a", "--store", &store]);
     assert!(err.contains("--reason"), "clap names the missing flag: {err}");
 }
+
+#[tokio::test]
+async fn colour_only_on_a_terminal_and_never_with_no_color() {
+    // `script` (util-linux) gives the command a pseudo-terminal as stdout.
+    if !std::path::Path::new("/usr/bin/script").exists() {
+        eprintln!("SKIPPED colour test: /usr/bin/script is absent");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let command = format!("{} runs list --store {}", env!("CARGO_BIN_EXE_kuralle"), store_arg(&db));
+    let on_tty = |no_color: bool| {
+        let mut cmd = std::process::Command::new("/usr/bin/script");
+        cmd.args(["-qec", &command, "/dev/null"]).env_remove("KURALLE_STORE");
+        if no_color { cmd.env("NO_COLOR", "1") } else { cmd.env_remove("NO_COLOR") };
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let coloured = on_tty(false);
+    assert!(coloured.contains("\x1b[33mpaused"), "paused runs are yellow on a terminal: {coloured:?}");
+    assert!(!on_tty(true).contains('\x1b'), "NO_COLOR turns colour off");
+}
