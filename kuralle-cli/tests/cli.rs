@@ -196,7 +196,11 @@ async fn colour_only_on_a_terminal_and_never_with_no_color() {
     let on_tty = |no_color: bool| {
         let mut cmd = std::process::Command::new("/usr/bin/script");
         cmd.args(["-qec", &command, "/dev/null"]).env_remove("KURALLE_STORE");
-        if no_color { cmd.env("NO_COLOR", "1") } else { cmd.env_remove("NO_COLOR") };
+        if no_color {
+            cmd.env("NO_COLOR", "1")
+        } else {
+            cmd.env_remove("NO_COLOR")
+        };
         let out = cmd.output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap()
