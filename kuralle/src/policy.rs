@@ -3,7 +3,8 @@
 //!
 //! A policy is checked in the plan phase of every call (model-issued or nested `ctx.tool()`),
 //! before the journal is consulted and before `replay = false` is looked at, so neither a
-//! non-replayed tool, a nested call nor a resumed run can get around it.
+//! non-replayed tool, a nested call nor a resumed run can get around it. A nested call that the
+//! policy asks about is refused, because it cannot pause the tool that made it.
 
 use std::{fmt, panic::AssertUnwindSafe, sync::Arc};
 
