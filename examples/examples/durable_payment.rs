@@ -7,7 +7,7 @@
 //! cargo run -p kuralle-examples --example durable_payment                   # resumes it
 //! ```
 
-use std::{error::Error, io::Write, path::PathBuf};
+use std::{error::Error, io::Write, path::PathBuf, time::Duration};
 
 use futures::StreamExt;
 use kuralle::{
@@ -87,8 +87,12 @@ async fn main() -> Result<(), Box<dyn Error>> {
         Turn::tool_calls([("call_2", "send_receipt", r#"{"to":"ada@example.com"}"#)]),
         Turn::text("Paid 49.99 and sent the receipt."),
     ]);
-    let runtime = Runtime::builder().agent(Checkout).model(model).store(store).build()?;
-    let mut handle = runtime.run(RunRequest::new("Check out order 1001").run_id(RUN_ID));
+    // The crashed process still holds the run's lease until it expires: a short lease (and
+    // waiting for it) lets this process take the run over within a few seconds.
+    let runtime =
+        Runtime::builder().agent(Checkout).model(model).store(store).lease_ttl(Duration::from_secs(3)).build()?;
+    let request = RunRequest::new("Check out order 1001").run_id(RUN_ID).wait_for_lease(Duration::from_secs(10));
+    let mut handle = runtime.run(request);
     while let Some(event) = handle.next().await {
         match event {
             Event::ToolResult { name, replayed: true, .. } => {

@@ -3,6 +3,10 @@
 //!
 //! - `serial/sqlite_call` vs `serial/fdatasync`: one call at a time on `SqliteStore`, next to
 //!   a raw 256-byte `write` + `fdatasync` in the same directory (printed ratio at the end).
+//!   Every write is fenced by a lease token, as in the runtime (the check runs inside the
+//!   write's own transaction: no extra commit).
+//! - `lease/sqlite_acquire_release`: taking and giving back a run's lease on `SqliteStore`
+//!   (two durable commits), what every turn adds.
 //! - `parallel64/sqlite`: 64 parallel calls (one `append_steps` of 64 intents, then 64
 //!   concurrent `finish_step`), through group commit; throughput in calls/s.
 //! - `memory/call`: the same serial call on `MemoryStore`.
@@ -62,6 +66,8 @@ fn intent(i: u64) -> NewStep {
 /// Drives serial journaled calls on one store, rotating runs.
 struct Caller<S> {
     store: S,
+    /// The lease token of the current run: every write is fenced, as in the runtime.
+    fence: u64,
     run: u64,
     run_id: String,
     next: u64,
@@ -71,9 +77,10 @@ struct Caller<S> {
 
 impl<S: RunStore> Caller<S> {
     async fn new(store: S) -> Self {
-        store.create_run(new_run("run-0")).await.unwrap();
+        let fence = store.acquire_lease("run-0", "bench", Duration::from_secs(3600)).await.unwrap().token;
+        store.create_run(new_run("run-0"), fence).await.unwrap();
         let result = json!({"city": "Paris", "temperature_c": 21.5, "conditions": "sunny"});
-        Self { store, run: 0, run_id: "run-0".to_owned(), next: 0, calls: 0, result }
+        Self { store, fence, run: 0, run_id: "run-0".to_owned(), next: 0, calls: 0, result }
     }
 
     async fn rotate_if_full(&mut self, calls: u64) {
@@ -82,28 +89,30 @@ impl<S: RunStore> Caller<S> {
             self.run += 1;
             self.run_id = format!("run-{}", self.run);
             self.next = 0;
-            self.store.create_run(new_run(&self.run_id)).await.unwrap();
+            self.fence =
+                self.store.acquire_lease(&self.run_id, "bench", Duration::from_secs(3600)).await.unwrap().token;
+            self.store.create_run(new_run(&self.run_id), self.fence).await.unwrap();
         }
     }
 
     async fn call(&mut self) {
         self.rotate_if_full(1).await;
-        let ordinals = self.store.append_steps(&self.run_id, vec![intent(self.next)]).await.unwrap();
+        let ordinals = self.store.append_steps(&self.run_id, self.fence, vec![intent(self.next)]).await.unwrap();
         self.next += 1;
         self.calls += 1;
         // The tool's output, moved into the journal.
         let outcome = StepOutcome::Finished(self.result.clone());
-        self.store.finish_step(&self.run_id, ordinals[0], outcome, 1).await.unwrap();
+        self.store.finish_step(&self.run_id, self.fence, ordinals[0], outcome, 1).await.unwrap();
     }
 
     async fn parallel_calls(&mut self, width: u64) {
         self.rotate_if_full(width).await;
         let intents = (self.next..self.next + width).map(intent).collect();
-        let ordinals = self.store.append_steps(&self.run_id, intents).await.unwrap();
+        let ordinals = self.store.append_steps(&self.run_id, self.fence, intents).await.unwrap();
         self.next += width;
         self.calls += width;
         let finishes = ordinals.iter().map(|&ordinal| {
-            self.store.finish_step(&self.run_id, ordinal, StepOutcome::Finished(self.result.clone()), 1)
+            self.store.finish_step(&self.run_id, self.fence, ordinal, StepOutcome::Finished(self.result.clone()), 1)
         });
         for finished in futures::future::join_all(finishes).await {
             finished.unwrap();
@@ -131,6 +140,24 @@ fn serial(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     group.bench_function("fdatasync", |b| b.iter(|| raw_fdatasync(&mut file)));
     group.bench_function("sqlite_call", |b| b.iter(|| runtime.block_on(caller.call())));
+    group.finish();
+}
+
+fn lease(c: &mut Criterion) {
+    let dir = bench_dir();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let store = SqliteStore::open(dir.join("lease.db")).unwrap();
+    let ttl = Duration::from_secs(30);
+    let mut group = c.benchmark_group("lease");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("sqlite_acquire_release", |b| {
+        b.iter(|| {
+            runtime.block_on(async {
+                let lease = store.acquire_lease("run-lease", "bench", ttl).await.unwrap();
+                store.release_lease(&lease).await.unwrap();
+            })
+        })
+    });
     group.finish();
 }
 
@@ -292,5 +319,5 @@ fn replay(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, serial, parallel64, memory, replay, ratio_summary);
+criterion_group!(benches, serial, lease, parallel64, memory, replay, ratio_summary);
 criterion_main!(benches);

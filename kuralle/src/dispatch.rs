@@ -239,7 +239,11 @@ fn plan(turn: &TurnCtx, p: &Planned) -> Plan {
         Verdict::Ask => true,
         Verdict::Allow => tool.needs_approval(),
     };
-    let lookup = if tool.replay() { j.lookup(&key) } else { Lookup::Fresh };
+    // `replay = false`: never answered from the journal, so each execution is journaled (for
+    // the record) under a key of its own, `<key>:nonreplay:<n>` for the n-th execution. The
+    // guards below still apply: each execution needs its own approval.
+    let key = if tool.replay() { key } else { nonreplay_key(j, &key) };
+    let lookup = j.lookup(&key);
     if needs_approval && matches!(lookup, Lookup::Fresh | Lookup::Running(_)) {
         let decision_key = approval_key(j.run_id(), j.epoch(), &key, tool.name(), args);
         match j.lookup(&decision_key) {
@@ -266,11 +270,6 @@ fn plan(turn: &TurnCtx, p: &Planned) -> Plan {
             }
         }
     }
-    if !tool.replay() {
-        // Journaled for the record under a key of its own; never answered from the journal.
-        let key = format!("{key}:nonreplay:{}", uuid::Uuid::new_v4());
-        return Plan::Run(Ready { tool: tool.clone(), call, key, ordinal: None });
-    }
     match lookup {
         Lookup::Fresh => Plan::Run(Ready { tool: tool.clone(), call, key, ordinal: None }),
         Lookup::Finished(v) => Plan::Done(Ok(v), true),
@@ -278,6 +277,15 @@ fn plan(turn: &TurnCtx, p: &Planned) -> Plan {
         Lookup::Running(ordinal) if tool.at_most_once() => Plan::Indeterminate { key, ordinal },
         Lookup::Running(ordinal) => Plan::Run(Ready { tool: tool.clone(), call, key, ordinal: Some(ordinal) }),
     }
+}
+
+/// The key of the next execution of a `replay = false` call: the first `<key>:nonreplay:<n>`
+/// the journal does not hold.
+fn nonreplay_key(j: &Journal, key: &str) -> String {
+    (0u64..)
+        .map(|n| format!("{key}:nonreplay:{n}"))
+        .find(|k| matches!(j.lookup(k), Lookup::Fresh))
+        .unwrap_or_else(|| unreachable!("a journal holds fewer than u64::MAX steps"))
 }
 
 fn replayed_error(tool: &str, e: Value) -> ToolError {
@@ -457,6 +465,10 @@ async fn execute(
     emit_progress: bool,
 ) -> Result<Value, ToolError> {
     let name = tool.name().to_owned();
+    if turn.journal.lease_lost() {
+        // Another owner took the run over: nothing more starts here.
+        return Err(ToolError::Cancelled { tool: name });
+    }
     let token = parent.map_or_else(CancellationToken::new, CancellationToken::child_token);
     let scope = Scope {
         turn: Arc::clone(turn),

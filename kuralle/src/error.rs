@@ -229,6 +229,36 @@ pub enum RunError {
     /// The run task panicked or was lost; the run stays resumable.
     #[error("internal error: {0}")]
     Internal(String),
+    /// Another caller owns the run right now (it holds the run's lease); nothing was executed.
+    /// Try again later, or opt into waiting with
+    /// [`RunRequest::wait_for_lease`](crate::RunRequest::wait_for_lease).
+    #[error("run `{run_id}` is busy: owned by `{owner}` (lease expires at {expires_at_ms} ms since the Unix epoch)")]
+    Busy {
+        /// Run id.
+        run_id: String,
+        /// The current owner.
+        owner: String,
+        /// When its lease expires unless renewed, by the store's clock.
+        expires_at_ms: i64,
+    },
+    /// This turn lost the run's lease (it stalled past the lease's TTL and another owner took
+    /// over): it stopped dispatching and journaled nothing more. The new owner carries on.
+    #[error("run `{run_id}`: this turn lost the run's lease (token {token}) to another owner and stopped")]
+    LeaseLost {
+        /// Run id.
+        run_id: String,
+        /// The token the turn held.
+        token: u64,
+    },
+    /// The pending call(s) a decision names were already decided (a concurrent or earlier
+    /// delivery won); the first decision stands.
+    #[error("run `{run_id}`: `{request_id}` was already decided")]
+    AlreadyDecided {
+        /// Run id.
+        run_id: String,
+        /// The request id in the decision (`*` for all pending calls).
+        request_id: String,
+    },
 }
 
 impl RunError {
@@ -237,7 +267,7 @@ impl RunError {
         match self {
             Self::Model(e) => !matches!(e, crate::ModelError::Auth { .. }),
             Self::Store(e) => e.is_retryable(),
-            Self::Internal(_) => true,
+            Self::Internal(_) | Self::Busy { .. } => true,
             _ => false,
         }
     }

@@ -49,14 +49,14 @@ pub use kuralle_macros::{agent, tool};
 pub use model::{FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, ToolCallRequest, Usage};
 pub use policy::{Policy, Verdict};
 pub use runtime::{
-    DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN, Decision, InterruptHandle, RunHandle, RunRequest, Runtime,
-    RuntimeBuilder,
+    DEFAULT_LEASE_TTL, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN, Decision, InterruptHandle, RunHandle,
+    RunRequest, Runtime, RuntimeBuilder,
     event::{BatchCall, Event, PendingApproval, RunOutput},
     record_decision,
 };
 pub use store::{
-    NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord, StepStatus,
-    StoreError, StoreFuture,
+    Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord,
+    StepStatus, StoreError, StoreFuture,
 };
 pub use tool::{
     MAX_TOOL_ARGS_BYTES, PreparedCall, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded, parse_args,

@@ -3,6 +3,8 @@
 //! Implementations are in [`crate::stores`]. Every store passes the same conformance suite
 //! (`tests/store_conformance.rs`).
 
+use std::time::Duration;
+
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -265,6 +267,25 @@ pub enum StoreError {
     /// A limit of the store was reached (for example a value too large to store).
     #[error("store limit exceeded: {0}")]
     LimitExceeded(String),
+    /// A write or renewal under a fencing token that is no longer the run's current one
+    /// (someone acquired the lease since, or it was released). Nothing was changed.
+    #[error("run `{run_id}`: lease token {token} is no longer current (another owner took over, or it was released)")]
+    Fenced {
+        /// Run id.
+        run_id: String,
+        /// The stale token.
+        token: u64,
+    },
+    /// [`RunStore::acquire_lease`] while another owner holds an unexpired lease.
+    #[error("run `{run_id}` is owned by `{owner}` until {expires_at_ms} (ms since the Unix epoch)")]
+    LeaseHeld {
+        /// Run id.
+        run_id: String,
+        /// The current holder.
+        owner: String,
+        /// When its lease expires, by the store's clock.
+        expires_at_ms: i64,
+    },
 }
 
 impl StoreError {
@@ -272,6 +293,39 @@ impl StoreError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Unavailable(_))
     }
+}
+
+/// Proof of ownership of one run, granted by [`RunStore::acquire_lease`].
+///
+/// Every write that belongs to the run carries [`token`](Self::token) as its `fence`; the
+/// store rejects it with [`StoreError::Fenced`] once a newer lease was granted or this one was
+/// released.
+///
+/// ```
+/// use std::time::Duration;
+/// use kuralle::{RunStore, stores::MemoryStore};
+///
+/// # futures::executor::block_on(async {
+/// let store = MemoryStore::new();
+/// let lease = store.acquire_lease("run-1", "worker-a", Duration::from_secs(30)).await?;
+/// assert_eq!(lease.token, 1);
+/// store.release_lease(&lease).await?;
+/// let next = store.acquire_lease("run-1", "worker-b", Duration::from_secs(30)).await?;
+/// assert_eq!(next.token, 2, "tokens only grow");
+/// # Ok::<(), kuralle::StoreError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// Run id.
+    pub run_id: String,
+    /// Who holds it (unique per holder: e.g. `"<process uuid>/<turn uuid>"`).
+    pub owner: String,
+    /// Fencing token: per run, strictly greater than every token granted before for that
+    /// run, including after release or expiry (never reused; the first grant is 1).
+    pub token: u64,
+    /// Expiry by the store's clock (ms since the Unix epoch). Informational for the holder.
+    pub expires_at_ms: i64,
 }
 
 /// Shorthand for store futures.
@@ -286,31 +340,40 @@ pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
 /// - [`put_run`](Self::put_run) is a compare-and-swap on `version`: of writers that read the
 ///   same version exactly one wins.
 /// - A step moves `Running → Finished | Failed` once.
+/// - **Ownership.** A run has at most one owner, holding a [`Lease`]. Every write that belongs
+///   to a run carries the lease's token as `fence` and is checked in the same transaction as
+///   the write: it is accepted iff the run's lease exists, is not released, and its token
+///   equals `fence` (expiry alone does not reject: only a newer grant or a release does).
+///   Otherwise it fails with [`StoreError::Fenced`] and changes nothing. The fence check
+///   comes before every other check. Lease expiry is computed from the store's own clock.
+///   Reads and [`delete_run`](Self::delete_run) take no fence.
 pub trait RunStore: Send + Sync + 'static {
-    /// Creates a run (its `version` is stored as given, normally 0).
-    fn create_run(&self, run: RunRecord) -> StoreFuture<'_, ()>;
+    /// Creates a run (its `version` is stored as given, normally 0), under lease `fence`.
+    fn create_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, ()>;
 
     /// The run, if it exists.
     fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunRecord>>;
 
     /// Replaces the run's row if its stored version is `run.version`; returns the new version
-    /// (`run.version + 1`).
-    fn put_run(&self, run: RunRecord) -> StoreFuture<'_, u64>;
+    /// (`run.version + 1`). Under lease `fence`.
+    fn put_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, u64>;
 
     /// Runs matching `filter`, most recently updated first.
     fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>>;
 
-    /// Deletes a run and its journal; `false` if it did not exist.
+    /// Deletes a run and its journal; `false` if it did not exist. Administrative: takes no
+    /// fence, and keeps the run's lease token so a reused id never reuses a token.
     fn delete_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, bool>;
 
     /// Appends `Running` intents at the next ordinals, atomically, in one durable commit;
-    /// returns their ordinals.
-    fn append_steps<'a>(&'a self, run_id: &'a str, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>>;
+    /// returns their ordinals. Under lease `fence`.
+    fn append_steps<'a>(&'a self, run_id: &'a str, fence: u64, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>>;
 
-    /// Finalizes a `Running` step.
+    /// Finalizes a `Running` step, under lease `fence`.
     fn finish_step<'a>(
         &'a self,
         run_id: &'a str,
+        fence: u64,
         ordinal: u64,
         outcome: StepOutcome,
         finished_at_ms: i64,
@@ -318,4 +381,24 @@ pub trait RunStore: Send + Sync + 'static {
 
     /// The run's journal in ordinal order (empty for an unknown run).
     fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>>;
+
+    /// Takes ownership of `run_id` (which need not exist yet) for `ttl` by the store's clock.
+    ///
+    /// Succeeds iff the run has no lease, or its lease is released or expired; the new token
+    /// is the previous one plus 1 (1 if none). Of concurrent acquirers exactly one wins; the
+    /// others get [`StoreError::LeaseHeld`].
+    fn acquire_lease<'a>(&'a self, run_id: &'a str, owner: &'a str, ttl: Duration) -> StoreFuture<'a, Lease>;
+
+    /// Extends `lease` to the store's now + `ttl`; returns it with the new expiry. Succeeds iff
+    /// its token is still the run's current one and not released (an expired lease nobody took
+    /// over may be renewed); else [`StoreError::Fenced`].
+    fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease>;
+
+    /// Gives the run up at once: others may acquire it, with a higher token. Fails with
+    /// [`StoreError::Fenced`] if `lease` is no longer current (callers usually ignore that).
+    fn release_lease<'a>(&'a self, lease: &'a Lease) -> StoreFuture<'a, ()>;
+
+    /// The run's current lease, if one is held (not released, not expired). Read-only: for
+    /// operators and tests.
+    fn current_lease<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<Lease>>;
 }

@@ -13,11 +13,15 @@
 //! [`run_all`] runs every case in sequence instead. The cases use only the `RunStore` trait, so
 //! new stores (PostgreSQL) join by adding one line.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kuralle::stores::DEFAULT_MAX_VALUE_BYTES;
-use kuralle::{NewStep, RunFilter, RunRecord, RunStatus, RunStore, StepKind, StepOutcome, StepStatus, StoreError};
+use kuralle::{
+    Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord,
+    StepStatus, StoreError,
+};
 use serde_json::{Value, json};
 
 /// A run record with the given id, status and update time; version 0.
@@ -37,6 +41,79 @@ pub fn run(run_id: &str, status: RunStatus, updated_at_ms: i64) -> RunRecord {
 /// A tool intent with the given key.
 pub fn step(key: &str) -> NewStep {
     NewStep { key: key.to_owned(), kind: StepKind::Tool, name: "echo".to_owned(), epoch: 0, started_at_ms: 1_000 }
+}
+
+/// A store whose writes take (once per run) and carry the run's lease, so the cases about runs
+/// and journals read as before leases existed. The lease cases use the store itself.
+pub struct Owned<S> {
+    store: S,
+    tokens: Mutex<HashMap<String, u64>>,
+}
+
+impl<S: RunStore> Owned<S> {
+    /// Wraps `store`.
+    pub fn new(store: S) -> Self {
+        Self { store, tokens: Mutex::default() }
+    }
+
+    /// The token of this test's lease on `run_id`, acquired on first use.
+    pub async fn fence(&self, run_id: &str) -> u64 {
+        if let Some(token) = self.tokens.lock().unwrap().get(run_id) {
+            return *token;
+        }
+        let lease = self.store.acquire_lease(run_id, "conformance", Duration::from_secs(3600)).await.unwrap();
+        *self.tokens.lock().unwrap().entry(run_id.to_owned()).or_insert(lease.token)
+    }
+
+    /// `create_run` under the run's lease.
+    pub async fn create_run(&self, run: RunRecord) -> Result<(), StoreError> {
+        let fence = self.fence(&run.run_id).await;
+        self.store.create_run(run, fence).await
+    }
+
+    /// `put_run` under the run's lease.
+    pub async fn put_run(&self, run: RunRecord) -> Result<u64, StoreError> {
+        let fence = self.fence(&run.run_id).await;
+        self.store.put_run(run, fence).await
+    }
+
+    /// `append_steps` under the run's lease.
+    pub async fn append_steps(&self, run_id: &str, steps: Vec<NewStep>) -> Result<Vec<u64>, StoreError> {
+        let fence = self.fence(run_id).await;
+        self.store.append_steps(run_id, fence, steps).await
+    }
+
+    /// `finish_step` under the run's lease.
+    pub async fn finish_step(
+        &self,
+        run_id: &str,
+        ordinal: u64,
+        outcome: StepOutcome,
+        at: i64,
+    ) -> Result<(), StoreError> {
+        let fence = self.fence(run_id).await;
+        self.store.finish_step(run_id, fence, ordinal, outcome, at).await
+    }
+
+    /// `get_run`.
+    pub async fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        self.store.get_run(run_id).await
+    }
+
+    /// `list_runs`.
+    pub async fn list_runs(&self, filter: RunFilter) -> Result<Vec<RunSummary>, StoreError> {
+        self.store.list_runs(filter).await
+    }
+
+    /// `delete_run`.
+    pub async fn delete_run(&self, run_id: &str) -> Result<bool, StoreError> {
+        self.store.delete_run(run_id).await
+    }
+
+    /// `steps`.
+    pub async fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        self.store.steps(run_id).await
+    }
 }
 
 /// Runs every case against stores made by `make` (one fresh store per case).
@@ -59,6 +136,9 @@ pub async fn run_all<S: RunStore, G>(make: impl Fn() -> (S, G)) {
         value_size_limit,
         reservation_under_64_concurrent_reservers,
         version_check_with_16_concurrent_writers,
+        lease_16_concurrent_acquirers,
+        lease_takeover_fences_the_old_token,
+        lease_release_gives_a_higher_token,
     );
 }
 
@@ -80,6 +160,9 @@ macro_rules! store_conformance {
             value_size_limit,
             reservation_under_64_concurrent_reservers,
             version_check_with_16_concurrent_writers,
+            lease_16_concurrent_acquirers,
+            lease_takeover_fences_the_old_token,
+            lease_release_gives_a_higher_token,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {$(
@@ -95,6 +178,7 @@ macro_rules! store_conformance {
 /// create / get / put: a created run reads back as given; creating it again is `RunExists`;
 /// `put_run` is a compare-and-swap that bumps the version and keeps `created_at_ms`.
 pub async fn run_create_get_put<S: RunStore>(store: S) {
+    let store = Owned::new(store);
     let original = run("run-1", RunStatus::Running, 10);
     store.create_run(original.clone()).await.unwrap();
     assert_eq!(store.get_run("run-1").await.unwrap(), Some(original.clone()));
@@ -137,6 +221,7 @@ pub async fn run_create_get_put<S: RunStore>(store: S) {
 
 /// `list_runs`: most recently updated first (ties by run id), filtered by status, limited.
 pub async fn run_list_filter_order_limit<S: RunStore>(store: S) {
+    let store = Owned::new(store);
     assert!(store.list_runs(RunFilter::default()).await.unwrap().is_empty());
     let runs = [
         ("a", RunStatus::Finished, 30),
@@ -180,6 +265,7 @@ pub async fn run_list_filter_order_limit<S: RunStore>(store: S) {
 
 /// `delete_run` removes the run and its journal; the id can be reused with a fresh journal.
 pub async fn run_delete<S: RunStore>(store: S) {
+    let store = Owned::new(store);
     store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
     store.create_run(run("run-2", RunStatus::Running, 2)).await.unwrap();
     store.append_steps("run-1", vec![step("a"), step("b")]).await.unwrap();
@@ -198,6 +284,7 @@ pub async fn run_delete<S: RunStore>(store: S) {
 
 /// append / finish / steps round trip, including `Failed` outcomes and unicode JSON.
 pub async fn journal_round_trip<S: RunStore>(store: S) {
+    let store = Owned::new(store);
     store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
     assert!(store.steps("run-1").await.unwrap().is_empty());
 
@@ -262,6 +349,7 @@ pub async fn journal_round_trip<S: RunStore>(store: S) {
 /// A key already in the run's journal (or twice in one call) is `DuplicateKey`, and the whole
 /// call has no effect: no row, no ordinal consumed.
 pub async fn journal_duplicate_key_rejected<S: RunStore>(store: S) {
+    let store = Owned::new(store);
     store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
     assert_eq!(store.append_steps("run-1", vec![step("a")]).await.unwrap(), [0]);
 
@@ -281,6 +369,7 @@ pub async fn journal_duplicate_key_rejected<S: RunStore>(store: S) {
 
 /// `finish_step` only finalizes a `Running` step, once.
 pub async fn journal_finish_non_running_rejected<S: RunStore>(store: S) {
+    let store = Owned::new(store);
     store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
     store.append_steps("run-1", vec![step("a"), step("b")]).await.unwrap();
     store.finish_step("run-1", 0, StepOutcome::Finished(json!(1)), 5).await.unwrap();
@@ -311,6 +400,7 @@ pub async fn journal_finish_non_running_rejected<S: RunStore>(store: S) {
 
 /// Operations on an unknown run.
 pub async fn run_not_found<S: RunStore>(store: S) {
+    let store = Owned::new(store);
     let missing = || StoreError::RunNotFound("ghost".into());
     assert_eq!(store.get_run("ghost").await.unwrap(), None);
     assert_eq!(store.put_run(run("ghost", RunStatus::Running, 1)).await.unwrap_err(), missing());
@@ -326,6 +416,7 @@ pub async fn run_not_found<S: RunStore>(store: S) {
 /// A value over [`DEFAULT_MAX_VALUE_BYTES`] is `LimitExceeded` and writes nothing; the run
 /// goes on.
 pub async fn value_size_limit<S: RunStore>(store: S) {
+    let store = Owned::new(store);
     // Compact JSON of a string is its text plus two quotes.
     let at_limit = Value::String("x".repeat(DEFAULT_MAX_VALUE_BYTES - 2));
     let over = Value::String("x".repeat(DEFAULT_MAX_VALUE_BYTES - 1));
@@ -354,7 +445,7 @@ pub async fn value_size_limit<S: RunStore>(store: S) {
 /// 64 tasks each append 1..=4 steps to one run at once: every ordinal is unique, the union
 /// is exactly `0..n`, and each call's ordinals are contiguous and in its given order.
 pub async fn reservation_under_64_concurrent_reservers<S: RunStore>(store: S) {
-    let store = Arc::new(store);
+    let store = Arc::new(Owned::new(store));
     store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
     let barrier = Arc::new(tokio::sync::Barrier::new(64));
     let tasks: Vec<_> = (0..64)
@@ -401,7 +492,7 @@ pub async fn reservation_under_64_concurrent_reservers<S: RunStore>(store: S) {
 /// `VersionConflict` with the actual version, and the store holds version + 1 with the
 /// winner's state.
 pub async fn version_check_with_16_concurrent_writers<S: RunStore>(store: S) {
-    let store = Arc::new(store);
+    let store = Arc::new(Owned::new(store));
     store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
     for round in 0..10u64 {
         let base = store.get_run("run-1").await.unwrap().unwrap();
@@ -442,4 +533,130 @@ pub async fn version_check_with_16_concurrent_writers<S: RunStore>(store: S) {
         let winner = winners.pop().unwrap();
         assert_eq!(stored, RunRecord { version: round + 1, created_at_ms: 1, ..winner }, "round {round}");
     }
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// 16 tasks acquire one run's lease at once (the run need not exist): exactly one holds it
+/// (token 1); the others get `LeaseHeld` naming the holder.
+pub async fn lease_16_concurrent_acquirers<S: RunStore>(store: S) {
+    let store = Arc::new(store);
+    assert_eq!(store.current_lease("run-1").await.unwrap(), None);
+    let barrier = Arc::new(tokio::sync::Barrier::new(16));
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.acquire_lease("run-1", &format!("owner-{i}"), HOUR).await
+            })
+        })
+        .collect();
+    let mut winners: Vec<Lease> = Vec::new();
+    let mut held = Vec::new();
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(lease) => winners.push(lease),
+            Err(StoreError::LeaseHeld { run_id, owner, expires_at_ms }) => held.push((run_id, owner, expires_at_ms)),
+            Err(other) => panic!("unexpected error {other:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one holder: {winners:?}");
+    let winner = winners.pop().unwrap();
+    assert_eq!((winner.run_id.as_str(), winner.token), ("run-1", 1));
+    assert_eq!(held.len(), 15);
+    for (run_id, owner, expires_at_ms) in held {
+        assert_eq!(
+            (run_id.as_str(), owner.as_str(), expires_at_ms),
+            ("run-1", winner.owner.as_str(), winner.expires_at_ms)
+        );
+    }
+    assert_eq!(store.current_lease("run-1").await.unwrap(), Some(winner.clone()));
+    // The holder's writes go through; nobody else's do.
+    store.create_run(run("run-1", RunStatus::Running, 1), winner.token).await.unwrap();
+    let other = store.create_run(run("run-1", RunStatus::Running, 1), winner.token + 1).await.unwrap_err();
+    assert_eq!(other, StoreError::Fenced { run_id: "run-1".into(), token: winner.token + 1 });
+    // Leases are per run.
+    assert_eq!(store.acquire_lease("run-2", "owner-x", HOUR).await.unwrap().token, 1);
+}
+
+/// After the holder's lease expires another owner takes over with a higher token; every
+/// write and renewal under the old token then fails `Fenced` and changes nothing (a fenced
+/// write never reports `RunExists`, `VersionConflict`, `DuplicateKey` or `StepNotRunning`).
+/// Expiry alone does not fence: a holder nobody replaced may still write and renew.
+pub async fn lease_takeover_fences_the_old_token<S: RunStore>(store: S) {
+    let ttl = Duration::from_millis(100);
+    let old = store.acquire_lease("run-1", "zombie", ttl).await.unwrap();
+    store.create_run(run("run-1", RunStatus::Running, 1), old.token).await.unwrap();
+    store.append_steps("run-1", old.token, vec![step("a"), step("b")]).await.unwrap();
+    store.finish_step("run-1", old.token, 0, StepOutcome::Finished(json!("a")), 2).await.unwrap();
+    let held = store.acquire_lease("run-1", "taker", ttl).await.unwrap_err();
+    assert!(matches!(held, StoreError::LeaseHeld { ref owner, .. } if owner == "zombie"), "{held:?}");
+
+    tokio::time::sleep(ttl * 3).await;
+    // Expired, not yet taken over: the slow holder still writes and renews.
+    assert_eq!(store.current_lease("run-1").await.unwrap(), None, "an expired lease is not current");
+    store.finish_step("run-1", old.token, 1, StepOutcome::Finished(json!("b")), 3).await.unwrap();
+    let old = store.renew_lease(&old, ttl).await.unwrap();
+    assert_eq!(store.current_lease("run-1").await.unwrap().map(|l| l.token), Some(old.token));
+
+    tokio::time::sleep(ttl * 3).await;
+    let new = store.acquire_lease("run-1", "taker", HOUR).await.unwrap();
+    assert!(new.token > old.token, "{new:?} after {old:?}");
+    assert_eq!(new.owner, "taker");
+    assert_eq!(store.current_lease("run-1").await.unwrap(), Some(new.clone()));
+    let record = store.get_run("run-1").await.unwrap().unwrap();
+    let steps = store.steps("run-1").await.unwrap();
+
+    let fenced = StoreError::Fenced { run_id: "run-1".into(), token: old.token };
+    assert_eq!(store.create_run(run("run-1", RunStatus::Paused, 9), old.token).await.unwrap_err(), fenced);
+    assert_eq!(store.put_run(record.clone(), old.token).await.unwrap_err(), fenced);
+    let mut stale = record.clone();
+    stale.version += 5;
+    assert_eq!(store.put_run(stale, old.token).await.unwrap_err(), fenced);
+    assert_eq!(store.append_steps("run-1", old.token, vec![step("c")]).await.unwrap_err(), fenced);
+    assert_eq!(store.append_steps("run-1", old.token, vec![step("a")]).await.unwrap_err(), fenced);
+    assert_eq!(store.finish_step("run-1", old.token, 0, StepOutcome::Finished(json!(0)), 4).await.unwrap_err(), fenced);
+    assert_eq!(store.renew_lease(&old, HOUR).await.unwrap_err(), fenced);
+    assert_eq!(store.release_lease(&old).await.unwrap_err(), fenced);
+    assert_eq!(store.get_run("run-1").await.unwrap(), Some(record.clone()), "fenced writes change nothing");
+    assert_eq!(store.steps("run-1").await.unwrap(), steps);
+    assert_eq!(store.current_lease("run-1").await.unwrap(), Some(new.clone()), "the new holder keeps it");
+
+    // The new holder writes as usual.
+    assert_eq!(store.append_steps("run-1", new.token, vec![step("c")]).await.unwrap(), [2]);
+    assert_eq!(store.put_run(record, new.token).await.unwrap(), 1);
+}
+
+/// Release lets the next owner in at once with a higher token; the released token writes
+/// nothing; tokens never go down, not even after the run is deleted.
+pub async fn lease_release_gives_a_higher_token<S: RunStore>(store: S) {
+    let none = store.append_steps("run-1", 1, vec![step("a")]).await.unwrap_err();
+    assert_eq!(none, StoreError::Fenced { run_id: "run-1".into(), token: 1 }, "no lease, no write");
+    let first = store.acquire_lease("run-1", "a", HOUR).await.unwrap();
+    assert_eq!(first.token, 1);
+    store.create_run(run("run-1", RunStatus::Running, 1), first.token).await.unwrap();
+    store.release_lease(&first).await.unwrap();
+    assert_eq!(store.current_lease("run-1").await.unwrap(), None);
+    let fenced = StoreError::Fenced { run_id: "run-1".into(), token: first.token };
+    assert_eq!(store.append_steps("run-1", first.token, vec![step("a")]).await.unwrap_err(), fenced);
+    assert_eq!(store.renew_lease(&first, HOUR).await.unwrap_err(), fenced);
+    assert_eq!(store.release_lease(&first).await.unwrap_err(), fenced, "released once");
+
+    let second = store.acquire_lease("run-1", "b", HOUR).await.unwrap();
+    assert_eq!(second.token, 2);
+    assert_eq!(store.append_steps("run-1", second.token, vec![step("a")]).await.unwrap(), [0]);
+    let renewed = store.renew_lease(&second, HOUR).await.unwrap();
+    assert_eq!((renewed.token, renewed.owner.as_str()), (2, "b"));
+    assert!(renewed.expires_at_ms >= second.expires_at_ms);
+
+    assert!(store.delete_run("run-1").await.unwrap());
+    store.release_lease(&renewed).await.unwrap();
+    let third = store.acquire_lease("run-1", "c", HOUR).await.unwrap();
+    assert_eq!(third.token, 3, "a deleted run's id never reuses a token");
+    store.create_run(run("run-1", RunStatus::Running, 5), third.token).await.unwrap();
+    assert_eq!(
+        store.append_steps("run-1", second.token, vec![step("z")]).await.unwrap_err(),
+        StoreError::Fenced { run_id: "run-1".into(), token: 2 }
+    );
 }

@@ -270,14 +270,14 @@ fn outage<'a, T: Send + 'a>() -> kuralle::StoreFuture<'a, T> {
 }
 
 impl kuralle::RunStore for FlakyStore {
-    fn create_run(&self, run: kuralle::RunRecord) -> kuralle::StoreFuture<'_, ()> {
-        self.inner.create_run(run)
+    fn create_run(&self, run: kuralle::RunRecord, fence: u64) -> kuralle::StoreFuture<'_, ()> {
+        self.inner.create_run(run, fence)
     }
     fn get_run<'a>(&'a self, run_id: &'a str) -> kuralle::StoreFuture<'a, Option<kuralle::RunRecord>> {
         self.inner.get_run(run_id)
     }
-    fn put_run(&self, run: kuralle::RunRecord) -> kuralle::StoreFuture<'_, u64> {
-        self.inner.put_run(run)
+    fn put_run(&self, run: kuralle::RunRecord, fence: u64) -> kuralle::StoreFuture<'_, u64> {
+        self.inner.put_run(run, fence)
     }
     fn list_runs(&self, filter: kuralle::RunFilter) -> kuralle::StoreFuture<'_, Vec<kuralle::RunSummary>> {
         self.inner.list_runs(filter)
@@ -285,15 +285,21 @@ impl kuralle::RunStore for FlakyStore {
     fn delete_run<'a>(&'a self, run_id: &'a str) -> kuralle::StoreFuture<'a, bool> {
         self.inner.delete_run(run_id)
     }
-    fn append_steps<'a>(&'a self, run_id: &'a str, steps: Vec<kuralle::NewStep>) -> kuralle::StoreFuture<'a, Vec<u64>> {
+    fn append_steps<'a>(
+        &'a self,
+        run_id: &'a str,
+        fence: u64,
+        steps: Vec<kuralle::NewStep>,
+    ) -> kuralle::StoreFuture<'a, Vec<u64>> {
         if self.fail_append.load(Ordering::SeqCst) {
             return outage();
         }
-        self.inner.append_steps(run_id, steps)
+        self.inner.append_steps(run_id, fence, steps)
     }
     fn finish_step<'a>(
         &'a self,
         run_id: &'a str,
+        fence: u64,
         ordinal: u64,
         outcome: kuralle::StepOutcome,
         finished_at_ms: i64,
@@ -302,10 +308,27 @@ impl kuralle::RunStore for FlakyStore {
         if self.fail_finish.load(Ordering::SeqCst) || n >= self.fail_from.load(Ordering::SeqCst) {
             return outage();
         }
-        self.inner.finish_step(run_id, ordinal, outcome, finished_at_ms)
+        self.inner.finish_step(run_id, fence, ordinal, outcome, finished_at_ms)
     }
     fn steps<'a>(&'a self, run_id: &'a str) -> kuralle::StoreFuture<'a, Vec<kuralle::StepRecord>> {
         self.inner.steps(run_id)
+    }
+    fn acquire_lease<'a>(
+        &'a self,
+        run_id: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> kuralle::StoreFuture<'a, kuralle::Lease> {
+        self.inner.acquire_lease(run_id, owner, ttl)
+    }
+    fn renew_lease<'a>(&'a self, lease: &'a kuralle::Lease, ttl: Duration) -> kuralle::StoreFuture<'a, kuralle::Lease> {
+        self.inner.renew_lease(lease, ttl)
+    }
+    fn release_lease<'a>(&'a self, lease: &'a kuralle::Lease) -> kuralle::StoreFuture<'a, ()> {
+        self.inner.release_lease(lease)
+    }
+    fn current_lease<'a>(&'a self, run_id: &'a str) -> kuralle::StoreFuture<'a, Option<kuralle::Lease>> {
+        self.inner.current_lease(run_id)
     }
 }
 

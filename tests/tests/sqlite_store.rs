@@ -11,6 +11,11 @@ use kuralle::{RunFilter, RunRecord, RunStatus, RunStore, StepOutcome, StepStatus
 use kuralle_tests::conformance::{run, step};
 use serde_json::json;
 
+/// Takes `run_id`'s lease for the test (its first token, 1; the lease outlives the test).
+async fn own(store: &SqliteStore, run_id: &str) -> u64 {
+    store.acquire_lease(run_id, "test", Duration::from_secs(3600)).await.unwrap().token
+}
+
 fn db_path() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("runs.db");
@@ -36,16 +41,16 @@ fn assert_unavailable(error: &StoreError, needle: &str) {
 async fn reopen_after_drop_keeps_everything() {
     let (_dir, path) = db_path();
     let store = SqliteStore::open(&path).unwrap();
-    store.create_run(run("run-1", RunStatus::Running, 10)).await.unwrap();
-    store.create_run(run("run-2", RunStatus::Finished, 20)).await.unwrap();
-    store.append_steps("run-1", vec![step("a"), step("b"), step("c")]).await.unwrap();
-    store.finish_step("run-1", 0, StepOutcome::Finished(json!({"ok": "✓ déjà vu"})), 11).await.unwrap();
-    store.finish_step("run-1", 1, StepOutcome::Failed(json!({"kind": "timeout"})), 12).await.unwrap();
+    store.create_run(run("run-1", RunStatus::Running, 10), own(&store, "run-1").await).await.unwrap();
+    store.create_run(run("run-2", RunStatus::Finished, 20), own(&store, "run-2").await).await.unwrap();
+    store.append_steps("run-1", 1, vec![step("a"), step("b"), step("c")]).await.unwrap();
+    store.finish_step("run-1", 1, 0, StepOutcome::Finished(json!({"ok": "✓ déjà vu"})), 11).await.unwrap();
+    store.finish_step("run-1", 1, 1, StepOutcome::Failed(json!({"kind": "timeout"})), 12).await.unwrap();
     let mut updated = store.get_run("run-1").await.unwrap().unwrap();
     updated.state = json!({"turn": 2});
     updated.status = RunStatus::Paused;
     updated.updated_at_ms = 30;
-    store.put_run(updated).await.unwrap();
+    store.put_run(updated, 1).await.unwrap();
 
     let run_1 = store.get_run("run-1").await.unwrap();
     let run_2 = store.get_run("run-2").await.unwrap();
@@ -70,7 +75,7 @@ async fn reopen_after_drop_keeps_everything() {
     assert_eq!(run_1.unwrap().version, 1);
     assert_eq!(steps[2].status, StepStatus::Running);
     // The ordinal counter survived too.
-    assert_eq!(store.append_steps("run-1", vec![step("d")]).await.unwrap(), [3]);
+    assert_eq!(store.append_steps("run-1", 1, vec![step("d")]).await.unwrap(), [3]);
 }
 
 #[test]
@@ -109,8 +114,8 @@ async fn a_database_with_other_tables_gets_our_schema_added() {
          c.execute('create table notes (body text)'); c.execute(\"insert into notes values ('keep me')\"); c.commit()",
     );
     let store = SqliteStore::open(&path).unwrap();
-    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
-    assert_eq!(store.append_steps("run-1", vec![step("a")]).await.unwrap(), [0]);
+    store.create_run(run("run-1", RunStatus::Running, 1), own(&store, "run-1").await).await.unwrap();
+    assert_eq!(store.append_steps("run-1", 1, vec![step("a")]).await.unwrap(), [0]);
     drop(store);
     let notes = python(
         &path,
@@ -147,7 +152,7 @@ async fn a_lock_held_by_another_process_gives_unavailable_after_busy_timeout() {
     let (_dir, path) = db_path();
     let options = SqliteOptions { busy_timeout: Duration::from_millis(300), ..SqliteOptions::default() };
     let store = SqliteStore::open_with(&path, options).unwrap();
-    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    store.create_run(run("run-1", RunStatus::Running, 1), own(&store, "run-1").await).await.unwrap();
 
     let mut holder = Command::new("python3")
         .arg("-c")
@@ -168,7 +173,7 @@ async fn a_lock_held_by_another_process_gives_unavailable_after_busy_timeout() {
     assert_eq!(line.trim(), "locked");
 
     let started = Instant::now();
-    let error = store.append_steps("run-1", vec![step("a")]).await.unwrap_err();
+    let error = store.append_steps("run-1", 1, vec![step("a")]).await.unwrap_err();
     let waited = started.elapsed();
     assert_unavailable(&error, "locked by another process");
     assert!(error.to_string().contains("300 ms"), "{error}");
@@ -179,14 +184,14 @@ async fn a_lock_held_by_another_process_gives_unavailable_after_busy_timeout() {
 
     assert!(holder.wait().unwrap().success());
     // Once the lock is gone the same write succeeds, and the failed attempt used no ordinal.
-    assert_eq!(store.append_steps("run-1", vec![step("a")]).await.unwrap(), [0]);
+    assert_eq!(store.append_steps("run-1", 1, vec![step("a")]).await.unwrap(), [0]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_is_retryable_and_loses_nothing_acknowledged() {
     let (_dir, path) = db_path();
     let store = SqliteStore::open(&path).unwrap();
-    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    store.create_run(run("run-1", RunStatus::Running, 1), own(&store, "run-1").await).await.unwrap();
     drop(store);
 
     // `max_page_count` at the current size (SQLite never sets it lower): the file cannot grow.
@@ -196,7 +201,7 @@ async fn a_full_disk_is_retryable_and_loses_nothing_acknowledged() {
     let mut full = None;
     for i in 0..200 {
         let key = format!("{i:04}-{}", "k".repeat(1500));
-        match store.append_steps("run-1", vec![step(&key)]).await {
+        match store.append_steps("run-1", 1, vec![step(&key)]).await {
             Ok(ordinals) => acknowledged.push((ordinals[0], key)),
             Err(error) => {
                 full = Some(error);
@@ -209,7 +214,7 @@ async fn a_full_disk_is_retryable_and_loses_nothing_acknowledged() {
     // A large result cannot be written either; the step stays running.
     let big = json!("r".repeat(64 * 1024));
     if let Some((ordinal, _)) = acknowledged.first() {
-        let error = store.finish_step("run-1", *ordinal, StepOutcome::Finished(big.clone()), 2).await.unwrap_err();
+        let error = store.finish_step("run-1", 1, *ordinal, StepOutcome::Finished(big.clone()), 2).await.unwrap_err();
         assert_unavailable(&error, "full");
     }
     // Reads still work, and show exactly the acknowledged writes.
@@ -224,8 +229,8 @@ async fn a_full_disk_is_retryable_and_loses_nothing_acknowledged() {
         store.steps("run-1").await.unwrap().into_iter().map(|s| (s.ordinal, s.key)).collect();
     assert_eq!(keys, acknowledged);
     let next = acknowledged.len() as u64;
-    assert_eq!(store.append_steps("run-1", vec![step("after")]).await.unwrap(), [next]);
-    store.finish_step("run-1", next, StepOutcome::Finished(big.clone()), 3).await.unwrap();
+    assert_eq!(store.append_steps("run-1", 1, vec![step("after")]).await.unwrap(), [next]);
+    store.finish_step("run-1", 1, next, StepOutcome::Finished(big.clone()), 3).await.unwrap();
     assert_eq!(store.steps("run-1").await.unwrap()[next as usize].result.as_ref(), Some(&big));
 }
 
@@ -250,23 +255,23 @@ impl Drop for Immutable {
 async fn a_file_that_cannot_be_written_is_retryable_and_loses_nothing_acknowledged() {
     let (_dir, path) = db_path();
     let store = SqliteStore::open(&path).unwrap();
-    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
-    assert_eq!(store.append_steps("run-1", vec![step("a")]).await.unwrap(), [0]);
+    store.create_run(run("run-1", RunStatus::Running, 1), own(&store, "run-1").await).await.unwrap();
+    assert_eq!(store.append_steps("run-1", 1, vec![step("a")]).await.unwrap(), [0]);
 
     let wal = PathBuf::from(format!("{}-wal", path.display()));
     let Some(guard) = Immutable::set(vec![path.clone(), wal]) else {
         eprintln!("skipped: `chattr +i` is not available here");
         return;
     };
-    let error = store.append_steps("run-1", vec![step("b")]).await.unwrap_err();
+    let error = store.append_steps("run-1", 1, vec![step("b")]).await.unwrap_err();
     assert_unavailable(&error, "I/O error");
-    let error = store.finish_step("run-1", 0, StepOutcome::Finished(json!(1)), 2).await.unwrap_err();
+    let error = store.finish_step("run-1", 1, 0, StepOutcome::Finished(json!(1)), 2).await.unwrap_err();
     assert!(error.is_retryable(), "{error:?}");
     drop(guard);
 
     // Writable again: the store keeps working and nothing acknowledged was lost.
-    store.finish_step("run-1", 0, StepOutcome::Finished(json!(1)), 3).await.unwrap();
-    assert_eq!(store.append_steps("run-1", vec![step("b")]).await.unwrap(), [1]);
+    store.finish_step("run-1", 1, 0, StepOutcome::Finished(json!(1)), 3).await.unwrap();
+    assert_eq!(store.append_steps("run-1", 1, vec![step("b")]).await.unwrap(), [1]);
     drop(store);
     let store = SqliteStore::open(&path).unwrap();
     let steps = store.steps("run-1").await.unwrap();
@@ -278,11 +283,11 @@ async fn a_file_that_cannot_be_written_is_retryable_and_loses_nothing_acknowledg
 async fn concurrent_appends_share_commits() {
     let (_dir, path) = db_path();
     let store = SqliteStore::open(&path).unwrap();
-    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    store.create_run(run("run-1", RunStatus::Running, 1), own(&store, "run-1").await).await.unwrap();
 
     let before = store.commit_count();
     let keys: Vec<String> = (0..64).map(|i| format!("call-{i}")).collect();
-    let calls = keys.iter().map(|key| store.append_steps("run-1", vec![step(key)]));
+    let calls = keys.iter().map(|key| store.append_steps("run-1", 1, vec![step(key)]));
     let results = futures::future::join_all(calls).await;
     let commits = store.commit_count() - before;
 
@@ -298,7 +303,7 @@ async fn concurrent_appends_share_commits() {
     let tasks: Vec<_> = (0..64)
         .map(|i| {
             let store = store.clone();
-            tokio::spawn(async move { store.append_steps("run-1", vec![step(&format!("task-{i}"))]).await.unwrap() })
+            tokio::spawn(async move { store.append_steps("run-1", 1, vec![step(&format!("task-{i}"))]).await.unwrap() })
         })
         .collect();
     for task in tasks {
@@ -317,12 +322,12 @@ fn dropping_the_last_clone_stops_the_writer_after_queued_writes() {
     let store = SqliteStore::open(&path).unwrap();
     let clone = store.clone();
     runtime.block_on(async {
-        clone.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+        clone.create_run(run("run-1", RunStatus::Running, 1), own(&clone, "run-1").await).await.unwrap();
     });
     drop(store);
     // The clone still works: the writer runs until the last clone is gone.
     runtime.block_on(async {
-        clone.append_steps("run-1", vec![step("a")]).await.unwrap();
+        clone.append_steps("run-1", 1, vec![step("a")]).await.unwrap();
     });
     let started = Instant::now();
     drop(clone);
@@ -333,4 +338,70 @@ fn dropping_the_last_clone_stops_the_writer_after_queued_writes() {
     let store = SqliteStore::open(&path).unwrap();
     let run: Option<RunRecord> = runtime.block_on(store.get_run("run-1")).unwrap();
     assert!(run.is_some());
+}
+
+/// A store written by the schema-1 release (`tests/fixtures/v1-store.db`: a run whose charge
+/// finished, whose lookup failed, and whose second model step was left running) opens, is
+/// migrated in place, and its run resumes: finished and failed steps replay, nothing re-runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_from_the_previous_release_is_migrated_and_its_run_resumes() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use kuralle::testing::{ScriptedModel, Turn};
+    use kuralle::{AgentDef, Runtime, StepKind};
+    use kuralle_tests::FnTool;
+
+    let (_dir, path) = db_path();
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/v1-store.db"), &path).unwrap();
+    let version = || {
+        python(
+            &path,
+            "import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute('select version from kuralle_schema').fetchone()[0])",
+        )
+    };
+    assert_eq!(version().trim(), "1", "the fixture is a schema-1 file");
+
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(version().trim(), "2", "opening migrated it");
+    let before = store.steps("order-1").await.unwrap();
+    let kinds: Vec<(StepKind, StepStatus)> = before.iter().map(|s| (s.kind, s.status)).collect();
+    assert_eq!(
+        kinds,
+        [
+            (StepKind::Model, StepStatus::Finished),
+            (StepKind::Tool, StepStatus::Finished),
+            (StepKind::Tool, StepStatus::Failed),
+            (StepKind::Model, StepStatus::Running),
+        ]
+    );
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = |name: &str| {
+        let runs = runs.clone();
+        FnTool::new(name, move |_, _| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Ok(json!("ran again")) }
+        })
+    };
+    let model = ScriptedModel::new([Turn::text("Paid; the order was not found.")]);
+    let runtime = Runtime::builder()
+        .agent(AgentDef::new("shop", "Take payment.").tool(counted("charge")).tool(counted("lookup")))
+        .model(model.clone())
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let out = runtime.resume("order-1").await.unwrap();
+    assert_eq!(out.status, RunStatus::Finished);
+    assert_eq!(out.text, "Paid; the order was not found.");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "finished and failed steps replay");
+    let transcript = serde_json::to_string(&model.requests()[0].messages).unwrap();
+    assert!(transcript.contains("no such order"), "the failed lookup replays its typed error: {transcript}");
+    let after = store.steps("order-1").await.unwrap();
+    assert_eq!(after.len(), 4);
+    assert!(after.iter().all(|s| s.status != StepStatus::Running));
+    assert_eq!(store.current_lease("order-1").await.unwrap(), None, "the turn gave its lease back");
+    drop(store);
+    assert_eq!(version().trim(), "2");
+    assert!(SqliteStore::open(&path).is_ok(), "a migrated store reopens");
 }

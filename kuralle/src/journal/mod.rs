@@ -16,7 +16,7 @@ use std::{
 pub use key::{approval_key, canonical_json, effect_key, effect_key_for, helper_key, override_key, tool_key};
 use serde_json::Value;
 
-use crate::{NewStep, RunError, RunStore, StepKind, StepOutcome, StepRecord, StepStatus};
+use crate::{NewStep, RunError, RunStore, StepKind, StepOutcome, StepRecord, StepStatus, runtime::lease::Fence};
 
 /// Milliseconds since the Unix epoch, as stored in records.
 pub(crate) fn now_ms() -> i64 {
@@ -26,6 +26,8 @@ pub(crate) fn now_ms() -> i64 {
 /// One run's journal, as seen by one turn of that run.
 pub(crate) struct Journal {
     store: Arc<dyn RunStore>,
+    /// The turn's lease: every write carries its token; a fenced write stops the turn.
+    fence: Arc<Fence>,
     run_id: String,
     epoch: u64,
     /// `"<run>#<epoch>"`, the key namespace.
@@ -54,13 +56,20 @@ pub(crate) enum Lookup {
 
 impl Journal {
     /// Loads the run's steps. `limit` is `max_steps_per_run`.
-    pub(crate) async fn open(store: Arc<dyn RunStore>, run_id: &str, epoch: u64, limit: u64) -> Result<Self, RunError> {
+    pub(crate) async fn open(
+        store: Arc<dyn RunStore>,
+        fence: Arc<Fence>,
+        run_id: &str,
+        epoch: u64,
+        limit: u64,
+    ) -> Result<Self, RunError> {
         let steps = store.steps(run_id).await?;
         let len = steps.len() as u64;
         // The key moves into the map; the cached record's own copy is never read.
         let by_key = steps.into_iter().map(|mut s| (std::mem::take(&mut s.key), s)).collect();
         Ok(Self {
             store,
+            fence,
             run_id: run_id.to_owned(),
             epoch,
             namespace: format!("{run_id}#{epoch}"),
@@ -81,6 +90,11 @@ impl Journal {
 
     pub(crate) fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// Whether the turn lost the run's lease: nothing more may execute or be journaled.
+    pub(crate) fn lease_lost(&self) -> bool {
+        self.fence.is_lost()
     }
 
     /// The key of the effect at `callsite` with `payload`.
@@ -137,7 +151,8 @@ impl Journal {
                 started_at_ms,
             })
             .collect();
-        let ordinals = match self.store.append_steps(&self.run_id, new).await {
+        let appended = self.store.append_steps(&self.run_id, self.fence.token(), new).await;
+        let ordinals = match self.fence.watch(appended) {
             Ok(o) => o,
             Err(e) => {
                 self.state().len -= n;
@@ -166,7 +181,8 @@ impl Journal {
     /// Records the outcome of the step at `ordinal` (whose key is `key`).
     pub(crate) async fn finish(&self, key: &str, ordinal: u64, outcome: StepOutcome) -> Result<(), RunError> {
         let at = now_ms();
-        self.store.finish_step(&self.run_id, ordinal, outcome.clone(), at).await?;
+        let finished = self.store.finish_step(&self.run_id, self.fence.token(), ordinal, outcome.clone(), at).await;
+        self.fence.watch(finished)?;
         if let Some(s) = self.state().by_key.get_mut(key) {
             s.finished_at_ms = Some(at);
             match outcome {

@@ -2,11 +2,13 @@
 
 pub(crate) mod event;
 mod handle;
+pub(crate) mod lease;
 mod run;
 
-use std::{fmt, sync::Arc};
+use std::{fmt, sync::Arc, time::Duration};
 
 pub use handle::{InterruptHandle, RunHandle};
+pub use lease::DEFAULT_LEASE_TTL;
 pub use run::record_decision;
 use tokio_util::sync::CancellationToken;
 
@@ -32,6 +34,7 @@ pub struct RunRequest {
     pub(crate) session: Option<String>,
     pub(crate) run_id: Option<String>,
     pub(crate) idempotency_key: Option<String>,
+    pub(crate) wait_for_lease: Option<Duration>,
 }
 
 impl RunRequest {
@@ -69,6 +72,20 @@ impl RunRequest {
     #[must_use]
     pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// When another caller owns the run, wait up to `max` for it to let go (polling with
+    /// backoff) instead of failing at once with [`RunError::Busy`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let req = kuralle::RunRequest::new("hi").run_id("run-1").wait_for_lease(Duration::from_secs(5));
+    /// # let _ = req;
+    /// ```
+    #[must_use]
+    pub fn wait_for_lease(mut self, max: Duration) -> Self {
+        self.wait_for_lease = Some(max);
         self
     }
 }
@@ -127,6 +144,7 @@ pub(crate) struct Inner {
     pub(crate) store: Arc<dyn RunStore>,
     pub(crate) max_steps_per_run: u64,
     pub(crate) max_result_bytes: usize,
+    pub(crate) lease_ttl: Duration,
 }
 
 /// Runs agents. Cheap to clone; clones share agents, model and store.
@@ -175,13 +193,18 @@ impl Runtime {
 
     /// Runs a turn. Must be called within a Tokio runtime: the run is a spawned task, so it
     /// completes (and journals) even if the handle is dropped.
+    ///
+    /// The turn first takes the run's lease (one owner per run): if another caller owns the
+    /// run, the handle ends at once with [`RunError::Busy`] and nothing executes (see
+    /// [`RunRequest::wait_for_lease`]). A turn that loses its lease ends with
+    /// [`RunError::LeaseLost`].
     pub fn run(&self, request: impl Into<RunRequest>) -> RunHandle {
         let request = request.into();
         let interrupt = CancellationToken::new();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let inner = Arc::clone(&self.inner);
         let token = interrupt.clone();
-        let task = tokio::spawn(async move { run::run(inner, request, tx, token).await });
+        let task = tokio::spawn(async move { run::run(inner, request, tx, token, None).await });
         RunHandle::new(rx, task, interrupt)
     }
 
@@ -195,19 +218,18 @@ impl Runtime {
     /// Delivers a human decision to a paused run and resumes it: approved calls run, denied
     /// ones give the model a `{"__denied": true, ...}` result and never execute. Without
     /// [`Decision::for_request`] the decision applies to every pending call.
+    ///
+    /// The decision is recorded and the turn resumed under one lease (as
+    /// [`record_decision`](crate::record_decision) records it). Of concurrent deliveries
+    /// exactly one executes; the others end with [`RunError::Busy`] or
+    /// [`RunError::AlreadyDecided`].
     pub fn deliver(&self, run_id: impl Into<String>, decision: Decision) -> RunHandle {
-        let run_id = run_id.into();
+        let request = RunRequest { run_id: Some(run_id.into()), ..RunRequest::default() };
         let interrupt = CancellationToken::new();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let inner = Arc::clone(&self.inner);
         let token = interrupt.clone();
-        let task = tokio::spawn(async move {
-            if let Err(e) = run::record_decision(inner.store.as_ref(), &run_id, &decision).await {
-                let _ = tx.send(crate::Event::Error { message: e.to_string() });
-                return Err(e);
-            }
-            run::run(inner, RunRequest { run_id: Some(run_id), ..RunRequest::default() }, tx, token).await
-        });
+        let task = tokio::spawn(async move { run::run(inner, request, tx, token, Some(decision)).await });
         RunHandle::new(rx, task, interrupt)
     }
 
@@ -241,6 +263,7 @@ pub struct RuntimeBuilder {
     store: Option<Arc<dyn RunStore>>,
     max_steps_per_run: Option<u64>,
     max_result_bytes: Option<usize>,
+    lease_ttl: Option<Duration>,
 }
 
 impl fmt::Debug for RuntimeBuilder {
@@ -300,13 +323,46 @@ impl RuntimeBuilder {
         self
     }
 
+    /// How long a turn's lease on its run lasts without renewal (default
+    /// [`DEFAULT_LEASE_TTL`], 30 s). The turn renews it every third of this; a process that
+    /// dies or stalls longer loses the run to the next caller, and its late writes are
+    /// rejected. Shorter means faster takeover of a crashed process's runs, and more renewals.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let builder = kuralle::Runtime::builder().lease_ttl(Duration::from_secs(10));
+    /// # let _ = builder;
+    /// ```
+    #[must_use]
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = Some(ttl);
+        self
+    }
+
     /// Checks the configuration and builds the runtime.
     ///
     /// # Errors
-    /// [`RunError::Config`]: no agent, two agents with one id, or an agent without a model.
+    /// [`RunError::Config`]: no agent, two agents with one id, an agent without a model, a
+    /// zero lease TTL, or a tool that is `at_most_once` with `replay() == false` (a call
+    /// that is never answered from the journal cannot be held to at most once: after a crash
+    /// it would run again; `#[tool]` rejects that combination at compile time, and this check
+    /// covers hand-written [`Tool`](crate::Tool) impls).
     pub fn build(self) -> Result<Runtime, RunError> {
         if self.agents.is_empty() {
             return Err(RunError::Config("register at least one agent with `.agent(..)`".into()));
+        }
+        if self.lease_ttl.is_some_and(|ttl| ttl.is_zero()) {
+            return Err(RunError::Config("`lease_ttl` must be longer than zero".into()));
+        }
+        for a in &self.agents {
+            if let Some(t) = a.tools.iter().find(|t| t.at_most_once() && !t.replay()) {
+                return Err(RunError::Config(format!(
+                    "tool `{}` of agent `{}` is `at_most_once` with `replay = false`: a call never answered \
+                     from the journal would run again after a crash; drop one of the two",
+                    t.name(),
+                    a.id
+                )));
+            }
         }
         for (i, a) in self.agents.iter().enumerate() {
             if self.agents[..i].iter().any(|b| b.id == a.id) {
@@ -326,6 +382,7 @@ impl RuntimeBuilder {
                 store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
                 max_steps_per_run: self.max_steps_per_run.unwrap_or(DEFAULT_MAX_STEPS_PER_RUN),
                 max_result_bytes: self.max_result_bytes.unwrap_or(DEFAULT_MAX_RESULT_BYTES),
+                lease_ttl: self.lease_ttl.unwrap_or(DEFAULT_LEASE_TTL),
             }),
         })
     }

@@ -10,7 +10,11 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{Inner, RunRequest, event::RunOutput};
+use super::{
+    Decision, Inner, RunRequest,
+    event::RunOutput,
+    lease::{self, Fence, Held},
+};
 use crate::{
     AgentDef, Event, FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, RunError, RunRecord,
     RunStatus, RunStore, StepKind, StepOutcome, StoreError, ToolCallRequest, Usage,
@@ -56,16 +60,38 @@ enum Opened {
     Done(RunOutput),
 }
 
+/// One turn under the run's lease: taken before anything is read, renewed while the turn
+/// runs, released when it closes (a paused run holds no lease). With `decision`, the decision
+/// is recorded under the same lease first (`deliver`).
 pub(super) async fn run(
     rt: Arc<Inner>,
     req: RunRequest,
     events: UnboundedSender<Event>,
     interrupt: CancellationToken,
+    decision: Option<Decision>,
 ) -> Result<RunOutput, RunError> {
     let run_id = req.run_id.clone().or_else(|| req.session.clone()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let span = crate::trace::run_span(&run_id);
     let started = std::time::Instant::now();
-    let result = turn(&rt, &req, &run_id, &events, interrupt).instrument(span.clone()).await;
+    let result = async {
+        let lease = lease::acquire(rt.store.as_ref(), &run_id, rt.lease_ttl, req.wait_for_lease).await?;
+        tracing::debug!(token = lease.token, owner = %lease.owner, "took the run's lease");
+        let held = Held::start(Arc::clone(&rt.store), lease, rt.lease_ttl, interrupt.clone());
+        let fence = Arc::clone(held.fence());
+        let result = match &decision {
+            Some(d) => record_under(rt.store.as_ref(), &fence, &run_id, d).await,
+            None => Ok(()),
+        };
+        let result = match result {
+            Ok(()) => turn(&rt, &req, &run_id, &events, interrupt, &fence).await,
+            Err(e) => Err(e),
+        };
+        let result = fence.settle(result);
+        held.release().await;
+        result
+    }
+    .instrument(span.clone())
+    .await;
     match &result {
         Ok(out) => {
             span.record("status", out.status.as_str());
@@ -101,7 +127,7 @@ fn output_of(record: &RunRecord, state: &RunState) -> RunOutput {
     RunOutput { run_id: record.run_id.clone(), text: state.output.clone(), status: record.status, usage: state.usage }
 }
 
-async fn open(rt: &Inner, req: &RunRequest, run_id: &str) -> Result<Opened, RunError> {
+async fn open(rt: &Inner, req: &RunRequest, run_id: &str, fence: u64) -> Result<Opened, RunError> {
     let store = &rt.store;
     let Some(mut record) = store.get_run(run_id).await? else {
         let Some(input) = req.input.clone() else { return Err(RunError::RunNotFound(run_id.to_owned())) };
@@ -122,7 +148,7 @@ async fn open(rt: &Inner, req: &RunRequest, run_id: &str) -> Result<Opened, RunE
             created_at_ms: now,
             updated_at_ms: now,
         };
-        store.create_run(record.clone()).await?;
+        store.create_run(record.clone(), fence).await?;
         return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) });
     };
     let mut state = decode_state(&record)?;
@@ -154,7 +180,7 @@ async fn open(rt: &Inner, req: &RunRequest, run_id: &str) -> Result<Opened, RunE
             }
             record.state = serde_json::to_value(&state).unwrap_or(Value::Null);
             record.updated_at_ms = now_ms();
-            record.version = store.put_run(record.clone()).await?;
+            record.version = store.put_run(record.clone(), fence).await?;
         }
     }
     Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) })
@@ -166,8 +192,9 @@ async fn turn(
     run_id: &str,
     events: &UnboundedSender<Event>,
     interrupt: CancellationToken,
+    fence: &Arc<Fence>,
 ) -> Result<RunOutput, RunError> {
-    let (record, state) = match open(rt, req, run_id).await? {
+    let (record, state) = match open(rt, req, run_id, fence.token()).await? {
         Opened::Done(out) => {
             let _ = events.send(Event::RunStarted { run_id: run_id.to_owned() });
             let _ = events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage });
@@ -175,11 +202,12 @@ async fn turn(
         }
         Opened::Turn { record, state } => (*record, *state),
     };
-    let result = drive(rt, run_id, record, state, events, interrupt).await;
+    let result = drive(rt, run_id, record, state, events, interrupt, fence).await;
     if let Err(e) = &result
         && ends_the_run(e)
+        && !fence.is_lost()
     {
-        mark_failed(rt.store.as_ref(), run_id).await;
+        mark_failed(rt.store.as_ref(), run_id, fence.token()).await;
     }
     result
 }
@@ -197,11 +225,11 @@ fn ends_the_run(e: &RunError) -> bool {
 }
 
 /// Best effort: a failure to record the failure leaves the run resumable, which is safe.
-async fn mark_failed(store: &dyn RunStore, run_id: &str) {
+async fn mark_failed(store: &dyn RunStore, run_id: &str, fence: u64) {
     let Ok(Some(mut record)) = store.get_run(run_id).await else { return };
     record.status = RunStatus::Failed;
     record.updated_at_ms = now_ms();
-    if let Err(e) = store.put_run(record).await {
+    if let Err(e) = store.put_run(record, fence).await {
         tracing::warn!(run_id, error = %e, "could not mark the run failed");
     }
 }
@@ -213,6 +241,7 @@ async fn drive(
     state: RunState,
     events: &UnboundedSender<Event>,
     interrupt: CancellationToken,
+    fence: &Arc<Fence>,
 ) -> Result<RunOutput, RunError> {
     let agent = agent(rt, Some(&record.agent_id))?.clone();
     tracing::Span::current().record("agent", agent.id.as_str());
@@ -222,7 +251,8 @@ async fn drive(
     };
     let _ = events.send(Event::RunStarted { run_id: run_id.to_owned() });
 
-    let journal = Journal::open(Arc::clone(&rt.store), run_id, record.epoch, rt.max_steps_per_run).await?;
+    let journal =
+        Journal::open(Arc::clone(&rt.store), Arc::clone(fence), run_id, record.epoch, rt.max_steps_per_run).await?;
     let ctx = Arc::new(TurnCtx {
         journal,
         tools: agent.tools.clone(),
@@ -303,7 +333,12 @@ async fn drive(
         // before the turn.
         transcript = state.messages.clone();
     }
-    let out = close(rt.store.as_ref(), record, state, Closing { transcript, status, text, usage, pending }).await?;
+    if fence.is_lost() {
+        // Another owner carries the run on; this turn writes nothing more.
+        return Err(RunError::LeaseLost { run_id: run_id.to_owned(), token: fence.token() });
+    }
+    let closing = Closing { transcript, status, text, usage, pending };
+    let out = close(rt.store.as_ref(), fence.token(), record, state, closing).await?;
     let _ = events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage });
     Ok(out)
 }
@@ -393,6 +428,7 @@ struct Closing {
 
 async fn close(
     store: &dyn RunStore,
+    fence: u64,
     mut record: RunRecord,
     mut state: RunState,
     closing: Closing,
@@ -412,7 +448,7 @@ async fn close(
             updated_at_ms: now_ms(),
             ..record.clone()
         };
-        match store.put_run(attempt).await {
+        match store.put_run(attempt, fence).await {
             Ok(version) => {
                 record.version = version;
                 return Ok(output_of(&record, &state));
@@ -434,35 +470,71 @@ async fn close(
 }
 
 /// Records a human decision on a paused run's pending calls (all of them, or the one the
-/// decision names), without resuming it: the run's owner (or a worker) picks it up.
-/// [`Runtime::deliver`](crate::Runtime::deliver) records through this function too.
-/// Recording is idempotent: a decision already recorded is kept.
+/// decision names), under the run's lease, without resuming the run: the next `resume` (or a
+/// worker) carries it on. This is what [`Runtime::deliver`](crate::Runtime::deliver) does before
+/// it resumes, and what an operator's tool calls.
+///
+/// ```
+/// use kuralle::{Decision, RunError, stores::MemoryStore};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let store = MemoryStore::new();
+/// let err = kuralle::record_decision(&store, "no-such-run", &Decision::approve("alice")).await.unwrap_err();
+/// assert!(matches!(err, RunError::RunNotFound(_)));
+/// # });
+/// ```
 ///
 /// # Errors
-/// [`RunError::RunNotFound`], [`RunError::NotPending`] when the run does not wait on that
-/// request, [`RunError::Store`] when the store fails.
-pub async fn record_decision(store: &dyn RunStore, run_id: &str, decision: &super::Decision) -> Result<(), RunError> {
+/// [`RunError::Busy`] when another caller owns the run; [`RunError::AlreadyDecided`] when the
+/// named call(s) already have a decision; [`RunError::NotPending`] when the run waits for no
+/// such decision; [`RunError::RunNotFound`]; [`RunError::Store`] when the store fails.
+pub async fn record_decision(store: &dyn RunStore, run_id: &str, decision: &Decision) -> Result<(), RunError> {
+    let lease = lease::acquire(store, run_id, lease::DEFAULT_LEASE_TTL, None).await?;
+    let fence = Fence::new(&lease, CancellationToken::new());
+    let result = fence.settle(record_under(store, &fence, run_id, decision).await);
+    if !fence.is_lost() {
+        let _ = store.release_lease(&lease).await;
+    }
+    result
+}
+
+/// [`record_decision`] under a lease the caller holds.
+async fn record_under(store: &dyn RunStore, fence: &Fence, run_id: &str, decision: &Decision) -> Result<(), RunError> {
     let record = store.get_run(run_id).await?.ok_or_else(|| RunError::RunNotFound(run_id.to_owned()))?;
     let state = decode_state(&record)?;
+    let request_id = || decision.request_id.clone().unwrap_or_else(|| "*".to_owned());
+    let recorded: std::collections::HashSet<String> = store.steps(run_id).await?.into_iter().map(|s| s.key).collect();
     let targets: Vec<&Pending> = state
         .pending
         .iter()
         .filter(|p| decision.request_id.as_ref().is_none_or(|id| *id == p.request.request_id))
         .collect();
     if record.status != RunStatus::Paused || targets.is_empty() {
-        return Err(RunError::NotPending {
-            run_id: run_id.to_owned(),
-            request_id: decision.request_id.clone().unwrap_or_else(|| "*".to_owned()),
+        // A decision key's first 24 hex digits are its request id: a decided request shows in
+        // the journal after the run moved on.
+        let decided = match &decision.request_id {
+            Some(id) => {
+                id.strip_prefix("approval-").is_some_and(|prefix| recorded.iter().any(|k| k.starts_with(prefix)))
+            }
+            None => false,
+        };
+        return Err(if decided {
+            RunError::AlreadyDecided { run_id: run_id.to_owned(), request_id: request_id() }
+        } else {
+            RunError::NotPending { run_id: run_id.to_owned(), request_id: request_id() }
         });
     }
-    let recorded: std::collections::HashSet<String> = store.steps(run_id).await?.into_iter().map(|s| s.key).collect();
+    let undecided: Vec<&Pending> = targets.into_iter().filter(|p| !recorded.contains(&p.decision_key)).collect();
+    if undecided.is_empty() {
+        return Err(RunError::AlreadyDecided { run_id: run_id.to_owned(), request_id: request_id() });
+    }
     let value = serde_json::to_value(RecordedDecision {
         approved: decision.approved,
         by: decision.by.clone(),
         reason: decision.reason.clone(),
     })
     .unwrap_or(Value::Null);
-    for p in targets.into_iter().filter(|p| !recorded.contains(&p.decision_key)) {
+    for p in undecided {
         let step = crate::NewStep {
             key: p.decision_key.clone(),
             kind: StepKind::Approval,
@@ -470,14 +542,9 @@ pub async fn record_decision(store: &dyn RunStore, run_id: &str, decision: &supe
             epoch: record.epoch,
             started_at_ms: now_ms(),
         };
-        match store.append_steps(run_id, vec![step]).await {
-            Ok(ordinals) => {
-                store.finish_step(run_id, ordinals[0], StepOutcome::Finished(value.clone()), now_ms()).await?
-            }
-            // A concurrent delivery recorded it first: the first decision stands.
-            Err(StoreError::DuplicateKey { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
+        let ordinals = fence.watch(store.append_steps(run_id, fence.token(), vec![step]).await)?;
+        let outcome = StepOutcome::Finished(value.clone());
+        fence.watch(store.finish_step(run_id, fence.token(), ordinals[0], outcome, now_ms()).await)?;
     }
     Ok(())
 }

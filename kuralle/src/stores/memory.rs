@@ -3,10 +3,15 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::{DEFAULT_MAX_VALUE_BYTES, check_value_size};
+use crate::journal::now_ms;
 use crate::store::{
-    NewStep, RunFilter, RunRecord, RunStore, RunSummary, StepOutcome, StepRecord, StepStatus, StoreError, StoreFuture,
+    Lease, NewStep, RunFilter, RunRecord, RunStore, RunSummary, StepOutcome, StepRecord, StepStatus, StoreError,
+    StoreFuture,
 };
 
 /// A [`RunStore`] that keeps runs and journals in memory, behind one mutex.
@@ -15,12 +20,16 @@ use crate::store::{
 /// Its semantics are exactly those of the durable stores (same errors, same ordering, same
 /// value size limit). Clones share the same data.
 ///
+/// Lease expiry uses Tokio's clock ([`tokio::time::Instant`]), so a test with a paused clock
+/// (`#[tokio::test(start_paused = true)]`) can expire a lease with `tokio::time::advance`.
+///
 /// ```
 /// use kuralle::stores::MemoryStore;
 /// use kuralle::{NewStep, RunRecord, RunStatus, RunStore, StepKind, StepOutcome};
 ///
 /// # futures::executor::block_on(async {
 /// let store = MemoryStore::new();
+/// let lease = store.acquire_lease("run-1", "me", std::time::Duration::from_secs(30)).await?;
 /// let run = RunRecord {
 ///     run_id: "run-1".into(),
 ///     agent_id: "support".into(),
@@ -31,11 +40,11 @@ use crate::store::{
 ///     created_at_ms: 1,
 ///     updated_at_ms: 1,
 /// };
-/// store.create_run(run).await?;
+/// store.create_run(run, lease.token).await?;
 /// let step = NewStep { key: "k1".into(), kind: StepKind::Tool, name: "echo".into(), epoch: 0, started_at_ms: 2 };
-/// let ordinals = store.append_steps("run-1", vec![step]).await?;
+/// let ordinals = store.append_steps("run-1", lease.token, vec![step]).await?;
 /// assert_eq!(ordinals, [0]);
-/// store.finish_step("run-1", 0, StepOutcome::Finished(serde_json::json!("hi")), 3).await?;
+/// store.finish_step("run-1", lease.token, 0, StepOutcome::Finished(serde_json::json!("hi")), 3).await?;
 ///
 /// // A clone sees the same journal.
 /// let steps = store.clone().steps("run-1").await?;
@@ -47,11 +56,40 @@ use crate::store::{
 pub struct MemoryStore {
     inner: Arc<Mutex<State>>,
     max_value_bytes: usize,
+    clock: Clock,
 }
 
 #[derive(Debug, Default)]
 struct State {
     runs: HashMap<String, RunEntry>,
+    /// Kept when a run is deleted, so a reused id never reuses a token.
+    leases: HashMap<String, LeaseRow>,
+}
+
+#[derive(Debug)]
+struct LeaseRow {
+    owner: String,
+    token: u64,
+    expires_at: Instant,
+    released: bool,
+}
+
+/// Maps Tokio instants to wall-clock milliseconds, for [`Lease::expires_at_ms`].
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    base: Instant,
+    base_ms: i64,
+}
+
+impl Clock {
+    fn new() -> Self {
+        Self { base: Instant::now(), base_ms: now_ms() }
+    }
+
+    fn ms(self, at: Instant) -> i64 {
+        let after = i64::try_from(at.saturating_duration_since(self.base).as_millis()).unwrap_or(i64::MAX);
+        self.base_ms.saturating_add(after)
+    }
 }
 
 #[derive(Debug)]
@@ -65,7 +103,7 @@ struct RunEntry {
 
 impl Default for MemoryStore {
     fn default() -> Self {
-        Self { inner: Arc::default(), max_value_bytes: DEFAULT_MAX_VALUE_BYTES }
+        Self { inner: Arc::default(), max_value_bytes: DEFAULT_MAX_VALUE_BYTES, clock: Clock::new() }
     }
 }
 
@@ -98,9 +136,11 @@ impl MemoryStore {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn create_run_now(&self, run: RunRecord) -> Result<(), StoreError> {
+    fn create_run_now(&self, run: RunRecord, fence: u64) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        state.check_fence(&run.run_id, fence)?;
         check_value_size("run state", &run.state, self.max_value_bytes)?;
-        match self.lock().runs.entry(run.run_id.clone()) {
+        match state.runs.entry(run.run_id.clone()) {
             Entry::Occupied(_) => Err(StoreError::RunExists(run.run_id)),
             Entry::Vacant(slot) => {
                 slot.insert(RunEntry { record: run, steps: Vec::new(), keys: HashMap::new() });
@@ -109,9 +149,10 @@ impl MemoryStore {
         }
     }
 
-    fn put_run_now(&self, run: RunRecord) -> Result<u64, StoreError> {
-        check_value_size("run state", &run.state, self.max_value_bytes)?;
+    fn put_run_now(&self, run: RunRecord, fence: u64) -> Result<u64, StoreError> {
         let mut state = self.lock();
+        state.check_fence(&run.run_id, fence)?;
+        check_value_size("run state", &run.state, self.max_value_bytes)?;
         let Some(entry) = state.runs.get_mut(&run.run_id) else {
             return Err(StoreError::RunNotFound(run.run_id));
         };
@@ -154,8 +195,9 @@ impl MemoryStore {
         runs
     }
 
-    fn append_steps_now(&self, run_id: &str, steps: Vec<NewStep>) -> Result<Vec<u64>, StoreError> {
+    fn append_steps_now(&self, run_id: &str, fence: u64, steps: Vec<NewStep>) -> Result<Vec<u64>, StoreError> {
         let mut state = self.lock();
+        state.check_fence(run_id, fence)?;
         let Some(entry) = state.runs.get_mut(run_id) else {
             return Err(StoreError::RunNotFound(run_id.to_owned()));
         };
@@ -194,15 +236,17 @@ impl MemoryStore {
     fn finish_step_now(
         &self,
         run_id: &str,
+        fence: u64,
         ordinal: u64,
         outcome: StepOutcome,
         finished_at_ms: i64,
     ) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        state.check_fence(run_id, fence)?;
         match &outcome {
             StepOutcome::Finished(value) => check_value_size("step result", value, self.max_value_bytes)?,
             StepOutcome::Failed(value) => check_value_size("step error", value, self.max_value_bytes)?,
         }
-        let mut state = self.lock();
         let Some(entry) = state.runs.get_mut(run_id) else {
             return Err(StoreError::RunNotFound(run_id.to_owned()));
         };
@@ -223,20 +267,87 @@ impl MemoryStore {
         step.finished_at_ms = Some(finished_at_ms);
         Ok(())
     }
+
+    fn acquire_now(&self, run_id: &str, owner: &str, ttl: Duration) -> Result<Lease, StoreError> {
+        let now = Instant::now();
+        let expires_at = now + ttl;
+        let mut state = self.lock();
+        let token = match state.leases.get(run_id) {
+            Some(row) if !row.released && row.expires_at > now => {
+                return Err(StoreError::LeaseHeld {
+                    run_id: run_id.to_owned(),
+                    owner: row.owner.clone(),
+                    expires_at_ms: self.clock.ms(row.expires_at),
+                });
+            }
+            Some(row) => row.token + 1,
+            None => 1,
+        };
+        state
+            .leases
+            .insert(run_id.to_owned(), LeaseRow { owner: owner.to_owned(), token, expires_at, released: false });
+        Ok(Lease {
+            run_id: run_id.to_owned(),
+            owner: owner.to_owned(),
+            token,
+            expires_at_ms: self.clock.ms(expires_at),
+        })
+    }
+
+    fn renew_now(&self, lease: &Lease, ttl: Duration) -> Result<Lease, StoreError> {
+        let mut state = self.lock();
+        state.check_fence(&lease.run_id, lease.token)?;
+        let expires_at = Instant::now() + ttl;
+        if let Some(row) = state.leases.get_mut(&lease.run_id) {
+            row.expires_at = expires_at;
+        }
+        Ok(Lease { expires_at_ms: self.clock.ms(expires_at), ..lease.clone() })
+    }
+
+    fn release_now(&self, lease: &Lease) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        state.check_fence(&lease.run_id, lease.token)?;
+        if let Some(row) = state.leases.get_mut(&lease.run_id) {
+            row.released = true;
+        }
+        Ok(())
+    }
+
+    fn current_now(&self, run_id: &str) -> Option<Lease> {
+        let state = self.lock();
+        let row = state.leases.get(run_id).filter(|row| !row.released && row.expires_at > Instant::now())?;
+        Some(Lease {
+            run_id: run_id.to_owned(),
+            owner: row.owner.clone(),
+            token: row.token,
+            expires_at_ms: self.clock.ms(row.expires_at),
+        })
+    }
+}
+
+impl State {
+    /// Accepts a write iff the run's lease is unreleased and its token is `fence`; expiry
+    /// alone does not reject (only a newer grant or a release does).
+    fn check_fence(&self, run_id: &str, fence: u64) -> Result<(), StoreError> {
+        match self.leases.get(run_id) {
+            Some(row) if row.token == fence && !row.released => Ok(()),
+            _ => Err(StoreError::Fenced { run_id: run_id.to_owned(), token: fence }),
+        }
+    }
 }
 
 // Each future does its work when first polled, like the durable stores' futures.
 impl RunStore for MemoryStore {
-    fn create_run(&self, run: RunRecord) -> StoreFuture<'_, ()> {
-        Box::pin(async move { self.create_run_now(run) })
+    fn create_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, ()> {
+        Box::pin(async move { self.create_run_now(run, fence) })
     }
 
     fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunRecord>> {
         Box::pin(async move { Ok(self.lock().runs.get(run_id).map(|entry| entry.record.clone())) })
     }
 
-    fn put_run(&self, run: RunRecord) -> StoreFuture<'_, u64> {
-        Box::pin(async move { self.put_run_now(run) })
+    fn put_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, u64> {
+        Box::pin(async move { self.put_run_now(run, fence) })
     }
 
     fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>> {
@@ -247,21 +358,38 @@ impl RunStore for MemoryStore {
         Box::pin(async move { Ok(self.lock().runs.remove(run_id).is_some()) })
     }
 
-    fn append_steps<'a>(&'a self, run_id: &'a str, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>> {
-        Box::pin(async move { self.append_steps_now(run_id, steps) })
+    fn append_steps<'a>(&'a self, run_id: &'a str, fence: u64, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>> {
+        Box::pin(async move { self.append_steps_now(run_id, fence, steps) })
     }
 
     fn finish_step<'a>(
         &'a self,
         run_id: &'a str,
+        fence: u64,
         ordinal: u64,
         outcome: StepOutcome,
         finished_at_ms: i64,
     ) -> StoreFuture<'a, ()> {
-        Box::pin(async move { self.finish_step_now(run_id, ordinal, outcome, finished_at_ms) })
+        Box::pin(async move { self.finish_step_now(run_id, fence, ordinal, outcome, finished_at_ms) })
     }
 
     fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>> {
         Box::pin(async move { Ok(self.lock().runs.get(run_id).map(|entry| entry.steps.clone()).unwrap_or_default()) })
+    }
+
+    fn acquire_lease<'a>(&'a self, run_id: &'a str, owner: &'a str, ttl: Duration) -> StoreFuture<'a, Lease> {
+        Box::pin(async move { self.acquire_now(run_id, owner, ttl) })
+    }
+
+    fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease> {
+        Box::pin(async move { self.renew_now(lease, ttl) })
+    }
+
+    fn release_lease<'a>(&'a self, lease: &'a Lease) -> StoreFuture<'a, ()> {
+        Box::pin(async move { self.release_now(lease) })
+    }
+
+    fn current_lease<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<Lease>> {
+        Box::pin(async move { Ok(self.current_now(run_id)) })
     }
 }

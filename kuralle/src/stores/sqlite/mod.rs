@@ -1,0 +1,501 @@
+//! `SqliteStore`: the embedded durable store.
+//!
+//! Layout (one idea per file):
+//! - `writer.rs`: one **writer thread** owns the only write connection and commits every
+//!   queued write together (group commit); an acknowledged write is durable
+//!   (`synchronous=FULL`).
+//! - `sql.rs`: the SQL of the `RunStore` contract, including leases and the fence check that
+//!   runs in each write's own transaction.
+//! - `schema.rs`: the schema, its migrations, and the write connection's pragmas.
+//! - `codec.rs`: rows ↔ records, and SQLite errors → typed store errors.
+//! - Here: the store handle, its options, and the pool of read-only connections (WAL readers
+//!   never wait for the writer), used on `spawn_blocking`.
+
+mod codec;
+mod schema;
+mod sql;
+mod writer;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+use tokio::sync::oneshot;
+
+use self::codec::{Mapper, prepare_run, to_i64, to_json};
+use self::schema::configure_writer;
+use self::writer::{FnJob, Job, writer_loop};
+use super::DEFAULT_MAX_VALUE_BYTES;
+use crate::store::{
+    Lease, NewStep, RunFilter, RunRecord, RunStore, RunSummary, StepOutcome, StepRecord, StoreError, StoreFuture,
+};
+
+/// Settings of a [`SqliteStore`]; start from [`Default`] and override fields.
+///
+/// ```
+/// use std::time::Duration;
+/// use kuralle::stores::SqliteOptions;
+///
+/// let options = SqliteOptions { busy_timeout: Duration::from_millis(500), ..SqliteOptions::default() };
+/// assert_eq!(options.max_batch, 256);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// How long a write waits for a lock held by another process or connection before it fails
+    /// with a retryable [`StoreError::Unavailable`]. Default 5 s.
+    pub busy_timeout: Duration,
+    /// The most writes committed together in one transaction (group commit). Default 256.
+    pub max_batch: usize,
+    /// The largest accepted JSON value (run state, step result or error), in bytes of JSON
+    /// text. Default [`DEFAULT_MAX_VALUE_BYTES`](super::DEFAULT_MAX_VALUE_BYTES).
+    pub max_value_bytes: usize,
+    /// Caps the database size in pages (`PRAGMA max_page_count`) on the write connection; a
+    /// write that needs more fails with a retryable [`StoreError::Unavailable`], as on a full
+    /// disk. Default `None` (SQLite's own limit).
+    pub max_page_count: Option<u64>,
+    /// Idle read connections kept open. Default 4.
+    pub read_connections: usize,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            busy_timeout: Duration::from_secs(5),
+            max_batch: 256,
+            max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
+            max_page_count: None,
+            read_connections: 4,
+        }
+    }
+}
+
+/// The embedded durable [`RunStore`]: a SQLite database file in WAL mode with
+/// `synchronous=FULL`, written by one thread that commits concurrent writes together.
+///
+/// An acknowledged write survives a process crash and a power loss (if the device honours
+/// flushes). Other processes may read the file while the store runs (a CLI inspecting a live
+/// run). Clones share the same writer thread; the thread stops, after finishing every queued
+/// write, when the last clone is dropped.
+///
+/// Errors are typed: a lock held too long by another process, a read-only file or a full disk
+/// give a retryable [`StoreError::Unavailable`]; a file that is not a SQLite database gives
+/// [`StoreError::Corrupt`].
+///
+/// ```
+/// use kuralle::stores::SqliteStore;
+/// use kuralle::{NewStep, RunRecord, RunStatus, RunStore, StepKind, StepOutcome, StepStatus};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), kuralle::StoreError> {
+/// let dir = std::env::temp_dir().join(format!("kuralle-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir).unwrap();
+/// let path = dir.join("runs.db");
+///
+/// let store = SqliteStore::open(&path)?;
+/// let lease = store.acquire_lease("run-1", "me", std::time::Duration::from_secs(30)).await?;
+/// let run = RunRecord {
+///     run_id: "run-1".into(),
+///     agent_id: "support".into(),
+///     status: RunStatus::Running,
+///     epoch: 0,
+///     version: 0,
+///     state: serde_json::json!({"turn": 1}),
+///     created_at_ms: 1,
+///     updated_at_ms: 1,
+/// };
+/// store.create_run(run, lease.token).await?;
+/// let step = NewStep { key: "k1".into(), kind: StepKind::Tool, name: "echo".into(), epoch: 0, started_at_ms: 2 };
+/// let ordinals = store.append_steps("run-1", lease.token, vec![step]).await?;
+/// store.finish_step("run-1", lease.token, ordinals[0], StepOutcome::Finished(serde_json::json!("hi")), 3).await?;
+/// drop(store);
+///
+/// // Everything acknowledged is there after reopening.
+/// let store = SqliteStore::open(&path)?;
+/// let steps = store.steps("run-1").await?;
+/// assert_eq!(steps[0].status, StepStatus::Finished);
+/// assert_eq!(steps[0].result, Some(serde_json::json!("hi")));
+/// # drop(store);
+/// # std::fs::remove_dir_all(&dir).unwrap();
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .field("options", &self.inner.options)
+            .field("commits", &self.commit_count())
+            .finish()
+    }
+}
+
+struct Inner {
+    path: Option<PathBuf>,
+    options: SqliteOptions,
+    errors: Mapper,
+    writes: Option<mpsc::Sender<Box<dyn Job>>>,
+    writer: Option<JoinHandle<()>>,
+    /// `None` for an in-memory database: reads go through the writer's connection.
+    readers: Option<ReaderPool>,
+    commits: Arc<AtomicU64>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Readers close first so that the writer's connection is the last one and checkpoints.
+        drop(self.readers.take());
+        // Closing the channel lets the writer finish the queued writes and exit.
+        drop(self.writes.take());
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store at `path` with [`SqliteOptions::default`].
+    ///
+    /// ```
+    /// let path = std::env::temp_dir().join(format!("kuralle-open-{}.db", std::process::id()));
+    /// let store = kuralle::stores::SqliteStore::open(&path)?;
+    /// # drop(store);
+    /// # for suffix in ["", "-wal", "-shm"] { let _ = std::fs::remove_file(format!("{}{suffix}", path.display())); }
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] if the file is not a SQLite database, holds tables named `runs` or
+    /// `steps` that are not kuralle's, or a newer kuralle schema; [`StoreError::Unavailable`]
+    /// if it cannot be opened or initialized right now (permissions, locks, disk full).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(path, SqliteOptions::default())
+    }
+
+    /// Opens (creating if needed) the store at `path` with `options`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kuralle::stores::{SqliteOptions, SqliteStore};
+    ///
+    /// let path = std::env::temp_dir().join(format!("kuralle-open-with-{}.db", std::process::id()));
+    /// let options = SqliteOptions { busy_timeout: Duration::from_secs(1), max_batch: 64, ..Default::default() };
+    /// let store = SqliteStore::open_with(&path, options)?;
+    /// # drop(store);
+    /// # for suffix in ["", "-wal", "-shm"] { let _ = std::fs::remove_file(format!("{}{suffix}", path.display())); }
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    pub fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let errors = Mapper { busy_timeout: options.busy_timeout };
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(&path, flags).map_err(|e| errors.at_open(&path, e))?;
+        configure_writer(&conn, &options, errors, Some(&path))?;
+        let readers =
+            ReaderPool { path: path.clone(), idle: Mutex::new(Vec::new()), max_idle: options.read_connections, errors };
+        // Fail now, not at the first read, if the file cannot be read.
+        readers.with(|_| Ok(()))?;
+        Ok(Self::start(conn, Some(path), options, errors, Some(readers)))
+    }
+
+    /// A store in a private in-memory database: nothing survives the store. Reads and writes
+    /// share the writer thread.
+    ///
+    /// ```
+    /// let store = kuralle::stores::SqliteStore::in_memory()?;
+    /// # drop(store);
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] if SQLite cannot allocate the database.
+    pub fn in_memory() -> Result<Self, StoreError> {
+        let options = SqliteOptions::default();
+        let errors = Mapper { busy_timeout: options.busy_timeout };
+        let conn = Connection::open_in_memory().map_err(|e| errors.map(e))?;
+        configure_writer(&conn, &options, errors, None)?;
+        Ok(Self::start(conn, None, options, errors, None))
+    }
+
+    fn start(
+        conn: Connection,
+        path: Option<PathBuf>,
+        options: SqliteOptions,
+        errors: Mapper,
+        readers: Option<ReaderPool>,
+    ) -> Self {
+        let (writes, queue) = mpsc::channel::<Box<dyn Job>>();
+        let commits = Arc::new(AtomicU64::new(0));
+        let writer = {
+            let commits = commits.clone();
+            let max_batch = options.max_batch.max(1);
+            std::thread::Builder::new()
+                .name("kuralle-sqlite-writer".into())
+                .spawn(move || writer_loop(conn, queue, max_batch, errors, &commits))
+        };
+        // Without a writer thread every write fails with `Unavailable`.
+        let writer = writer.ok();
+        let writes = writer.as_ref().map(|_| writes);
+        Self { inner: Arc::new(Inner { path, options, errors, writes, writer, readers, commits }) }
+    }
+
+    /// How many write transactions the writer thread has committed. Concurrent writes share
+    /// commits, so under load this grows much slower than the number of writes.
+    ///
+    /// ```
+    /// let store = kuralle::stores::SqliteStore::in_memory()?;
+    /// assert_eq!(store.commit_count(), 0);
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// ```
+    pub fn commit_count(&self) -> u64 {
+        self.inner.commits.load(Ordering::Relaxed)
+    }
+
+    /// Queues a write for the writer thread; resolves after its transaction committed.
+    fn write<T, F>(&self, f: F) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        async move {
+            let (reply, result) = oneshot::channel();
+            let job: Box<dyn Job> = Box::new(FnJob { f: Some(f), out: None, reply });
+            let stopped = || StoreError::Unavailable("the SQLite writer thread is not running".into());
+            inner.writes.as_ref().ok_or_else(stopped)?.send(job).map_err(|_| stopped())?;
+            // Drop our handle before waiting: if this is the last one, the writer may stop.
+            drop(inner);
+            result.await.map_err(|_| stopped())?
+        }
+    }
+
+    /// Runs a read on a pooled read connection, off the async threads when in a Tokio runtime.
+    fn read<T, F>(&self, f: F) -> StoreFuture<'_, T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        if self.inner.readers.is_none() {
+            return Box::pin(self.write(f));
+        }
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let run = move || match &inner.readers {
+                Some(readers) => readers.with(f),
+                None => Err(StoreError::Unavailable("no read connections".into())),
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(handle) => handle
+                    .spawn_blocking(run)
+                    .await
+                    .map_err(|e| StoreError::Unavailable(format!("read task failed: {e}")))?,
+                Err(_) => run(),
+            }
+        })
+    }
+}
+
+/// A lease duration in whole milliseconds, as the SQL adds it to the store's clock.
+fn ttl_ms(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 2)
+}
+
+impl RunStore for SqliteStore {
+    fn create_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, ()> {
+        let prepared = prepare_run(&run, self.inner.options.max_value_bytes);
+        let errors = self.inner.errors;
+        Box::pin(self.write(move |conn| {
+            sql::check_fence(conn, errors, &run.run_id, fence)?;
+            sql::insert_run(conn, errors, &run, prepared?)
+        }))
+    }
+
+    fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunRecord>> {
+        let run_id = run_id.to_owned();
+        let errors = self.inner.errors;
+        self.read(move |conn| sql::get_run(conn, errors, &run_id))
+    }
+
+    fn put_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, u64> {
+        let prepared = prepare_run(&run, self.inner.options.max_value_bytes);
+        let errors = self.inner.errors;
+        Box::pin(self.write(move |conn| {
+            sql::check_fence(conn, errors, &run.run_id, fence)?;
+            sql::update_run(conn, errors, &run, prepared?)
+        }))
+    }
+
+    fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>> {
+        let errors = self.inner.errors;
+        self.read(move |conn| sql::list_runs(conn, errors, &filter))
+    }
+
+    fn delete_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, bool> {
+        let run_id = run_id.to_owned();
+        let errors = self.inner.errors;
+        Box::pin(self.write(move |conn| sql::delete_run(conn, errors, &run_id)))
+    }
+
+    fn append_steps<'a>(&'a self, run_id: &'a str, fence: u64, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>> {
+        let run_id = run_id.to_owned();
+        let errors = self.inner.errors;
+        let epochs = steps.iter().map(|step| to_i64("step epoch", step.epoch)).collect::<Result<Vec<_>, _>>();
+        Box::pin(self.write(move |conn| {
+            sql::check_fence(conn, errors, &run_id, fence)?;
+            sql::append(conn, errors, &run_id, steps, &epochs?)
+        }))
+    }
+
+    fn finish_step<'a>(
+        &'a self,
+        run_id: &'a str,
+        fence: u64,
+        ordinal: u64,
+        outcome: StepOutcome,
+        finished_at_ms: i64,
+    ) -> StoreFuture<'a, ()> {
+        let run_id = run_id.to_owned();
+        let errors = self.inner.errors;
+        let max = self.inner.options.max_value_bytes;
+        // Serialized here, on the caller's thread, so the writer only runs SQL.
+        let prepared = match &outcome {
+            StepOutcome::Finished(value) => {
+                to_json("step result", value, max).map(|text| ("finished", Some(text), None))
+            }
+            StepOutcome::Failed(value) => to_json("step error", value, max).map(|text| ("failed", None, Some(text))),
+        };
+        Box::pin(self.write(move |conn| {
+            sql::check_fence(conn, errors, &run_id, fence)?;
+            sql::finish(conn, errors, &run_id, ordinal, prepared?, finished_at_ms)
+        }))
+    }
+
+    fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>> {
+        let run_id = run_id.to_owned();
+        let errors = self.inner.errors;
+        self.read(move |conn| sql::steps(conn, errors, &run_id))
+    }
+
+    fn acquire_lease<'a>(&'a self, run_id: &'a str, owner: &'a str, ttl: Duration) -> StoreFuture<'a, Lease> {
+        let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
+        let errors = self.inner.errors;
+        Box::pin(self.write(move |conn| sql::acquire(conn, errors, &run_id, &owner, ttl_ms(ttl))))
+    }
+
+    fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease> {
+        let lease = lease.clone();
+        let errors = self.inner.errors;
+        Box::pin(self.write(move |conn| sql::renew(conn, errors, &lease, ttl_ms(ttl))))
+    }
+
+    fn release_lease<'a>(&'a self, lease: &'a Lease) -> StoreFuture<'a, ()> {
+        let lease = lease.clone();
+        let errors = self.inner.errors;
+        Box::pin(self.write(move |conn| sql::release(conn, errors, &lease)))
+    }
+
+    fn current_lease<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<Lease>> {
+        let run_id = run_id.to_owned();
+        let errors = self.inner.errors;
+        self.read(move |conn| sql::current_lease(conn, errors, &run_id))
+    }
+}
+
+/// Idle read-only connections.
+struct ReaderPool {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+    max_idle: usize,
+    errors: Mapper,
+}
+
+impl ReaderPool {
+    fn with<T>(&self, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let conn = match idle {
+            Some(conn) => conn,
+            None => self.connect()?,
+        };
+        let result = f(&conn);
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < self.max_idle {
+            idle.push(conn);
+        }
+        result
+    }
+
+    fn connect(&self) -> Result<Connection, StoreError> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(&self.path, flags).map_err(|e| self.errors.at_open(&self.path, e))?;
+        conn.busy_timeout(self.errors.busy_timeout).map_err(|e| self.errors.map(e))?;
+        Ok(conn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{RunStatus, StepKind};
+
+    fn failure(code: i32) -> rusqlite::Error {
+        rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None)
+    }
+
+    #[test]
+    fn sqlite_errors_map_to_typed_store_errors() {
+        let errors = Mapper { busy_timeout: Duration::from_millis(300) };
+        for code in [
+            rusqlite::ffi::SQLITE_BUSY,
+            rusqlite::ffi::SQLITE_LOCKED,
+            rusqlite::ffi::SQLITE_READONLY,
+            rusqlite::ffi::SQLITE_FULL,
+            rusqlite::ffi::SQLITE_IOERR,
+            rusqlite::ffi::SQLITE_CANTOPEN,
+        ] {
+            let mapped = errors.map(failure(code));
+            assert!(mapped.is_retryable(), "code {code} → {mapped}");
+        }
+        let busy = errors.map(failure(rusqlite::ffi::SQLITE_BUSY)).to_string();
+        assert!(busy.contains("locked by another process") && busy.contains("300 ms"), "{busy}");
+        assert!(matches!(errors.map(failure(rusqlite::ffi::SQLITE_NOTADB)), StoreError::Corrupt(_)));
+        assert!(matches!(errors.map(failure(rusqlite::ffi::SQLITE_CORRUPT)), StoreError::Corrupt(_)));
+        assert!(matches!(errors.map(failure(rusqlite::ffi::SQLITE_TOOBIG)), StoreError::LimitExceeded(_)));
+    }
+
+    #[test]
+    fn in_memory_store_round_trips() {
+        let store = SqliteStore::in_memory().unwrap();
+        futures::executor::block_on(async {
+            let run = RunRecord {
+                run_id: "r".into(),
+                agent_id: "a".into(),
+                status: RunStatus::Running,
+                epoch: 0,
+                version: 0,
+                state: serde_json::json!({"x": 1}),
+                created_at_ms: 1,
+                updated_at_ms: 1,
+            };
+            let lease = store.acquire_lease("r", "me", Duration::from_secs(60)).await.unwrap();
+            store.create_run(run.clone(), lease.token).await.unwrap();
+            assert_eq!(store.get_run("r").await.unwrap(), Some(run));
+            let step = NewStep { key: "k".into(), kind: StepKind::Now, name: "now".into(), epoch: 0, started_at_ms: 2 };
+            assert_eq!(store.append_steps("r", lease.token, vec![step]).await.unwrap(), [0]);
+            assert_eq!(store.steps("r").await.unwrap().len(), 1);
+            assert_eq!(store.current_lease("r").await.unwrap(), Some(lease.clone()));
+            store.release_lease(&lease).await.unwrap();
+            assert_eq!(store.current_lease("r").await.unwrap(), None);
+        });
+    }
+}

@@ -1,0 +1,196 @@
+//! The schema and its migrations, and the pragmas of the write connection.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OptionalExtension};
+
+use super::SqliteOptions;
+use super::codec::Mapper;
+use crate::store::StoreError;
+
+/// The kuralle schema version this build reads and writes (kept in table `kuralle_schema`).
+/// 1: runs and steps. 2: leases (one owner per run, fencing tokens).
+pub(super) const SCHEMA_VERSION: i64 = 2;
+
+/// `MIGRATIONS[v - 1]` moves a store from version `v` to `v + 1`.
+const MIGRATIONS: [&str; 1] = [LEASES];
+
+/// One row per run that was ever leased, kept after release and after the run is deleted so
+/// tokens never go down. Times are ms since the Unix epoch by SQLite's clock.
+const LEASES: &str = "
+CREATE TABLE leases (
+    run_id TEXT PRIMARY KEY NOT NULL,
+    owner TEXT NOT NULL,
+    token INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    released INTEGER NOT NULL DEFAULT 0
+);
+";
+
+const SCHEMA: &str = "
+CREATE TABLE kuralle_schema (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    version INTEGER NOT NULL
+);
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY NOT NULL,
+    agent_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    next_ordinal INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE INDEX runs_by_updated ON runs (updated_at DESC, run_id);
+CREATE INDEX runs_by_status_updated ON runs (status, updated_at DESC, run_id);
+CREATE TABLE steps (
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    ordinal INTEGER NOT NULL,
+    key TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    result TEXT,
+    error TEXT,
+    started_at INTEGER NOT NULL,
+    finished_at INTEGER,
+    PRIMARY KEY (run_id, ordinal),
+    UNIQUE (run_id, key)
+);
+";
+
+/// Sets the pragmas of the write connection and checks or creates the schema.
+pub(super) fn configure_writer(
+    conn: &Connection,
+    options: &SqliteOptions,
+    errors: Mapper,
+    path: Option<&Path>,
+) -> Result<(), StoreError> {
+    let fail = |e: rusqlite::Error| match path {
+        Some(path) => errors.at_open(path, e),
+        None => errors.map(e),
+    };
+    conn.busy_timeout(options.busy_timeout).map_err(fail)?;
+    // Reading the header first turns "not a database" into a clear error before any pragma.
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('kuralle_schema', 'runs', 'steps')")
+        .and_then(|mut stmt| stmt.query_map([], |row| row.get(0))?.collect())
+        .map_err(fail)?;
+    if path.is_some() {
+        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)).map_err(fail)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Unavailable(format!(
+                "could not switch the database to WAL mode (mode is `{mode}`)"
+            )));
+        }
+    }
+    conn.pragma_update(None, "synchronous", "FULL").map_err(fail)?;
+    conn.pragma_update(None, "foreign_keys", "ON").map_err(fail)?;
+    if tables.iter().any(|table| table == "kuralle_schema") {
+        check_schema_version(conn, fail)?;
+    } else {
+        create_schema(conn, fail)?;
+    }
+    if let Some(pages) = options.max_page_count {
+        let pages = i64::try_from(pages).unwrap_or(i64::MAX);
+        conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(())).map_err(fail)?;
+    }
+    Ok(())
+}
+
+/// Reads the stored version; migrates an older store in one transaction (another process may
+/// migrate it at the same time: the version is read again under the write lock).
+fn check_schema_version(
+    conn: &Connection,
+    fail: impl Fn(rusqlite::Error) -> StoreError + Copy,
+) -> Result<(), StoreError> {
+    match stored_version(conn, fail)? {
+        SCHEMA_VERSION => Ok(()),
+        version if version > SCHEMA_VERSION => Err(newer(version)),
+        _ => {
+            conn.execute_batch("BEGIN IMMEDIATE").map_err(fail)?;
+            let migrated = (|| {
+                let mut version = stored_version(conn, fail)?;
+                if version > SCHEMA_VERSION {
+                    return Err(newer(version));
+                }
+                while version < SCHEMA_VERSION {
+                    let step = usize::try_from(version - 1).ok().and_then(|i| MIGRATIONS.get(i)).ok_or_else(|| {
+                        StoreError::Corrupt(format!(
+                            "the database has kuralle schema version {version}, which this kuralle cannot migrate \
+                             (it supports version {SCHEMA_VERSION})"
+                        ))
+                    })?;
+                    conn.execute_batch(step).map_err(fail)?;
+                    version += 1;
+                    tracing::info!(version, "migrated the SQLite store schema");
+                }
+                conn.execute("UPDATE kuralle_schema SET version = ?1 WHERE id = 1", [SCHEMA_VERSION]).map_err(fail)?;
+                Ok(())
+            })();
+            match migrated {
+                Ok(()) => conn.execute_batch("COMMIT").map_err(fail),
+                Err(e) => {
+                    let _ = conn.execute_batch("ROLLBACK");
+                    Err(e)
+                }
+            }
+        }
+    }
+}
+
+fn stored_version(conn: &Connection, fail: impl Fn(rusqlite::Error) -> StoreError) -> Result<i64, StoreError> {
+    let version: Option<i64> = conn
+        .query_row("SELECT version FROM kuralle_schema WHERE id = 1", [], |row| row.get(0))
+        .optional()
+        .map_err(fail)?;
+    version.ok_or_else(|| StoreError::Corrupt("table `kuralle_schema` exists but holds no version".into()))
+}
+
+fn newer(version: i64) -> StoreError {
+    StoreError::Corrupt(format!(
+        "the database has kuralle schema version {version}, newer than the version {SCHEMA_VERSION} this \
+         kuralle supports; upgrade kuralle to open it"
+    ))
+}
+
+fn create_schema(conn: &Connection, fail: impl Fn(rusqlite::Error) -> StoreError + Copy) -> Result<(), StoreError> {
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(fail)?;
+    let created = (|| {
+        // Another process may have created it between our check and our lock.
+        let tables: Vec<String> = conn
+            .prepare(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('kuralle_schema', 'runs', 'steps')",
+            )
+            .and_then(|mut stmt| stmt.query_map([], |row| row.get(0))?.collect())
+            .map_err(fail)?;
+        if tables.iter().any(|table| table == "kuralle_schema") {
+            return Ok(false);
+        }
+        if let Some(table) = tables.first() {
+            return Err(StoreError::Corrupt(format!(
+                "the database has a table `{table}` that is not kuralle's (no `kuralle_schema` table); \
+                 use another file for the kuralle store"
+            )));
+        }
+        conn.execute_batch(SCHEMA).map_err(fail)?;
+        conn.execute_batch(LEASES).map_err(fail)?;
+        conn.execute("INSERT INTO kuralle_schema (id, version) VALUES (1, ?1)", [SCHEMA_VERSION]).map_err(fail)?;
+        Ok(true)
+    })();
+    match created {
+        Ok(true) => conn.execute_batch("COMMIT").map_err(fail),
+        // Another process created it between our check and our lock: check (or migrate) it.
+        Ok(false) => {
+            conn.execute_batch("COMMIT").map_err(fail)?;
+            check_schema_version(conn, fail)
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}

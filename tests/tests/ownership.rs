@@ -1,0 +1,347 @@
+//! One owner per run, in one process: the lease the runtime takes for `run`, `resume` and
+//! `deliver`, what a second caller gets, what a holder that loses its lease does, and the
+//! guards `replay = false` may not skip. (Real processes: `crash.rs`.)
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::StreamExt;
+use kuralle::{
+    AgentDef, Decision, Event, RunError, RunRequest, RunStatus, RunStore, Runtime, StepKind, StepStatus,
+    stores::MemoryStore,
+    testing::{ScriptedModel, Turn},
+};
+use kuralle_tests::{FlakyStore, FnTool};
+use serde_json::json;
+use tokio::sync::Notify;
+
+/// A charge that counts executions and, when `gate` is given, waits for it (cancellably).
+fn charge(count: &Arc<AtomicUsize>, gate: Option<Arc<Notify>>) -> FnTool {
+    let count = count.clone();
+    FnTool::new("charge", move |args, ctx| {
+        let (count, gate) = (count.clone(), gate.clone());
+        async move {
+            count.fetch_add(1, Ordering::SeqCst);
+            if let Some(gate) = gate {
+                tokio::select! {
+                    () = gate.notified() => {}
+                    () = ctx.cancellation().cancelled() => {
+                        return Err(kuralle::ToolError::Cancelled { tool: "charge".into() });
+                    }
+                }
+            }
+            Ok(json!({"charged": args["amount"]}))
+        }
+    })
+}
+
+fn runtime(store: Arc<dyn RunStore>, tool: FnTool, model: ScriptedModel) -> Runtime {
+    Runtime::builder()
+        .agent(AgentDef::new("shop", "Take payment.").tool(tool))
+        .model(model)
+        .store_arc(store)
+        .lease_ttl(Duration::from_secs(3))
+        .build()
+        .unwrap()
+}
+
+fn pay_then_done() -> ScriptedModel {
+    ScriptedModel::by_transcript([Turn::tool_calls([("c1", "charge", r#"{"amount":100}"#)]), Turn::text("Paid.")])
+}
+
+async fn drain(mut handle: kuralle::RunHandle) -> (Vec<Event>, Result<kuralle::RunOutput, RunError>) {
+    let mut events = Vec::new();
+    while let Some(e) = handle.next().await {
+        events.push(e);
+    }
+    (events, handle.await)
+}
+
+/// Waits (on the paused clock) until `f` holds.
+async fn until(mut f: impl FnMut() -> bool) {
+    for _ in 0..10_000 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("condition never held");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_caller_gets_busy_at_once_and_nothing_executes() {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let count = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(Notify::new());
+    let rt = runtime(store.clone(), charge(&count, Some(gate.clone())), pay_then_done());
+    let first = rt.run(RunRequest::new("pay").run_id("r"));
+    until(|| count.load(Ordering::SeqCst) == 1).await;
+    let holder = store.current_lease("r").await.unwrap().expect("the first turn holds the lease");
+
+    // Two fresh starts and a resume of the same run: each ends at once, before anything runs.
+    for handle in
+        [rt.run(RunRequest::new("pay").run_id("r")), rt.resume("r"), rt.run(RunRequest::new("pay").run_id("r"))]
+    {
+        let (events, out) = drain(handle).await;
+        match out.unwrap_err() {
+            RunError::Busy { run_id, owner, expires_at_ms } => {
+                assert_eq!((run_id.as_str(), owner.as_str()), ("r", holder.owner.as_str()));
+                assert!(expires_at_ms > 0);
+            }
+            other => panic!("expected Busy, got {other:?}"),
+        }
+        assert!(matches!(events.as_slice(), [Event::Error { .. }]), "no RunStarted, no tool call: {events:?}");
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 1, "the losers executed nothing");
+    assert!(RunError::Busy { run_id: "r".into(), owner: "o".into(), expires_at_ms: 0 }.is_retryable());
+
+    gate.notify_one();
+    let out = first.await.unwrap();
+    assert_eq!(out.status, RunStatus::Finished);
+    assert_eq!(store.current_lease("r").await.unwrap(), None, "a closed turn holds no lease");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn wait_for_lease_waits_for_the_holder_then_runs() {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let count = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(Notify::new());
+    let model = ScriptedModel::by_transcript([
+        Turn::tool_calls([("c1", "charge", r#"{"amount":100}"#)]),
+        Turn::text("Paid."),
+        Turn::text("Anything else?"),
+    ]);
+    let rt = runtime(store.clone(), charge(&count, Some(gate.clone())), model);
+    let first = rt.run(RunRequest::new("pay").run_id("r"));
+    until(|| count.load(Ordering::SeqCst) == 1).await;
+
+    let patient = rt.run(RunRequest::new("thanks").run_id("r").wait_for_lease(Duration::from_secs(60)));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    gate.notify_one();
+    assert_eq!(first.await.unwrap().status, RunStatus::Finished);
+    let out = patient.await.unwrap();
+    assert_eq!(out.text, "Anything else?", "the waiter ran its turn after the holder let go");
+
+    // Waiting is bounded.
+    let gate2 = Arc::new(Notify::new());
+    let rt = runtime(Arc::new(MemoryStore::new()), charge(&count, Some(gate2.clone())), pay_then_done());
+    let holder = rt.run(RunRequest::new("pay").run_id("s"));
+    until(|| count.load(Ordering::SeqCst) == 2).await;
+    let err = rt.run(RunRequest::new("pay").run_id("s").wait_for_lease(Duration::from_secs(2))).await.unwrap_err();
+    assert!(matches!(err, RunError::Busy { .. }), "{err:?}");
+    gate2.notify_one();
+    holder.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_that_loses_its_lease_stops_and_journals_nothing_more() {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let count = Arc::new(AtomicUsize::new(0));
+    let model = ScriptedModel::by_transcript([
+        Turn::tool_calls([("c1", "charge", r#"{"amount":100}"#), ("c2", "charge", r#"{"amount":200}"#)]),
+        Turn::text("Paid."),
+    ]);
+    // Never released by the gate: only the lease loss ends the call.
+    let rt = runtime(store.clone(), charge(&count, Some(Arc::new(Notify::new()))), model);
+    let zombie = rt.run(RunRequest::new("pay").run_id("r"));
+    until(|| count.load(Ordering::SeqCst) == 1).await;
+
+    // Another owner takes the run over (as after an expiry): the zombie's next renewal is
+    // fenced.
+    let lease = store.current_lease("r").await.unwrap().unwrap();
+    store.release_lease(&lease).await.unwrap();
+    let thief = store.acquire_lease("r", "thief", Duration::from_secs(3600)).await.unwrap();
+    assert!(thief.token > lease.token);
+    let record = store.get_run("r").await.unwrap().unwrap();
+    let steps = store.steps("r").await.unwrap();
+
+    let (events, out) = drain(zombie).await;
+    assert_eq!(out.unwrap_err(), RunError::LeaseLost { run_id: "r".into(), token: lease.token });
+    assert!(matches!(events.last(), Some(Event::Error { .. })));
+    assert_eq!(count.load(Ordering::SeqCst), 1, "the second call never started");
+    assert_eq!(store.get_run("r").await.unwrap().unwrap(), record, "the zombie wrote nothing");
+    assert_eq!(store.steps("r").await.unwrap(), steps, "no outcome, no new intent");
+    assert_eq!(steps.last().map(|s| (s.kind, s.status)), Some((StepKind::Tool, StepStatus::Running)));
+    assert_eq!(store.current_lease("r").await.unwrap(), Some(thief), "the new owner keeps its lease");
+}
+
+#[tokio::test(start_paused = true)]
+async fn fresh_concurrent_starts_race_on_the_lease_not_on_create() {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let count = Arc::new(AtomicUsize::new(0));
+    let rt = runtime(store.clone(), charge(&count, None), pay_then_done());
+    let handles: Vec<_> = (0..8).map(|_| rt.run(RunRequest::new("pay").run_id("r"))).collect();
+    let mut finished = 0;
+    for handle in handles {
+        match handle.await {
+            Ok(out) => {
+                assert_eq!(out.status, RunStatus::Finished);
+                finished += 1;
+            }
+            // A loser either met the holder (Busy) or came after it finished (the same
+            // input on a finished run starts a new turn; never an error from the store).
+            Err(RunError::Busy { .. }) => {}
+            Err(other) => panic!("a loser got {other:?}"),
+        }
+    }
+    assert!(finished >= 1);
+    let charges = store.steps("r").await.unwrap().iter().filter(|s| s.kind == StepKind::Tool).count();
+    assert_eq!(count.load(Ordering::SeqCst), charges, "every execution is journaled by its owner");
+}
+
+fn transfer(count: &Arc<AtomicUsize>) -> FnTool {
+    let count = count.clone();
+    FnTool::new("transfer", move |args, _| {
+        let count = count.clone();
+        async move {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok(json!({"sent": args["amount"]}))
+        }
+    })
+    .needs_approval()
+}
+
+fn paused_transfer(count: &Arc<AtomicUsize>, store: Arc<dyn RunStore>) -> Runtime {
+    let model = ScriptedModel::by_transcript([
+        Turn::tool_calls([("c1", "transfer", r#"{"amount":500}"#)]),
+        Turn::text("Sent."),
+    ]);
+    runtime(store, transfer(count), model)
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_deliveries_execute_once_and_the_others_get_a_typed_answer() {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let count = Arc::new(AtomicUsize::new(0));
+    let rt = paused_transfer(&count, store.clone());
+    let (events, out) = drain(rt.run(RunRequest::new("send").run_id("r"))).await;
+    assert_eq!(out.unwrap().status, RunStatus::Paused);
+    assert_eq!(store.current_lease("r").await.unwrap(), None, "a paused run holds no lease");
+    let request_id = events
+        .iter()
+        .find_map(|e| match e {
+            Event::Paused { pending, .. } => Some(pending[0].request_id.clone()),
+            _ => None,
+        })
+        .unwrap();
+
+    let deliveries: Vec<_> =
+        (0..3).map(|i| rt.deliver("r", Decision::approve(format!("op-{i}")).for_request(&request_id))).collect();
+    let mut executed = 0;
+    for delivery in deliveries {
+        match delivery.await {
+            Ok(out) => {
+                assert_eq!(out.status, RunStatus::Finished);
+                executed += 1;
+            }
+            Err(RunError::Busy { .. } | RunError::AlreadyDecided { .. }) => {}
+            Err(other) => panic!("a concurrent delivery got {other:?}"),
+        }
+    }
+    assert_eq!(executed, 1);
+    assert_eq!(count.load(Ordering::SeqCst), 1, "the tool ran exactly once");
+
+    // A late delivery of the same request is told it was decided.
+    let late = rt.deliver("r", Decision::approve("late").for_request(&request_id)).await.unwrap_err();
+    assert_eq!(late, RunError::AlreadyDecided { run_id: "r".into(), request_id: request_id.clone() });
+    let deny = Decision::deny("late", "no").for_request(&request_id);
+    let late = kuralle::record_decision(store.as_ref(), "r", &deny).await.unwrap_err();
+    assert!(matches!(late, RunError::AlreadyDecided { .. }), "{late:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn record_decision_records_under_the_lease_and_a_resume_carries_it_out() {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let count = Arc::new(AtomicUsize::new(0));
+    let rt = paused_transfer(&count, store.clone());
+    assert_eq!(rt.run(RunRequest::new("send").run_id("r")).await.unwrap().status, RunStatus::Paused);
+
+    // Someone else owns the run: the decision is refused with Busy, and nothing is recorded.
+    let other = store.acquire_lease("r", "operator-console", Duration::from_secs(10)).await.unwrap();
+    let busy = kuralle::record_decision(store.as_ref(), "r", &Decision::approve("alice")).await.unwrap_err();
+    assert!(matches!(busy, RunError::Busy { ref owner, .. } if owner == "operator-console"), "{busy:?}");
+    store.release_lease(&other).await.unwrap();
+
+    kuralle::record_decision(store.as_ref(), "r", &Decision::approve("alice")).await.unwrap();
+    assert_eq!(store.current_lease("r").await.unwrap(), None, "released after recording");
+    let again = kuralle::record_decision(store.as_ref(), "r", &Decision::approve("bob")).await.unwrap_err();
+    assert!(matches!(again, RunError::AlreadyDecided { .. }), "{again:?}");
+    assert_eq!(count.load(Ordering::SeqCst), 0, "recording executes nothing");
+
+    let out = rt.resume("r").await.unwrap();
+    assert_eq!(out.status, RunStatus::Finished);
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn needs_approval_with_replay_false_needs_an_approval_for_every_execution() {
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let flaky = FlakyStore::new(memory);
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    let wire = FnTool::new("wire", move |_, _| {
+        let c = c.clone();
+        async move { Ok(json!({"wired": c.fetch_add(1, Ordering::SeqCst) + 1})) }
+    })
+    .needs_approval()
+    .no_replay();
+    let model =
+        ScriptedModel::by_transcript([Turn::tool_calls([("c1", "wire", r#"{"to":"acme"}"#)]), Turn::text("Done.")]);
+    let rt = Runtime::builder()
+        .agent(AgentDef::new("bank", "x").tool(wire))
+        .model(model)
+        .store(flaky.clone())
+        .build()
+        .unwrap();
+
+    // Never executed without a recorded approval.
+    let out = rt.run(RunRequest::new("wire it").run_id("r")).await.unwrap();
+    assert_eq!(out.status, RunStatus::Paused);
+    assert_eq!(count.load(Ordering::SeqCst), 0);
+
+    // Approved: it executes once; its outcome cannot be recorded (the store fails), so the
+    // turn stops, resumable.
+    flaky.fail_finish_from(1); // the approval is recorded; the call's outcome is not
+    let err = rt.deliver("r", Decision::approve("alice")).await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    flaky.fail_finish(false);
+
+    // Resuming reaches the call again: never answered from the journal, it is a new
+    // execution, and that needs an approval of its own.
+    let out = rt.resume("r").await.unwrap();
+    assert_eq!(out.status, RunStatus::Paused, "the first approval was spent on the first execution");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    let out = rt.deliver("r", Decision::approve("alice")).await.unwrap();
+    assert_eq!(out.status, RunStatus::Finished);
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+    let approvals = rt.journal("r").await.unwrap().iter().filter(|s| s.kind == StepKind::Approval).count();
+    assert_eq!(approvals, 2, "one recorded approval per execution");
+}
+
+#[test]
+fn at_most_once_with_replay_false_is_rejected_when_the_runtime_is_built() {
+    let tool = FnTool::new("ship", |_, _| async { Ok(json!(1)) }).at_most_once().no_replay();
+    let err = Runtime::builder()
+        .agent(AgentDef::new("shop", "x").tool(tool))
+        .model(ScriptedModel::new([Turn::text("x")]))
+        .build()
+        .unwrap_err();
+    let RunError::Config(message) = &err else { panic!("expected Config, got {err:?}") };
+    assert!(message.contains("`ship`") && message.contains("at_most_once") && message.contains("replay = false"));
+
+    let err = Runtime::builder()
+        .agent(AgentDef::new("shop", "x"))
+        .model(ScriptedModel::new([Turn::text("x")]))
+        .lease_ttl(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, RunError::Config(_)), "{err:?}");
+}
