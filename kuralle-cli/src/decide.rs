@@ -25,7 +25,9 @@ pub struct Decided {
     pub reason: Option<String>,
 }
 
-/// Approves (`reason == None`) or denies the pending request `request_id` of run `run_id`.
+/// Approves (`deny_reason == None`) or denies the pending request `request_id` of run
+/// `run_id`. [`kuralle::record_decision`] judges (it takes the run's lease, so a decision
+/// never races the run's owner); the store is read only to say more in an error.
 pub async fn decide(
     store: &dyn RunStore,
     run_id: &str,
@@ -35,26 +37,7 @@ pub async fn decide(
 ) -> Result<Decided, CliError> {
     let by = by.trim();
     if by.is_empty() {
-        return Err(CliError::Console("a decision needs the name of who decides (--by)".into()));
-    }
-    let record = store.get_run(run_id).await?.ok_or_else(|| CliError::UnknownRun(run_id.to_owned()))?;
-    let pending = pending_approvals(&record);
-    if !pending.iter().any(|p| p.request_id == request_id) {
-        let hint = if pending.is_empty() {
-            format!(" (the run is {}, waiting on nothing)", record.status.as_str())
-        } else {
-            let ids: Vec<&str> = pending.iter().map(|p| p.request_id.as_str()).collect();
-            format!(" (it waits on: {})", ids.join(", "))
-        };
-        return Err(CliError::NotPending { run_id: run_id.to_owned(), request_id: request_id.to_owned(), hint });
-    }
-    if let Some(earlier) = recorded_decisions(&record, &store.steps(run_id).await?).remove(request_id) {
-        let what = if earlier.approved { "approved" } else { "denied" };
-        return Err(CliError::AlreadyDecided {
-            run_id: run_id.to_owned(),
-            request_id: request_id.to_owned(),
-            by: format!(" ({what} by {})", earlier.by),
-        });
+        return Err(CliError::NoDecider);
     }
     let decision = match deny_reason {
         None => Decision::approve(by),
@@ -72,8 +55,36 @@ pub async fn decide(
         Err(RunError::NotPending { .. }) => Err(CliError::NotPending {
             run_id: run_id.to_owned(),
             request_id: request_id.to_owned(),
-            hint: " (it was resumed or decided meanwhile)".to_owned(),
+            hint: waiting_hint(store, run_id).await,
+        }),
+        Err(RunError::AlreadyDecided { .. }) => Err(CliError::AlreadyDecided {
+            run_id: run_id.to_owned(),
+            request_id: request_id.to_owned(),
+            by: earlier_decision(store, run_id, request_id).await,
         }),
         Err(e) => Err(e.into()),
     }
+}
+
+/// " (it waits on: …)" or " (the run is finished, waiting on nothing)".
+async fn waiting_hint(store: &dyn RunStore, run_id: &str) -> String {
+    let Ok(Some(record)) = store.get_run(run_id).await else { return String::new() };
+    let pending = pending_approvals(&record);
+    if pending.is_empty() {
+        format!(" (the run is {}, waiting on nothing)", record.status.as_str())
+    } else {
+        let ids: Vec<&str> = pending.iter().map(|p| p.request_id.as_str()).collect();
+        format!(" (it waits on: {})", ids.join(", "))
+    }
+}
+
+/// " (approved by alice)" when the earlier decision is still shown as pending, else "".
+async fn earlier_decision(store: &dyn RunStore, run_id: &str, request_id: &str) -> String {
+    let (Ok(Some(record)), Ok(steps)) = (store.get_run(run_id).await, store.steps(run_id).await) else {
+        return String::new();
+    };
+    recorded_decisions(&record, &steps)
+        .remove(request_id)
+        .map(|d| format!(" ({} by {})", if d.approved { "approved" } else { "denied" }, d.by))
+        .unwrap_or_default()
 }

@@ -17,6 +17,17 @@ pub enum CliError {
     /// A `postgres://` store in a build without PostgreSQL support.
     #[error("store `{0}` needs PostgreSQL support: build kuralle-cli with `--features postgres`")]
     NoPostgres(String),
+    /// A decision without the name of who decides.
+    #[error("a decision needs the name of who decides (--by)")]
+    NoDecider,
+    /// Another process owns the run right now (it is running a turn).
+    #[error("run `{run_id}` is busy: `{owner}` is running it; try again in a moment")]
+    Busy {
+        /// Run id.
+        run_id: String,
+        /// The current owner.
+        owner: String,
+    },
     /// No run with that id in the store.
     #[error("no run `{0}` in this store")]
     UnknownRun(String),
@@ -59,6 +70,7 @@ impl From<RunError> for CliError {
         match e {
             RunError::Store(s) => Self::Store(s),
             RunError::RunNotFound(id) => Self::UnknownRun(id),
+            RunError::Busy { run_id, owner, .. } => Self::Busy { run_id, owner },
             other => Self::Run(other),
         }
     }

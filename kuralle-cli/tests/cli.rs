@@ -5,7 +5,7 @@ mod common;
 use std::sync::atomic::Ordering;
 
 use common::{FINISHED, PAUSED, WIRES, kuralle, owner, seed, store_arg};
-use kuralle::RunStatus;
+use kuralle::{RunStatus, RunStore};
 use serde_json::Value;
 
 fn ok_json(args: &[&str]) -> Value {
@@ -131,7 +131,7 @@ async fn approve_records_the_decision_and_the_owner_resumes_the_run() {
     let text = ok_text(&["runs", "show", PAUSED, "--store", &store]);
     assert!(text.contains("approved by alice"), "{text}");
     let err = fails(&["runs", "approve", PAUSED, &request, "--by", "alice", "--store", &store]);
-    assert!(err.contains("has no pending approval") && err.contains("the run is finished"), "{err}");
+    assert!(err.contains("was already decided"), "{err}");
 }
 
 #[tokio::test]
@@ -181,6 +181,16 @@ async fn errors_are_clear() {
 
     let err = fails(&["runs", "deny", PAUSED, "approval-x", "--by", "a", "--store", &store]);
     assert!(err.contains("--reason"), "clap names the missing flag: {err}");
+
+    // While the agent's process owns the run, a decision waits for it to let go.
+    let run = ok_json(&["runs", "show", PAUSED, "--store", &store, "--json"]);
+    let request = run["pending"][0]["request_id"].as_str().unwrap().to_owned();
+    let sqlite = kuralle::stores::SqliteStore::open(&db).unwrap();
+    let lease = sqlite.acquire_lease(PAUSED, "agent-process-1", std::time::Duration::from_secs(600)).await.unwrap();
+    let err = fails(&["runs", "approve", PAUSED, &request, "--by", "a", "--store", &store]);
+    assert!(err.contains("is busy") && err.contains("agent-process-1"), "{err}");
+    sqlite.release_lease(&lease).await.unwrap();
+    ok_json(&["runs", "approve", PAUSED, &request, "--by", "a", "--store", &store, "--json"]);
 }
 
 #[tokio::test]

@@ -142,9 +142,7 @@ pub struct StepCall {
 pub fn step_calls(run_id: &str, steps: &[StepRecord]) -> HashMap<u64, StepCall> {
     let mut by_key: HashMap<(u64, &str), u64> = HashMap::with_capacity(steps.len());
     for s in steps {
-        // A `replay = false` call is journaled under its derived key plus a unique suffix.
-        let key = s.key.split(":nonreplay:").next().unwrap_or(&s.key);
-        by_key.entry((s.epoch, key)).or_insert(s.ordinal);
+        by_key.insert((s.epoch, s.key.as_str()), s.ordinal);
     }
     let results: HashMap<u64, &StepRecord> = steps.iter().map(|s| (s.ordinal, s)).collect();
     let mut epochs: Vec<u64> = steps.iter().map(|s| s.epoch).collect();
@@ -169,10 +167,17 @@ pub fn step_calls(run_id: &str, steps: &[StepRecord]) -> HashMap<u64, StepCall> 
             for (i, req) in requests.iter().enumerate() {
                 let Ok(args) = parse_args(&req.name, &req.arguments) else { continue };
                 let key = tool_key(run_id, epoch, callsite + 1 + i as u64, &req.name, &args);
-                let approval = approval_key(run_id, epoch, &key, &req.name, &args);
-                for k in [key.as_str(), approval.as_str()] {
-                    if let Some(&ordinal) = by_key.get(&(epoch, k)) {
-                        calls.insert(ordinal, StepCall { call_id: req.call_id.clone(), args: args.clone() });
+                // A `replay = false` call is journaled once per execution, as `<key>:nonreplay:<n>`.
+                let journaled = |k: &str| by_key.contains_key(&(epoch, k));
+                let executions = (0u64..)
+                    .map(|n| format!("{key}:nonreplay:{n}"))
+                    .take_while(|k| journaled(k) || journaled(&approval_key(run_id, epoch, k, &req.name, &args)));
+                for effect in std::iter::once(key.clone()).chain(executions) {
+                    let approval = approval_key(run_id, epoch, &effect, &req.name, &args);
+                    for k in [effect.as_str(), approval.as_str()] {
+                        if let Some(&ordinal) = by_key.get(&(epoch, k)) {
+                            calls.insert(ordinal, StepCall { call_id: req.call_id.clone(), args: args.clone() });
+                        }
                     }
                 }
             }

@@ -114,7 +114,7 @@ fn refuse(status: StatusCode, title: &str, message: &str) -> Response {
 fn failure(e: &CliError) -> Response {
     let status = match e {
         CliError::UnknownRun(_) => StatusCode::NOT_FOUND,
-        CliError::NotPending { .. } | CliError::AlreadyDecided { .. } => StatusCode::CONFLICT,
+        CliError::NotPending { .. } | CliError::AlreadyDecided { .. } | CliError::Busy { .. } => StatusCode::CONFLICT,
         CliError::Store(s) if s.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
         CliError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::BAD_REQUEST,
@@ -188,7 +188,7 @@ async fn decide_form(
             let notice = format!("{} {} by {}; the run's owner resumes it", d.decision, d.request_id, d.by);
             Redirect::to(&format!("/runs/{}?notice={}", html::url(&id), html::url(&notice))).into_response()
         }
-        Err(e @ (CliError::NotPending { .. } | CliError::AlreadyDecided { .. })) => {
+        Err(e @ (CliError::NotPending { .. } | CliError::AlreadyDecided { .. } | CliError::Busy { .. })) => {
             // Show the run as it is now, with why the decision was not taken.
             match view::show(store, &id).await {
                 Ok(detail) => {
