@@ -81,6 +81,7 @@ async fn a_person_approves_a_paused_run_in_the_browser() {
     browser.goto(&format!("{base}/?status=paused")).await.unwrap();
     let list = browser.find(Locator::Css("table#runs")).await.unwrap().text().await.unwrap();
     assert!(list.contains(PAUSED) && list.contains("paused"), "{list}");
+    std::fs::write(dir.join("console-runs.png"), browser.screenshot().await.unwrap()).unwrap();
     browser.find(Locator::LinkText(PAUSED)).await.unwrap().click().await.unwrap();
 
     // The run page: its timeline, and the pending approval with its buttons.
