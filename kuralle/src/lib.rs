@@ -30,6 +30,8 @@ mod generator;
 mod input;
 pub mod inspect;
 pub mod journal;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 mod model;
 pub mod models;
 mod policy;
@@ -50,7 +52,7 @@ pub use model::{FinishReason, Message, Model, ModelError, ModelEvent, ModelReque
 pub use policy::{Policy, Verdict};
 pub use runtime::{
     DEFAULT_LEASE_TTL, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN, Decision, InterruptHandle, RunHandle,
-    RunRequest, Runtime, RuntimeBuilder,
+    RunRequest, Runtime, RuntimeBuilder, ServeReport, WorkerOptions,
     event::{BatchCall, Event, PendingApproval, RunOutput},
     record_decision,
 };
