@@ -15,6 +15,7 @@ pub enum CliError {
     #[error("cannot open store `{0}`: expected `sqlite:PATH` or `postgres://...`")]
     UnsupportedStore(String),
     /// A `postgres://` store in a build without PostgreSQL support.
+    #[cfg(not(feature = "postgres"))]
     #[error("store `{0}` needs PostgreSQL support: build kuralle-cli with `--features postgres`")]
     NoPostgres(String),
     /// A decision without the name of who decides.

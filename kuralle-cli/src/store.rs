@@ -22,13 +22,20 @@ pub async fn open(spec: &str) -> Result<Arc<dyn RunStore>, CliError> {
     Err(CliError::UnsupportedStore(spec.to_owned()))
 }
 
+#[cfg(feature = "postgres")]
+async fn open_postgres(url: &str) -> Result<Arc<dyn RunStore>, CliError> {
+    Ok(Arc::new(kuralle::stores::PostgresStore::connect(url).await?))
+}
+
 /// This build has no `PostgresStore` to open.
+#[cfg(not(feature = "postgres"))]
 #[allow(clippy::unused_async)]
 async fn open_postgres(url: &str) -> Result<Arc<dyn RunStore>, CliError> {
     Err(CliError::NoPostgres(redact(url)))
 }
 
 /// The URL without its password, for messages.
+#[cfg_attr(feature = "postgres", allow(dead_code))]
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {

@@ -23,7 +23,7 @@ pub struct RunRow {
     pub steps: usize,
     /// Last update, milliseconds since the Unix epoch.
     pub updated_at_ms: i64,
-    /// Approvals the run waits for.
+    /// Approvals the run waits for that nobody has decided yet.
     pub pending_approvals: usize,
 }
 
@@ -52,18 +52,17 @@ pub async fn list(store: &dyn RunStore, query: &ListQuery) -> Result<Vec<RunRow>
         if query.limit.is_some_and(|l| rows.len() >= l) {
             break;
         }
-        let pending = match store.get_run(&s.run_id).await? {
-            Some(record) => pending_approvals(&record).len(),
-            None => continue, // deleted since it was listed
-        };
-        let steps = store.steps(&s.run_id).await?.len();
+        let Some(record) = store.get_run(&s.run_id).await? else { continue }; // deleted since listed
+        let journal = store.steps(&s.run_id).await?;
+        let undecided = pending_approvals(&record).len() - recorded_decisions(&record, &journal).len();
+        let steps = journal.len();
         rows.push(RunRow {
             run_id: s.run_id,
             agent_id: s.agent_id,
             status: s.status,
             steps,
             updated_at_ms: s.updated_at_ms,
-            pending_approvals: pending,
+            pending_approvals: undecided,
         });
     }
     Ok(rows)

@@ -114,8 +114,11 @@ async fn approve_records_the_decision_and_the_owner_resumes_the_run() {
     assert_eq!(approval["result"]["approved"], true);
     assert_eq!(approval["result"]["by"], "alice");
     assert_eq!(approval["args"], serde_json::json!({"amount": 900}));
-    assert_eq!(run["status"], "paused", "the CLI records; the owner resumes");
+    assert_eq!(run["status"], "running", "decided: runnable, for the owner or a worker to resume");
     assert_eq!(run["pending"][0]["decision"]["approved"], true);
+    let listed = ok_json(&["runs", "list", "--store", &store, "--json"]);
+    let row = listed.as_array().unwrap().iter().find(|r| r["run_id"] == PAUSED).unwrap();
+    assert_eq!(row["pending_approvals"], 0, "a decided request no longer counts as pending");
 
     // A second decision on the same request is refused, and the first one stands.
     let err = fails(&["runs", "deny", PAUSED, &request, "--by", "bob", "--reason", "late", "--store", &store]);

@@ -13,7 +13,8 @@ use crate::{
     parse_args,
 };
 
-/// The approvals a paused run waits for (empty for a run that is not paused).
+/// The approvals a paused run waits for, decided or not (see [`recorded_decisions`]); empty
+/// once a turn has carried the decisions out.
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -97,7 +98,9 @@ struct Waiting {
 }
 
 fn waiting(record: &RunRecord) -> Vec<Waiting> {
-    if record.status != crate::RunStatus::Paused {
+    // A run whose every pending call is decided is `running` (runnable) until a turn carries
+    // the decisions out; until then its pending calls are still in its state.
+    if !matches!(record.status, crate::RunStatus::Paused | crate::RunStatus::Running) {
         return Vec::new();
     }
     record.state.get("pending").and_then(|v| Vec::<Waiting>::deserialize(v).ok()).unwrap_or_default()
