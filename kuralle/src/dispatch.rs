@@ -723,6 +723,8 @@ pub(crate) async fn call_standalone(
         interrupt,
         max_concurrency: 1,
         max_result_bytes: crate::DEFAULT_MAX_RESULT_BYTES,
+        // A tool set served on its own has no agent, so no agent policy applies.
+        policy: Policy::new(),
         fatal: Mutex::new(None),
     });
     let done = dispatch(&turn, vec![call], 0)
