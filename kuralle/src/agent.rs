@@ -2,7 +2,7 @@
 
 use std::{fmt, sync::Arc};
 
-use crate::{Model, Tool, ToolSet};
+use crate::{Model, Policy, Tool, ToolSet};
 
 /// Default `max_steps`: model responses per turn before the run ends with
 /// [`RunStatus::MaxSteps`](crate::RunStatus::MaxSteps).
@@ -53,6 +53,8 @@ pub struct AgentDef {
     pub max_tool_result_tokens: usize,
     /// The agent's own model; `None` uses the runtime's default model.
     pub model: Option<Arc<dyn Model>>,
+    /// Which calls run, wait for a human, or are refused (default: allow all).
+    pub policy: Policy,
 }
 
 impl fmt::Debug for AgentDef {
@@ -64,6 +66,7 @@ impl fmt::Debug for AgentDef {
             .field("max_tool_concurrency", &self.max_tool_concurrency)
             .field("max_tool_result_tokens", &self.max_tool_result_tokens)
             .field("model", &self.model.as_ref().map(|m| m.name().to_owned()))
+            .field("policy", &self.policy)
             .finish_non_exhaustive()
     }
 }
@@ -79,6 +82,7 @@ impl AgentDef {
             max_tool_concurrency: DEFAULT_MAX_TOOL_CONCURRENCY,
             max_tool_result_tokens: DEFAULT_MAX_TOOL_RESULT_TOKENS,
             model: None,
+            policy: Policy::new(),
         }
     }
 
@@ -121,6 +125,21 @@ impl AgentDef {
     #[must_use]
     pub fn model(mut self, model: impl Model) -> Self {
         self.model = Some(Arc::new(model));
+        self
+    }
+
+    /// Sets the approval policy, checked before every call of this agent's runs (see
+    /// [`Policy`]).
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, Policy};
+    /// let agent = AgentDef::new("payments", "Move money carefully.")
+    ///     .policy(Policy::new().ask_when("wire", |a| a["amount"].as_f64().is_some_and(|x| x > 500.0)));
+    /// # let _ = agent;
+    /// ```
+    #[must_use]
+    pub fn policy(mut self, policy: impl Into<Policy>) -> Self {
+        self.policy = policy.into();
         self
     }
 

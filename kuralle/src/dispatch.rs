@@ -8,7 +8,7 @@ use std::{
         Arc, Mutex, PoisonError,
         atomic::{AtomicU64, Ordering},
     },
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use futures::{StreamExt, stream};
@@ -17,11 +17,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
-    Event, PreparedCall, RunError, StepKind, StepOutcome, Tool, ToolCallRequest, ToolContext, ToolError, ToolEvent,
-    ToolSet,
+    Event, Policy, PreparedCall, RunError, StepKind, StepOutcome, Tool, ToolCallRequest, ToolContext, ToolError,
+    ToolEvent, ToolSet, Verdict,
     journal::{Journal, Lookup, approval_key, override_key},
     runtime::event::{BatchCall, EventSender, PendingApproval},
     tool::parse_args,
+    trace,
 };
 
 /// How long a timed-out or interrupted call may take to notice its token before it is dropped.
@@ -35,6 +36,8 @@ pub(crate) struct TurnCtx {
     pub(crate) interrupt: CancellationToken,
     pub(crate) max_concurrency: usize,
     pub(crate) max_result_bytes: usize,
+    /// The agent's approval policy, checked in [`plan`] before anything else can answer a call.
+    pub(crate) policy: Policy,
     /// A store failure inside a nested effect: it ends the run after the current batch.
     pub(crate) fatal: Mutex<Option<RunError>>,
 }
@@ -221,12 +224,24 @@ fn plan(turn: &TurnCtx, p: &Planned) -> Plan {
         Some(user_key) => override_key(j.run_id(), j.epoch(), tool.name(), &user_key),
         None => j.tool_key(&p.callsite, tool.name(), args),
     };
+    // The policy comes before the journal and before `replay = false`, so neither a replay,
+    // a non-replayed tool nor a nested call gets around it.
+    let needs_approval = match turn.policy.check(tool.name(), args) {
+        Verdict::Deny { reason } => {
+            return Plan::Done(
+                Err(ToolError::Denied { tool: tool.name().to_owned(), by: "policy".into(), reason }),
+                false,
+            );
+        }
+        Verdict::Ask => true,
+        Verdict::Allow => tool.needs_approval(),
+    };
     // `replay = false`: never answered from the journal, so each execution is journaled (for
     // the record) under a key of its own, `<key>:nonreplay:<n>` for the n-th execution. The
     // guards below still apply: each execution needs its own approval.
     let key = if tool.replay() { key } else { nonreplay_key(j, &key) };
     let lookup = j.lookup(&key);
-    if tool.needs_approval() && matches!(lookup, Lookup::Fresh | Lookup::Running(_)) {
+    if needs_approval && matches!(lookup, Lookup::Fresh | Lookup::Running(_)) {
         let decision_key = approval_key(j.run_id(), j.epoch(), &key, tool.name(), args);
         match j.lookup(&decision_key) {
             Lookup::Finished(v) => match serde_json::from_value::<RecordedDecision>(v) {
@@ -328,9 +343,17 @@ async fn run_batch(turn: &Arc<TurnCtx>, batch: Vec<Planned>) -> Result<(Vec<Call
     let mut slots: Vec<Option<Slot>> = Vec::with_capacity(batch.len());
     let mut jobs = Vec::new();
     for (i, (p, plan)) in batch.iter().zip(plans).enumerate() {
+        let span = trace::tool_span(turn.journal.run_id(), &p.req.call_id, &p.req.name);
+        let started = Instant::now();
         match plan {
-            Plan::Done(result, replayed) => slots.push(Some(Ok((result, replayed)))),
-            Plan::Pending(pending) => slots.push(Some(Err(pending))),
+            Plan::Done(result, replayed) => {
+                trace::tool_done(&span, &result, replayed, started);
+                slots.push(Some(Ok((result, replayed))));
+            }
+            Plan::Pending(pending) => {
+                trace::tool_pending(&span, started);
+                slots.push(Some(Err(pending)));
+            }
             plan => {
                 slots.push(None);
                 let turn = Arc::clone(turn);
@@ -340,12 +363,16 @@ async fn run_batch(turn: &Arc<TurnCtx>, batch: Vec<Planned>) -> Result<(Vec<Call
                 jobs.push(async move {
                     let result = match plan {
                         Plan::Run(ready) => {
-                            let span = tracing::info_span!("tool_call", tool = %name, call_id = %call_id);
-                            execute_journaled(&turn, ready, &call_id, &callsite, None, true).instrument(span).await
+                            execute_journaled(&turn, ready, &call_id, &callsite, None, true)
+                                .instrument(span.clone())
+                                .await
                         }
-                        Plan::Indeterminate { key, ordinal } => indeterminate(&turn, &name, key, ordinal).await,
+                        Plan::Indeterminate { key, ordinal } => {
+                            indeterminate(&turn, &name, key, ordinal).instrument(span.clone()).await
+                        }
                         Plan::Done(..) | Plan::Pending(_) => unreachable!("answered without running"),
                     };
+                    trace::tool_done(&span, &result, false, started);
                     (i, result)
                 });
             }
@@ -580,15 +607,22 @@ impl Scope {
     /// serial tool calling another serial tool cannot deadlock.
     pub(crate) async fn tool(&self, name: &str, args: Value) -> Result<Value, ToolError> {
         let callsite = self.next_callsite();
+        let span = trace::tool_span(self.turn.journal.run_id(), &format!("nested:{callsite}"), name);
+        let started = Instant::now();
+        let (result, replayed) = self.nested(name, args, callsite).instrument(span.clone()).await;
+        trace::tool_done(&span, &result, replayed, started);
+        result
+    }
+
+    /// [`tool`](Self::tool) without its span: the value, and whether the journal answered it.
+    async fn nested(&self, name: &str, args: Value, callsite: String) -> (Result<Value, ToolError>, bool) {
         let turn = &self.turn;
         let Some(tool) = turn.tools.get(name).cloned() else {
-            return Err(ToolError::UnknownTool { tool: name.to_owned(), available: turn.tools.names() });
+            return (Err(ToolError::UnknownTool { tool: name.to_owned(), available: turn.tools.names() }), false);
         };
         if !args.is_object() {
-            return Err(ToolError::invalid_input(
-                name,
-                format!("the arguments must be a JSON object, not {}", crate::tool::kind(&args)),
-            ));
+            let message = format!("the arguments must be a JSON object, not {}", crate::tool::kind(&args));
+            return (Err(ToolError::invalid_input(name, message)), false);
         }
         let planned = Planned {
             req: ToolCallRequest {
@@ -602,23 +636,29 @@ impl Scope {
             parallel: false,
         };
         match plan(turn, &planned) {
-            Plan::Done(result, _) => result,
-            Plan::Indeterminate { key, ordinal } => indeterminate(turn, name, key, ordinal).await,
+            Plan::Done(result, replayed) => (result, replayed),
+            Plan::Indeterminate { key, ordinal } => (indeterminate(turn, name, key, ordinal).await, false),
             // A nested call cannot suspend its parent mid-execution; the caller decides.
-            Plan::Pending(_) => Err(ToolError::Denied {
-                tool: name.to_owned(),
-                by: "runtime".to_owned(),
-                reason: Some("a tool that needs approval cannot be called from inside another tool".to_owned()),
-            }),
+            Plan::Pending(_) => {
+                let reason = "a tool that needs approval cannot be called from inside another tool";
+                (
+                    Err(ToolError::Denied {
+                        tool: name.to_owned(),
+                        by: "runtime".to_owned(),
+                        reason: Some(reason.into()),
+                    }),
+                    false,
+                )
+            }
             Plan::Run(mut ready) => {
                 if ready.ordinal.is_none() {
                     match turn.journal.begin(vec![(ready.key.clone(), StepKind::Tool, name.to_owned())]).await {
                         Ok(o) => ready.ordinal = o.first().copied(),
-                        Err(e) => return Err(journal_failure(turn, name, "record the call", e)),
+                        Err(e) => return (Err(journal_failure(turn, name, "record the call", e)), false),
                     }
                 }
                 let call_id = planned.req.call_id;
-                execute_journaled(turn, ready, &call_id, &planned.callsite, Some(&self.token), false).await
+                (execute_journaled(turn, ready, &call_id, &planned.callsite, Some(&self.token), false).await, false)
             }
         }
     }
@@ -695,6 +735,8 @@ pub(crate) async fn call_standalone(
         interrupt,
         max_concurrency: 1,
         max_result_bytes: crate::DEFAULT_MAX_RESULT_BYTES,
+        // A tool set served on its own has no agent, so no agent policy applies.
+        policy: Policy::new(),
         fatal: Mutex::new(None),
     });
     let done = dispatch(&turn, vec![call], 0)

@@ -180,11 +180,13 @@ mod dispatch;
 mod error;
 mod generator;
 mod input;
+pub mod inspect;
 pub mod journal;
 #[cfg(feature = "mcp")]
 pub mod mcp;
 mod model;
 pub mod models;
+mod policy;
 mod runtime;
 pub mod schema;
 mod store;
@@ -193,6 +195,7 @@ pub mod stores;
 mod strategies;
 pub mod testing;
 mod tool;
+mod trace;
 pub mod truncate;
 
 pub use agent::{Agent, AgentDef, DEFAULT_MAX_STEPS, DEFAULT_MAX_TOOL_CONCURRENCY, DEFAULT_MAX_TOOL_RESULT_TOKENS};
@@ -203,6 +206,7 @@ pub use kuralle_macros::agent;
 #[doc = include_str!("../docs/tool.md")]
 pub use kuralle_macros::tool;
 pub use model::{FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, ToolCallRequest, Usage};
+pub use policy::{Policy, Verdict};
 pub use runtime::{
     DEFAULT_EVENT_BUFFER, DEFAULT_LEASE_TTL, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN, Decision,
     InterruptHandle, RunHandle, RunRequest, Runtime, RuntimeBuilder, ServeReport, WorkerOptions,

@@ -83,7 +83,8 @@ pub(super) async fn run_leased(
     claimed: Option<crate::Lease>,
 ) -> Result<RunOutput, RunError> {
     let run_id = req.run_id.clone().or_else(|| req.session.clone()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    let span = tracing::info_span!("run", run_id = %run_id);
+    let span = crate::trace::run_span(&run_id);
+    let started = std::time::Instant::now();
     let result = async {
         let lease = match claimed {
             Some(lease) => lease,
@@ -104,8 +105,18 @@ pub(super) async fn run_leased(
         held.release().await;
         result
     }
-    .instrument(span)
+    .instrument(span.clone())
     .await;
+    match &result {
+        Ok(out) => {
+            span.record("status", out.status.as_str());
+            span.record("outcome", "ok");
+        }
+        Err(e) => {
+            span.record("outcome", tracing::field::display(e));
+        }
+    }
+    crate::trace::record_duration(&span, started);
     if let Err(e) = &result {
         events.send(Event::Error { message: e.to_string() }).await;
     }
@@ -266,6 +277,7 @@ async fn drive(
     fence: &Arc<Fence>,
 ) -> Result<RunOutput, RunError> {
     let agent = agent(rt, Some(&record.agent_id))?.clone();
+    tracing::Span::current().record("agent", agent.id.as_str());
     let model: Arc<dyn Model> = match (&agent.model, &rt.model) {
         (Some(m), _) | (None, Some(m)) => Arc::clone(m),
         (None, None) => return Err(RunError::Config(format!("agent `{}` has no model", agent.id))),
@@ -281,6 +293,7 @@ async fn drive(
         interrupt: interrupt.clone(),
         max_concurrency: agent.max_tool_concurrency,
         max_result_bytes: rt.max_result_bytes,
+        policy: agent.policy.clone(),
         fatal: Mutex::new(None),
     });
 
@@ -302,7 +315,19 @@ async fn drive(
         }
         let request =
             ModelRequest { system: agent.instructions.clone(), messages: transcript.clone(), tools: specs.clone() };
-        let Some(response) = model_step(rt, &ctx, model.as_ref(), request, callsite).await? else {
+        let span = crate::trace::model_span(run_id, callsite);
+        let started = std::time::Instant::now();
+        let step = model_step(rt, &ctx, model.as_ref(), request, callsite).instrument(span.clone()).await;
+        span.record(
+            "outcome",
+            match &step {
+                Ok(Some(_)) => "ok",
+                Ok(None) => "interrupted",
+                Err(_) => "error",
+            },
+        );
+        crate::trace::record_duration(&span, started);
+        let Some(response) = step? else {
             status = RunStatus::Interrupted;
             break;
         };
@@ -371,8 +396,10 @@ async fn model_step(
         if !response.text.is_empty() {
             ctx.events.send(Event::TextDelta { delta: response.text.clone() }).await;
         }
+        tracing::Span::current().record("replayed", true);
         return Ok(Some(response));
     }
+    tracing::Span::current().record("replayed", false);
     let ordinal = match journal.lookup(&key) {
         Lookup::Finished(_) => unreachable!("a finished model step was replayed above"),
         // Model failures are never journaled as final (they are transient), so a failed step

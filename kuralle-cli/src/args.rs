@@ -1,0 +1,125 @@
+//! The command line, on clap's derive API.
+
+use std::net::SocketAddr;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use kuralle::RunStatus;
+
+/// See and steer durable kuralle runs: list, inspect, approve, deny, or open the web console.
+///
+/// Needs only the store, never the agent's code: decisions are recorded, and the process
+/// that owns the run (or a worker) resumes it.
+#[derive(Debug, Parser)]
+#[command(name = "kuralle", version)]
+pub struct Cli {
+    /// The store: `sqlite:PATH` or `postgres://USER@HOST/DB` (before or after the command).
+    #[arg(long, env = "KURALLE_STORE", global = true)]
+    pub store: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Runs: list, show, approve, deny.
+    #[command(subcommand)]
+    Runs(RunsCommand),
+    /// Serve the web console (loopback only unless --allow-remote).
+    Console(ConsoleArgs),
+}
+
+/// `kuralle runs ...`.
+#[derive(Debug, Subcommand)]
+pub enum RunsCommand {
+    /// Runs, most recently updated first: id, agent, status, steps, last update, pending approvals.
+    List {
+        /// Only runs with this status.
+        #[arg(long, value_enum)]
+        status: Option<StatusArg>,
+        /// Only runs of this agent.
+        #[arg(long = "agent", value_name = "ID")]
+        agent: Option<String>,
+        /// At most this many runs.
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+    },
+    /// A run's journal step by step, and the approvals it waits for.
+    Show {
+        /// Run id.
+        id: String,
+    },
+    /// Approve a pending request; the run's owner resumes it.
+    Approve {
+        /// Run id.
+        id: String,
+        /// Request id (from `runs show`).
+        request: String,
+        /// Who approves.
+        #[arg(long, value_name = "NAME")]
+        by: String,
+    },
+    /// Deny a pending request; the model is told the reason and the call never runs.
+    Deny {
+        /// Run id.
+        id: String,
+        /// Request id (from `runs show`).
+        request: String,
+        /// Who denies.
+        #[arg(long, value_name = "NAME")]
+        by: String,
+        /// Why (the model is told).
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+    },
+}
+
+/// `kuralle console ...`.
+#[derive(Debug, Args)]
+pub struct ConsoleArgs {
+    /// Address to listen on (port 0 picks a free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    pub listen: SocketAddr,
+    /// Allow a non-loopback --listen address. The console has no authentication: put it
+    /// behind a reverse proxy that authenticates and terminates TLS.
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// The name the decision forms start with (each decision still names who decides).
+    #[arg(long, value_name = "NAME")]
+    pub operator: Option<String>,
+}
+
+/// A run status on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum StatusArg {
+    /// A turn is in progress (or its process died).
+    Running,
+    /// Waiting for a human decision.
+    Paused,
+    /// Finished with a model answer.
+    Finished,
+    /// Reached `max_steps`.
+    MaxSteps,
+    /// Interrupted by its caller.
+    Interrupted,
+    /// Failed.
+    Failed,
+}
+
+impl From<StatusArg> for RunStatus {
+    fn from(s: StatusArg) -> Self {
+        match s {
+            StatusArg::Running => Self::Running,
+            StatusArg::Paused => Self::Paused,
+            StatusArg::Finished => Self::Finished,
+            StatusArg::MaxSteps => Self::MaxSteps,
+            StatusArg::Interrupted => Self::Interrupted,
+            StatusArg::Failed => Self::Failed,
+        }
+    }
+}

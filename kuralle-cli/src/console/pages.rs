@@ -1,0 +1,197 @@
+//! The console's pages, rendered on the server from [`crate::view`].
+
+use std::fmt::Write;
+
+use kuralle::{RunStatus, StepStatus};
+use serde_json::Value;
+
+use super::html::{esc, page, url};
+use crate::{
+    time::{duration, timestamp},
+    view::{ListQuery, RunDetail, RunRow, StepView},
+};
+
+const STATUSES: [RunStatus; 6] = [
+    RunStatus::Paused,
+    RunStatus::Running,
+    RunStatus::Failed,
+    RunStatus::Finished,
+    RunStatus::MaxSteps,
+    RunStatus::Interrupted,
+];
+
+fn badge(status: &str) -> String {
+    format!(r#"<span class="badge {s}">{s}</span>"#, s = esc(status))
+}
+
+/// The runs list with its status filters.
+pub fn runs(rows: &[RunRow], query: &ListQuery) -> String {
+    let mut body = String::from("<h1>Runs</h1>\n<p class=\"filters\">status: ");
+    let agent_q = query.agent.as_deref().map(|a| format!("&agent={}", url(a))).unwrap_or_default();
+    let on = |yes: bool| if yes { " class=\"on\"" } else { "" };
+    let _ = write!(body, r#"<a href="/?{}"{}>all</a>"#, agent_q.trim_start_matches('&'), on(query.status.is_none()));
+    for s in STATUSES {
+        let _ = write!(
+            body,
+            r#"<a href="/?status={st}{agent_q}"{cls}>{st}</a>"#,
+            st = s.as_str(),
+            cls = on(query.status == Some(s))
+        );
+    }
+    body.push_str("</p>\n");
+    let _ = write!(
+        body,
+        r#"<form method="get" action="/" class="filters">{status}<label>agent <input type="text" name="agent" value="{agent}"></label> <button type="submit">filter</button></form>"#,
+        status = query
+            .status
+            .map(|s| format!(r#"<input type="hidden" name="status" value="{}">"#, s.as_str()))
+            .unwrap_or_default(),
+        agent = esc(query.agent.as_deref().unwrap_or_default()),
+    );
+    if rows.is_empty() {
+        body.push_str("<p class=\"muted\">No runs match.</p>");
+        return page("Runs", &body);
+    }
+    body.push_str(
+        "<table id=\"runs\"><thead><tr><th>run</th><th>agent</th><th>status</th><th>steps</th><th>updated</th><th>pending approvals</th></tr></thead><tbody>\n",
+    );
+    for r in rows {
+        let _ = writeln!(
+            body,
+            r#"<tr><td><a href="/runs/{href}">{id}</a></td><td>{agent}</td><td>{status}</td><td>{steps}</td><td>{updated}</td><td>{pending}</td></tr>"#,
+            href = url(&r.run_id),
+            id = esc(&r.run_id),
+            agent = esc(&r.agent_id),
+            status = badge(r.status.as_str()),
+            steps = r.steps,
+            updated = timestamp(r.updated_at_ms),
+            pending =
+                if r.pending_approvals > 0 { format!("<strong>{}</strong>", r.pending_approvals) } else { "0".into() },
+        );
+    }
+    body.push_str("</tbody></table>");
+    page("Runs", &body)
+}
+
+/// A run: its record, pending approvals with decision forms, and the timeline of steps.
+pub fn run(detail: &RunDetail, operator: &str, notice: Option<&str>, error: Option<&str>) -> String {
+    let mut body = String::new();
+    let _ = write!(body, "<p><a href=\"/\">&larr; all runs</a></p><h1>Run <code>{}</code></h1>", esc(&detail.run_id));
+    if let Some(n) = notice {
+        let _ = write!(body, r#"<div class="notice" id="notice">{}</div>"#, esc(n));
+    }
+    if let Some(e) = error {
+        let _ = write!(body, r#"<div class="error" id="error">{}</div>"#, esc(e));
+    }
+    let _ = write!(
+        body,
+        r#"<dl class="meta"><dt>agent</dt><dd>{agent}</dd><dt>status</dt><dd id="status">{status}</dd><dt>turn epoch</dt><dd>{epoch}</dd><dt>created</dt><dd>{created}</dd><dt>updated</dt><dd>{updated}</dd></dl>"#,
+        agent = esc(&detail.agent_id),
+        status = badge(detail.status.as_str()),
+        epoch = detail.epoch,
+        created = timestamp(detail.created_at_ms),
+        updated = timestamp(detail.updated_at_ms),
+    );
+
+    if !detail.pending.is_empty() {
+        body.push_str("<h2>Pending approvals</h2>");
+        let action = format!("/runs/{}/decide", url(&detail.run_id));
+        for pv in &detail.pending {
+            let p = &pv.request;
+            let args = serde_json::to_string_pretty(&p.args).unwrap_or_default();
+            if let Some(decided) = pv.decision_text() {
+                let _ = write!(
+                    body,
+                    r#"<div class="approval decided" data-request="{rid}"><div><strong>{tool}</strong> <span class="muted">request <code>{rid}</code>, call <code>{call}</code></span></div><pre>{args}</pre><p class="decision"><strong>{decided}</strong>; waiting for the run's owner to resume it.</p></div>"#,
+                    rid = esc(&p.request_id),
+                    tool = esc(&p.name),
+                    call = esc(&p.call_id),
+                    args = esc(&args),
+                    decided = esc(&decided),
+                );
+                continue;
+            }
+            let _ = write!(
+                body,
+                r#"<div class="approval" data-request="{rid}"><div><strong>{tool}</strong> <span class="muted">request <code>{rid}</code>, call <code>{call}</code></span></div><pre>{args}</pre>
+<form method="post" action="{action}"><input type="hidden" name="request_id" value="{rid}"><input type="hidden" name="decision" value="approve"><label>by <input type="text" name="by" value="{op}" required></label> <button type="submit" class="approve">Approve</button></form>
+<form method="post" action="{action}"><input type="hidden" name="request_id" value="{rid}"><input type="hidden" name="decision" value="deny"><label>by <input type="text" name="by" value="{op}" required></label> <label>reason <input type="text" name="reason" required></label> <button type="submit" class="deny">Deny</button></form></div>"#,
+                rid = esc(&p.request_id),
+                tool = esc(&p.name),
+                call = esc(&p.call_id),
+                args = esc(&args),
+                action = esc(&action),
+                op = esc(operator),
+            );
+        }
+        body.push_str(
+            r#"<p class="muted">A decision is recorded in the run's journal; the process that owns the run (or a worker) resumes it.</p>"#,
+        );
+    }
+
+    body.push_str("<h2>Timeline</h2>");
+    if detail.steps.is_empty() {
+        body.push_str("<p class=\"muted\">No steps journaled.</p>");
+    } else {
+        timeline(&mut body, &detail.steps);
+        body.push_str(
+            r#"<p class="muted">replay: <em>replays</em> = journaled, a resumed run is answered from the journal; <em>re-runs</em> = started but not finished, a resumed run executes it again; <em>live</em> = a <code>replay = false</code> tool, executed every time.</p>"#,
+        );
+    }
+    page(&format!("Run {}", detail.run_id), &body)
+}
+
+fn timeline(body: &mut String, steps: &[StepView]) {
+    let t0 = steps.iter().map(|s| s.started_at_ms).min().unwrap_or(0);
+    let t1 = steps.iter().map(|s| s.finished_at_ms.unwrap_or(s.started_at_ms)).max().unwrap_or(t0);
+    let span = (t1 - t0).max(1) as f64;
+    body.push_str(
+        "<table id=\"steps\"><thead><tr><th>#</th><th>kind</th><th>name</th><th>status</th><th>duration</th><th>timeline</th><th>key</th><th>replay</th><th>args</th><th>result</th></tr></thead><tbody>\n",
+    );
+    for s in steps {
+        let left = (s.started_at_ms - t0) as f64 / span * 100.0;
+        let width = s.duration_ms.map_or(0.0, |d| d as f64 / span * 100.0);
+        let status_class = match s.status {
+            StepStatus::Failed => "failed",
+            StepStatus::Running => "running",
+            StepStatus::Finished => "finished",
+        };
+        let result = match (&s.error, &s.result) {
+            (Some(e), _) => details(&s.result_preview(50), e),
+            (None, Some(r)) => details(&s.result_preview(50), r),
+            (None, None) => String::new(),
+        };
+        let _ = writeln!(
+            body,
+            r#"<tr data-ordinal="{ord}" data-kind="{kind}"><td>{ord}</td><td>{kind}</td><td>{name}</td><td><span class="badge {status_class}">{status}</span></td><td>{dur}</td><td><div class="bar"><span style="left:{left:.2}%;width:{width:.2}%"></span></div></td><td><code title="{key}">{prefix}</code></td><td>{replay}</td><td>{args}</td><td>{result}</td></tr>"#,
+            ord = s.ordinal,
+            kind = s.kind.as_str(),
+            name = esc(&s.name),
+            status = s.status.as_str(),
+            dur = s.duration_ms.map(duration).unwrap_or_else(|| "-".into()),
+            key = esc(&s.key),
+            prefix = esc(s.key_prefix()),
+            replay = s.replay.as_str(),
+            args = s.args.as_ref().map(|a| details(&s.args_preview(40), a)).unwrap_or_default(),
+        );
+    }
+    body.push_str("</tbody></table>");
+}
+
+/// A one-line summary that expands to the pretty-printed value.
+fn details(summary: &str, value: &Value) -> String {
+    let full = serde_json::to_string_pretty(value).unwrap_or_default();
+    format!("<details><summary>{}</summary><pre>{}</pre></details>", esc(summary), esc(&full))
+}
+
+/// An error page.
+pub fn error(title: &str, message: &str) -> String {
+    page(
+        title,
+        &format!(
+            r#"<p><a href="/">&larr; all runs</a></p><h1>{}</h1><div class="error" id="error">{}</div>"#,
+            esc(title),
+            esc(message)
+        ),
+    )
+}

@@ -1,0 +1,91 @@
+//! `kuralle`: see and steer durable runs from outside the process that owns them.
+//!
+//! ```text
+//! kuralle runs list --store sqlite:runs.db --status paused
+//! kuralle runs show RUN --store sqlite:runs.db
+//! kuralle runs approve RUN REQUEST --by alice --store sqlite:runs.db
+//! kuralle console --store sqlite:runs.db
+//! ```
+
+mod args;
+mod console;
+mod decide;
+mod error;
+mod store;
+mod text;
+mod time;
+mod view;
+
+use std::{io::Write, process::ExitCode};
+
+use clap::Parser;
+
+use crate::{
+    args::{Cli, Command, RunsCommand},
+    error::CliError,
+    text::Style,
+    view::ListQuery,
+};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), CliError> {
+    let style = Style::detect();
+    let spec = cli.store.filter(|s| !s.trim().is_empty()).ok_or(CliError::NoStore)?;
+    let store = store::open(&spec).await?;
+    let as_json = cli.json;
+    let mut out = std::io::stdout().lock();
+    match cli.command {
+        Command::Runs(RunsCommand::List { status, agent, limit }) => {
+            let query = ListQuery { status: status.map(Into::into), agent, limit };
+            let rows = view::list(store.as_ref(), &query).await?;
+            if as_json { json(&mut out, &rows)? } else { write!(out, "{}", text::runs(&rows, style))? }
+        }
+        Command::Runs(RunsCommand::Show { id }) => {
+            let detail = view::show(store.as_ref(), &id).await?;
+            if as_json { json(&mut out, &detail)? } else { write!(out, "{}", text::run(&detail, style))? }
+        }
+        Command::Runs(RunsCommand::Approve { id, request, by }) => {
+            let decided = decide::decide(store.as_ref(), &id, &request, &by, None).await?;
+            report(&mut out, as_json, &decided)?;
+        }
+        Command::Runs(RunsCommand::Deny { id, request, by, reason }) => {
+            let decided = decide::decide(store.as_ref(), &id, &request, &by, Some(&reason)).await?;
+            report(&mut out, as_json, &decided)?;
+        }
+        Command::Console(args) => {
+            drop(out);
+            console::serve(args, store).await?;
+        }
+    }
+    Ok(())
+}
+
+fn json(out: &mut impl Write, value: &impl serde::Serialize) -> Result<(), CliError> {
+    serde_json::to_writer_pretty(&mut *out, value).map_err(std::io::Error::other)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn report(out: &mut impl Write, as_json: bool, d: &decide::Decided) -> Result<(), CliError> {
+    if as_json {
+        return json(out, d);
+    }
+    let reason = d.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();
+    writeln!(
+        out,
+        "{} {} of run {} by {}{reason}; the run's owner resumes it",
+        d.decision, d.request_id, d.run_id, d.by
+    )?;
+    Ok(())
+}

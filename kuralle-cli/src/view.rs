@@ -1,0 +1,298 @@
+//! What an operator sees of runs, built from the store alone and shared by the text output,
+//! `--json` and the console.
+
+use kuralle::{
+    PendingApproval, RunFilter, RunStatus, RunStore, StepKind, StepRecord, StepStatus,
+    inspect::{RecordedDecision, pending_approvals, recorded_decisions, step_calls},
+};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::CliError;
+
+/// One line of `runs list`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRow {
+    /// Run id.
+    pub run_id: String,
+    /// The agent that owns the run.
+    pub agent_id: String,
+    /// Lifecycle status.
+    pub status: RunStatus,
+    /// Journal steps.
+    pub steps: usize,
+    /// Last update, milliseconds since the Unix epoch.
+    pub updated_at_ms: i64,
+    /// Approvals the run waits for that nobody has decided yet.
+    pub pending_approvals: usize,
+}
+
+/// Which runs to list.
+#[derive(Debug, Clone, Default)]
+pub struct ListQuery {
+    /// Only this status.
+    pub status: Option<RunStatus>,
+    /// Only this agent.
+    pub agent: Option<String>,
+    /// At most this many, most recently updated first.
+    pub limit: Option<usize>,
+}
+
+/// Runs matching `query`, most recently updated first.
+pub async fn list(store: &dyn RunStore, query: &ListQuery) -> Result<Vec<RunRow>, CliError> {
+    // The store filters by status and limit; the agent filter is applied here, so the limit
+    // can only go to the store when there is no agent filter.
+    let limit = if query.agent.is_some() { None } else { query.limit };
+    let summaries = store.list_runs(RunFilter { status: query.status, limit }).await?;
+    let mut rows = Vec::new();
+    for s in summaries {
+        if query.agent.as_ref().is_some_and(|a| *a != s.agent_id) {
+            continue;
+        }
+        if query.limit.is_some_and(|l| rows.len() >= l) {
+            break;
+        }
+        let Some(record) = store.get_run(&s.run_id).await? else { continue }; // deleted since listed
+        let journal = store.steps(&s.run_id).await?;
+        let undecided = pending_approvals(&record).len() - recorded_decisions(&record, &journal).len();
+        let steps = journal.len();
+        rows.push(RunRow {
+            run_id: s.run_id,
+            agent_id: s.agent_id,
+            status: s.status,
+            steps,
+            updated_at_ms: s.updated_at_ms,
+            pending_approvals: undecided,
+        });
+    }
+    Ok(rows)
+}
+
+/// One run, with its journal.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunDetail {
+    /// Run id.
+    pub run_id: String,
+    /// The agent that owns the run.
+    pub agent_id: String,
+    /// Lifecycle status.
+    pub status: RunStatus,
+    /// Current turn epoch.
+    pub epoch: u64,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_at_ms: i64,
+    /// Last update, milliseconds since the Unix epoch.
+    pub updated_at_ms: i64,
+    /// The journal, in ordinal order.
+    pub steps: Vec<StepView>,
+    /// Approvals the run waits for.
+    pub pending: Vec<PendingView>,
+}
+
+/// A pending approval, and its decision once one is recorded (the run stays paused until its
+/// owner resumes it).
+#[derive(Debug, Clone, Serialize)]
+pub struct PendingView {
+    /// The request.
+    #[serde(flatten)]
+    pub request: PendingApproval,
+    /// The recorded decision, if any.
+    pub decision: Option<RecordedDecision>,
+}
+
+impl PendingView {
+    /// "approved by alice" / "denied by bob: reason".
+    pub fn decision_text(&self) -> Option<String> {
+        self.decision.as_ref().map(|d| {
+            if d.approved {
+                format!("approved by {}", d.by)
+            } else {
+                format!("denied by {}{}", d.by, d.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default())
+            }
+        })
+    }
+}
+
+/// How a journaled step behaves when the run resumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Replay {
+    /// Finished or failed: a resumed run is answered from the journal.
+    Replays,
+    /// Intent without an outcome: a resumed run executes it again (or reports it
+    /// indeterminate, for an `at_most_once` tool).
+    Reruns,
+    /// A `replay = false` tool: journaled for the record, always executed live.
+    Live,
+}
+
+impl Replay {
+    /// Short label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Replays => "replays",
+            Self::Reruns => "re-runs",
+            Self::Live => "live",
+        }
+    }
+}
+
+/// One journal step as shown.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepView {
+    /// Position in the journal.
+    pub ordinal: u64,
+    /// model, tool, now, uuid or approval.
+    pub kind: StepKind,
+    /// Tool name, or `model`, `now`, `uuid`.
+    pub name: String,
+    /// running, finished or failed.
+    pub status: StepStatus,
+    /// The turn the step belongs to.
+    pub epoch: u64,
+    /// Effect key.
+    pub key: String,
+    /// Start time, milliseconds since the Unix epoch.
+    pub started_at_ms: i64,
+    /// Finish time, when finished.
+    pub finished_at_ms: Option<i64>,
+    /// `finished_at_ms - started_at_ms`, when finished.
+    pub duration_ms: Option<i64>,
+    /// The model's id for the call, for tool and approval steps it can be traced to.
+    pub call_id: Option<String>,
+    /// The call's arguments, when they can be traced to a model response.
+    pub args: Option<Value>,
+    /// The result, when finished.
+    pub result: Option<Value>,
+    /// The serialized typed error, when failed.
+    pub error: Option<Value>,
+    /// What a resumed run does with this step.
+    pub replay: Replay,
+}
+
+impl StepView {
+    /// The first characters of the key.
+    pub fn key_prefix(&self) -> &str {
+        self.key.get(..12).unwrap_or(&self.key)
+    }
+
+    /// A one-line summary of what went in: the call's arguments.
+    pub fn args_preview(&self, width: usize) -> String {
+        self.args.as_ref().map(|a| preview(a, width)).unwrap_or_default()
+    }
+
+    /// A one-line summary of what came out.
+    pub fn result_preview(&self, width: usize) -> String {
+        if let Some(e) = &self.error {
+            let message = e.get("message").and_then(Value::as_str).map(str::to_owned);
+            let kind = e.get("kind").and_then(Value::as_str).unwrap_or("error");
+            return clip(&format!("{kind}: {}", message.unwrap_or_else(|| e.to_string())), width);
+        }
+        let Some(r) = &self.result else { return String::new() };
+        match self.kind {
+            StepKind::Model => {
+                let calls: Vec<&str> = r["tool_calls"]
+                    .as_array()
+                    .map(|c| c.iter().filter_map(|c| c["name"].as_str()).collect())
+                    .unwrap_or_default();
+                let text = r["text"].as_str().unwrap_or_default();
+                if calls.is_empty() {
+                    clip(&format!("\"{text}\""), width)
+                } else {
+                    clip(&format!("calls {}", calls.join(", ")), width)
+                }
+            }
+            StepKind::Approval => {
+                let by = r["by"].as_str().unwrap_or("?");
+                if r["approved"].as_bool() == Some(true) {
+                    clip(&format!("approved by {by}"), width)
+                } else {
+                    let reason = r["reason"].as_str().map(|x| format!(": {x}")).unwrap_or_default();
+                    clip(&format!("denied by {by}{reason}"), width)
+                }
+            }
+            _ => preview(r, width),
+        }
+    }
+}
+
+/// The run `run_id` with its steps and pending approvals.
+pub async fn show(store: &dyn RunStore, run_id: &str) -> Result<RunDetail, CliError> {
+    let record = store.get_run(run_id).await?.ok_or_else(|| CliError::UnknownRun(run_id.to_owned()))?;
+    let steps = store.steps(run_id).await?;
+    let mut calls = step_calls(run_id, &steps);
+    let mut decided = recorded_decisions(&record, &steps);
+    let pending = pending_approvals(&record)
+        .into_iter()
+        .map(|request| PendingView { decision: decided.remove(&request.request_id), request })
+        .collect();
+    let steps = steps.into_iter().map(|s| step_view(s, &mut calls)).collect();
+    Ok(RunDetail {
+        run_id: record.run_id.clone(),
+        agent_id: record.agent_id.clone(),
+        status: record.status,
+        epoch: record.epoch,
+        created_at_ms: record.created_at_ms,
+        updated_at_ms: record.updated_at_ms,
+        steps,
+        pending,
+    })
+}
+
+fn step_view(s: StepRecord, calls: &mut std::collections::HashMap<u64, kuralle::inspect::StepCall>) -> StepView {
+    let call = calls.remove(&s.ordinal);
+    let replay = if s.key.contains(":nonreplay:") {
+        Replay::Live
+    } else if s.status == StepStatus::Running {
+        Replay::Reruns
+    } else {
+        Replay::Replays
+    };
+    StepView {
+        ordinal: s.ordinal,
+        kind: s.kind,
+        name: s.name,
+        status: s.status,
+        epoch: s.epoch,
+        key: s.key,
+        started_at_ms: s.started_at_ms,
+        finished_at_ms: s.finished_at_ms,
+        duration_ms: s.finished_at_ms.map(|f| (f - s.started_at_ms).max(0)),
+        call_id: call.as_ref().map(|c| c.call_id.clone()),
+        args: call.map(|c| c.args),
+        result: s.result,
+        error: s.error,
+        replay,
+    }
+}
+
+/// Compact JSON, clipped to `width` characters.
+pub fn preview(value: &Value, width: usize) -> String {
+    match value {
+        Value::String(s) => clip(&format!("\"{s}\""), width),
+        other => clip(&other.to_string(), width),
+    }
+}
+
+/// At most `width` characters, with `…` when cut; never splits a character, never spans lines.
+pub fn clip(s: &str, width: usize) -> String {
+    let one_line: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    if one_line.chars().count() <= width {
+        return one_line;
+    }
+    let mut out: String = one_line.chars().take(width.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clip_counts_characters_and_flattens_lines() {
+        assert_eq!(clip("héllo wörld", 6), "héllo…");
+        assert_eq!(clip("a\nb", 10), "a b");
+        assert_eq!(clip("short", 10), "short");
+    }
+}

@@ -1,0 +1,224 @@
+//! `kuralle runs ...` against a real SQLite store written by a real runtime.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+
+use common::{FINISHED, PAUSED, WIRES, kuralle, owner, seed, store_arg};
+use kuralle::{RunStatus, RunStore};
+use serde_json::Value;
+
+fn ok_json(args: &[&str]) -> Value {
+    let out = kuralle(args);
+    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn ok_text(args: &[&str]) -> String {
+    let out = kuralle(args);
+    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn fails(args: &[&str]) -> String {
+    let out = kuralle(args);
+    assert!(!out.status.success(), "{args:?} should fail");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+fn ids(list: &Value) -> Vec<&str> {
+    list.as_array().unwrap().iter().map(|r| r["run_id"].as_str().unwrap()).collect()
+}
+
+#[tokio::test]
+async fn list_filters_by_status_agent_and_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let store = store_arg(&db);
+
+    let all = ok_json(&["runs", "list", "--store", &store, "--json"]);
+    let mut every = ids(&all);
+    every.sort_unstable();
+    assert_eq!(every, [FINISHED, PAUSED]);
+    let paused = all.as_array().unwrap().iter().find(|r| r["run_id"] == PAUSED).unwrap();
+    assert_eq!(paused["agent_id"], "payments");
+    assert_eq!(paused["status"], "paused");
+    assert_eq!(paused["pending_approvals"], 1);
+    assert_eq!(paused["steps"], 3, "model, lookup, model: {paused}");
+
+    assert_eq!(ids(&ok_json(&["runs", "list", "--store", &store, "--status", "paused", "--json"])), [PAUSED]);
+    assert_eq!(ids(&ok_json(&["runs", "list", "--store", &store, "--agent", "support", "--json"])), [FINISHED]);
+    assert_eq!(ok_json(&["runs", "list", "--store", &store, "--limit", "1", "--json"]).as_array().unwrap().len(), 1);
+    // Global flags go before or after the command.
+    assert_eq!(ids(&ok_json(&["--store", &store, "--json", "runs", "list", "--status", "paused"])), [PAUSED]);
+    assert!(ids(&ok_json(&["runs", "list", "--store", &store, "--status", "failed", "--json"])).is_empty());
+
+    let table = ok_text(&["runs", "list", "--store", &store]);
+    assert!(table.starts_with("RUN"), "{table}");
+    for column in ["AGENT", "STATUS", "STEPS", "UPDATED", "PENDING", PAUSED, "payments", "paused"] {
+        assert!(table.contains(column), "`{column}` missing from:\n{table}");
+    }
+    assert!(!table.contains('\x1b'), "no colour when stdout is not a terminal:\n{table}");
+}
+
+#[tokio::test]
+async fn show_lists_steps_with_args_results_and_pending_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let store = store_arg(&db);
+
+    let run = ok_json(&["runs", "show", PAUSED, "--store", &store, "--json"]);
+    assert_eq!(run["run_id"], PAUSED);
+    assert_eq!(run["status"], "paused");
+    let steps = run["steps"].as_array().unwrap();
+    let kinds: Vec<&str> = steps.iter().map(|s| s["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["model", "tool", "model"]);
+    let lookup = &steps[1];
+    assert_eq!(lookup["ordinal"], 1);
+    assert_eq!(lookup["name"], "lookup");
+    assert_eq!(lookup["status"], "finished");
+    assert_eq!(lookup["call_id"], "call_lookup");
+    assert_eq!(lookup["args"], serde_json::json!({"order": "A-17"}));
+    assert_eq!(lookup["result"], "A-17: delivered");
+    assert!(lookup["duration_ms"].is_number());
+    assert_eq!(lookup["key"].as_str().unwrap().len(), 64);
+    let pending = run["pending"].as_array().unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0]["name"], "wire");
+    assert!(pending[0]["request_id"].as_str().unwrap().starts_with("approval-"));
+
+    let text = ok_text(&["runs", "show", PAUSED, "--store", &store]);
+    let request = pending[0]["request_id"].as_str().unwrap();
+    for expected in
+        ["KIND", "DURATION", "KEY", "lookup", r#"{"order":"A-17"}"#, "\"A-17: delivered\"", "calls wire", request]
+    {
+        assert!(text.contains(expected), "`{expected}` missing from:\n{text}");
+    }
+    assert!(!text.contains('\x1b'));
+}
+
+#[tokio::test]
+async fn approve_records_the_decision_and_the_owner_resumes_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let store = store_arg(&db);
+    let run = ok_json(&["runs", "show", PAUSED, "--store", &store, "--json"]);
+    let request = run["pending"][0]["request_id"].as_str().unwrap().to_owned();
+
+    let decided = ok_json(&["runs", "approve", PAUSED, &request, "--by", "alice", "--store", &store, "--json"]);
+    assert_eq!(decided["decision"], "approved");
+    assert_eq!(decided["by"], "alice");
+
+    let run = ok_json(&["runs", "show", PAUSED, "--store", &store, "--json"]);
+    let approval = run["steps"].as_array().unwrap().iter().find(|s| s["kind"] == "approval").expect("approval step");
+    assert_eq!(approval["result"]["approved"], true);
+    assert_eq!(approval["result"]["by"], "alice");
+    assert_eq!(approval["args"], serde_json::json!({"amount": 900}));
+    assert_eq!(run["status"], "running", "decided: runnable, for the owner or a worker to resume");
+    assert_eq!(run["pending"][0]["decision"]["approved"], true);
+    let listed = ok_json(&["runs", "list", "--store", &store, "--json"]);
+    let row = listed.as_array().unwrap().iter().find(|r| r["run_id"] == PAUSED).unwrap();
+    assert_eq!(row["pending_approvals"], 0, "a decided request no longer counts as pending");
+
+    // A second decision on the same request is refused, and the first one stands.
+    let err = fails(&["runs", "deny", PAUSED, &request, "--by", "bob", "--reason", "late", "--store", &store]);
+    assert!(err.contains("already decided (approved by alice)"), "{err}");
+    let again = ok_json(&["runs", "show", PAUSED, "--store", &store, "--json"]);
+    assert_eq!(again["steps"].as_array().unwrap().len(), run["steps"].as_array().unwrap().len());
+
+    // The process that owns the agent picks the decision up: the wire runs, once.
+    let before = WIRES.load(Ordering::SeqCst);
+    let out = owner(&db).resume(PAUSED).await.unwrap();
+    assert_eq!(out.status, RunStatus::Finished);
+    assert_eq!(WIRES.load(Ordering::SeqCst), before + 1);
+    let text = ok_text(&["runs", "show", PAUSED, "--store", &store]);
+    assert!(text.contains("approved by alice"), "{text}");
+    let err = fails(&["runs", "approve", PAUSED, &request, "--by", "alice", "--store", &store]);
+    assert!(err.contains("was already decided"), "{err}");
+}
+
+#[tokio::test]
+async fn deny_records_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let store = store_arg(&db);
+    let run = ok_json(&["runs", "show", PAUSED, "--store", &store, "--json"]);
+    let request = run["pending"][0]["request_id"].as_str().unwrap().to_owned();
+    let text =
+        ok_text(&["runs", "deny", PAUSED, &request, "--by", "bob", "--reason", "over the limit", "--store", &store]);
+    assert!(text.contains("denied"), "{text}");
+    let run = ok_json(&["runs", "show", PAUSED, "--store", &store, "--json"]);
+    let approval = run["steps"].as_array().unwrap().iter().find(|s| s["kind"] == "approval").unwrap();
+    assert_eq!(approval["result"]["approved"], false);
+    assert_eq!(approval["result"]["reason"], "over the limit");
+}
+
+#[tokio::test]
+async fn errors_are_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let store = store_arg(&db);
+
+    let missing = dir.path().join("nope.db");
+    let err = fails(&["runs", "list", "--store", &format!("sqlite:{}", missing.display())]);
+    assert!(err.contains("no store at") && err.contains("nope.db"), "{err}");
+    assert!(!missing.exists(), "the CLI must not create a store");
+
+    let err = fails(&["runs", "list"]);
+    assert!(err.contains("no store given"), "{err}");
+
+    let err = fails(&["runs", "list", "--store", "mysql://x"]);
+    assert!(err.contains("expected `sqlite:PATH` or `postgres://...`"), "{err}");
+
+    let err = fails(&["runs", "show", "no-such-run", "--store", &store]);
+    assert!(err.contains("no run `no-such-run`"), "{err}");
+
+    let err = fails(&["runs", "approve", "no-such-run", "approval-x", "--by", "a", "--store", &store]);
+    assert!(err.contains("no run `no-such-run`"), "{err}");
+
+    let err = fails(&["runs", "approve", FINISHED, "approval-x", "--by", "a", "--store", &store]);
+    assert!(err.contains("has no pending approval `approval-x`") && err.contains("waiting on nothing"), "{err}");
+
+    let err = fails(&["runs", "approve", PAUSED, "approval-x", "--by", "a", "--store", &store]);
+    assert!(err.contains("it waits on: approval-"), "{err}");
+
+    let err = fails(&["runs", "deny", PAUSED, "approval-x", "--by", "a", "--store", &store]);
+    assert!(err.contains("--reason"), "clap names the missing flag: {err}");
+
+    // While the agent's process owns the run, a decision waits for it to let go.
+    let run = ok_json(&["runs", "show", PAUSED, "--store", &store, "--json"]);
+    let request = run["pending"][0]["request_id"].as_str().unwrap().to_owned();
+    let sqlite = kuralle::stores::SqliteStore::open(&db).unwrap();
+    let lease = sqlite.acquire_lease(PAUSED, "agent-process-1", std::time::Duration::from_secs(600)).await.unwrap();
+    let err = fails(&["runs", "approve", PAUSED, &request, "--by", "a", "--store", &store]);
+    assert!(err.contains("is busy") && err.contains("agent-process-1"), "{err}");
+    sqlite.release_lease(&lease).await.unwrap();
+    ok_json(&["runs", "approve", PAUSED, &request, "--by", "a", "--store", &store, "--json"]);
+}
+
+#[tokio::test]
+async fn colour_only_on_a_terminal_and_never_with_no_color() {
+    // `script` (util-linux) gives the command a pseudo-terminal as stdout.
+    if !std::path::Path::new("/usr/bin/script").exists() {
+        eprintln!("SKIPPED colour test: /usr/bin/script is absent");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let command = format!("{} runs list --store {}", env!("CARGO_BIN_EXE_kuralle"), store_arg(&db));
+    let on_tty = |no_color: bool| {
+        let mut cmd = std::process::Command::new("/usr/bin/script");
+        cmd.args(["-qec", &command, "/dev/null"]).env_remove("KURALLE_STORE");
+        if no_color {
+            cmd.env("NO_COLOR", "1")
+        } else {
+            cmd.env_remove("NO_COLOR")
+        };
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let coloured = on_tty(false);
+    assert!(coloured.contains("\x1b[33mpaused"), "paused runs are yellow on a terminal: {coloured:?}");
+    assert!(!on_tty(true).contains('\x1b'), "NO_COLOR turns colour off");
+}

@@ -1,0 +1,84 @@
+//! The console over plain HTTP: what it refuses (other hosts, cross-site posts, a denial
+//! without a reason, unknown runs and requests) and what it serves.
+
+mod common;
+
+use common::{FINISHED, PAUSED, console, seed};
+use kuralle::{RunStore, StepKind, stores::SqliteStore};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Sends one HTTP/1.1 request; returns the status code and the body.
+async fn http(base: &str, request_line: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let addr = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut req = format!("{request_line} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let status = raw.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+const FORM: (&str, &str) = ("Content-Type", "application/x-www-form-urlencoded");
+
+#[tokio::test]
+async fn the_console_refuses_what_it_must_and_serves_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let (_console, base) = console(&db);
+
+    let (status, body) = http(&base, "GET /?status=paused", &[], "").await;
+    assert_eq!(status, 200);
+    assert!(body.contains(PAUSED) && !body.contains(FINISHED), "the status filter applies");
+    let (status, body) = http(&base, "GET /?agent=support", &[], "").await;
+    assert_eq!(status, 200);
+    assert!(body.contains(FINISHED) && !body.contains(&format!(">{PAUSED}<")));
+    assert_eq!(http(&base, "GET /?status=bogus", &[], "").await.0, 400);
+    assert_eq!(http(&base, "GET /runs/nope", &[], "").await.0, 404);
+
+    // DNS rebinding: a page served as evil.example that resolves to 127.0.0.1.
+    let (status, _) = http(&base, "GET /", &[("Host", "evil.example:7878")], "").await;
+    assert_eq!(status, 421);
+
+    let (_, page) = http(&base, &format!("GET /runs/{PAUSED}"), &[], "").await;
+    let request = page.split("name=\"request_id\" value=\"").nth(1).unwrap().split('"').next().unwrap().to_owned();
+    let decide = format!("POST /runs/{PAUSED}/decide");
+    let approve = format!("request_id={request}&decision=approve&by=mallory");
+
+    // Cross-site form posts are refused and record nothing.
+    let origin = [FORM, ("Origin", "http://evil.example")];
+    assert_eq!(http(&base, &decide, &origin, &approve).await.0, 403);
+    let fetch_site = [FORM, ("Sec-Fetch-Site", "cross-site")];
+    assert_eq!(http(&base, &decide, &fetch_site, &approve).await.0, 403);
+    // A denial needs a reason; an unknown request or run is named.
+    let no_reason = format!("request_id={request}&decision=deny&by=bob&reason=+");
+    assert_eq!(http(&base, &decide, &[FORM], &no_reason).await.0, 400);
+    let (status, body) = http(&base, &decide, &[FORM], "request_id=approval-x&decision=approve&by=a").await;
+    assert_eq!(status, 409);
+    assert!(body.contains("has no pending approval"), "{body}");
+    let other = "POST /runs/nope/decide";
+    assert_eq!(http(&base, other, &[FORM], "request_id=r&decision=approve&by=a").await.0, 404);
+    let store = SqliteStore::open(&db).unwrap();
+    assert!(store.steps(PAUSED).await.unwrap().iter().all(|s| s.kind != StepKind::Approval));
+
+    // A same-origin post records the decision and redirects to the run.
+    let own = base.clone();
+    let (status, _) = http(&base, &decide, &[FORM, ("Origin", &own)], &approve).await;
+    assert_eq!(status, 303);
+    let steps = store.steps(PAUSED).await.unwrap();
+    let decision = steps.iter().find(|s| s.kind == StepKind::Approval).unwrap();
+    assert_eq!(decision.result.as_ref().unwrap()["by"], "mallory");
+    // Deciding again is a conflict, shown on the run page.
+    let (status, body) = http(&base, &decide, &[FORM], &approve).await;
+    assert_eq!(status, 409);
+    assert!(body.contains("already decided"), "{body}");
+}
