@@ -241,7 +241,7 @@ impl OpenAiBuilder {
     }
 
     /// Whether tool schemas are sent in OpenAI strict mode (`"strict": true`, with the
-    /// [`schema::to_strict`] transform). On by default; turn it off for servers that reject
+    /// [`schema::to_strict`](crate::schema::to_strict) transform). On by default; turn it off for servers that reject
     /// `strict` or for schemas strict mode cannot express.
     #[must_use]
     pub fn strict_tools(mut self, strict: bool) -> Self {
