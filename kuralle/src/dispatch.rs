@@ -11,7 +11,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use futures::{StreamExt, stream};
+use futures::{FutureExt, StreamExt, stream};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
@@ -180,6 +180,9 @@ struct Ready {
     call: Box<dyn PreparedCall>,
     key: String,
     ordinal: Option<u64>,
+    /// Whether the key is the user's idempotency key, which another call of this turn may
+    /// share (and then replays this one's result).
+    reused: bool,
 }
 
 enum Plan {
@@ -220,7 +223,9 @@ fn plan(turn: &TurnCtx, p: &Planned) -> Plan {
         Err(e) => return Plan::Done(Err(e), false),
     };
     let j = &turn.journal;
-    let key = match call.idempotency_key() {
+    let user_key = call.idempotency_key();
+    let reused = user_key.is_some();
+    let key = match user_key {
         Some(user_key) => override_key(j.run_id(), j.epoch(), tool.name(), &user_key),
         None => j.tool_key(&p.callsite, tool.name(), args),
     };
@@ -256,11 +261,11 @@ fn plan(turn: &TurnCtx, p: &Planned) -> Plan {
         }
     }
     match lookup {
-        Lookup::Fresh => Plan::Run(Ready { tool: tool.clone(), call, key, ordinal: None }),
+        Lookup::Fresh => Plan::Run(Ready { tool: tool.clone(), call, key, ordinal: None, reused }),
         Lookup::Finished(v) => Plan::Done(Ok(v), true),
         Lookup::Failed(e) => Plan::Done(Err(replayed_error(tool.name(), e)), true),
         Lookup::Running(ordinal) if tool.at_most_once() => Plan::Indeterminate { key, ordinal },
-        Lookup::Running(ordinal) => Plan::Run(Ready { tool: tool.clone(), call, key, ordinal: Some(ordinal) }),
+        Lookup::Running(ordinal) => Plan::Run(Ready { tool: tool.clone(), call, key, ordinal: Some(ordinal), reused }),
     }
 }
 
@@ -329,6 +334,9 @@ async fn run_batch(turn: &Arc<TurnCtx>, batch: Vec<Planned>) -> Result<(Vec<Call
     // their slot at once; only calls that run go through the bounded pool.
     let mut slots: Vec<Option<Slot>> = Vec::with_capacity(batch.len());
     let mut jobs = Vec::new();
+    let runs = plans.iter().filter(|pl| matches!(pl, Plan::Run(_) | Plan::Indeterminate { .. })).count();
+    // A lone call (every serial call) runs without a task of its own; see `execute`.
+    let alone = runs == 1;
     for (i, (p, plan)) in batch.iter().zip(plans).enumerate() {
         match plan {
             Plan::Done(result, replayed) => slots.push(Some(Ok((result, replayed)))),
@@ -343,7 +351,8 @@ async fn run_batch(turn: &Arc<TurnCtx>, batch: Vec<Planned>) -> Result<(Vec<Call
                     let result = match plan {
                         Plan::Run(ready) => {
                             let span = tracing::info_span!("tool_call", tool = %name, call_id = %call_id);
-                            execute_journaled(&turn, ready, &call_id, &callsite, None, true).instrument(span).await
+                            let call = CallSite { call_id: &call_id, callsite: &callsite, parent: None, top_level: true, alone };
+                            execute_journaled(&turn, ready, call).instrument(span).await
                         }
                         Plan::Indeterminate { key, ordinal } => indeterminate(&turn, &name, key, ordinal).await,
                         Plan::Done(..) | Plan::Pending(_) => unreachable!("answered without running"),
@@ -353,7 +362,12 @@ async fn run_batch(turn: &Arc<TurnCtx>, batch: Vec<Planned>) -> Result<(Vec<Call
             }
         }
     }
-    let ran: Vec<_> = stream::iter(jobs).buffer_unordered(turn.max_concurrency.max(1)).collect().await;
+    let ran: Vec<_> = if jobs.len() == 1 {
+        let mut jobs = jobs;
+        vec![jobs.remove(0).await]
+    } else {
+        stream::iter(jobs).buffer_unordered(turn.max_concurrency.max(1)).collect().await
+    };
     for (i, result) in ran {
         slots[i] = Some(Ok((result, false)));
     }
@@ -382,16 +396,9 @@ async fn run_batch(turn: &Arc<TurnCtx>, batch: Vec<Planned>) -> Result<(Vec<Call
 
 /// Runs a ready call and journals its outcome. A journal failure is recorded as fatal for the
 /// turn (the run stops after the batch, resumable) and reported to the call as a failure.
-async fn execute_journaled(
-    turn: &Arc<TurnCtx>,
-    ready: Ready,
-    call_id: &str,
-    callsite: &str,
-    parent: Option<&CancellationToken>,
-    emit_progress: bool,
-) -> Result<Value, ToolError> {
-    let Ready { tool, call, key, ordinal } = ready;
-    let result = execute(turn, &tool, call, call_id, &key, callsite, parent, emit_progress).await;
+async fn execute_journaled(turn: &Arc<TurnCtx>, ready: Ready, site: CallSite<'_>) -> Result<Value, ToolError> {
+    let Ready { tool, call, key, ordinal, reused } = ready;
+    let result = execute(turn, &tool, call, &key, site).await;
     let outcome = match &result {
         Ok(v) => Some(StepOutcome::Finished(v.clone())),
         // A cancellation is not an outcome of the call, only of this attempt: the step
@@ -400,7 +407,7 @@ async fn execute_journaled(
         Err(e) => Some(StepOutcome::Failed(serde_json::to_value(e).unwrap_or(Value::Null))),
     };
     if let (Some(outcome), Some(ordinal)) = (outcome, ordinal)
-        && let Err(e) = turn.journal.finish(&key, ordinal, outcome).await
+        && let Err(e) = turn.journal.finish(&key, ordinal, outcome, reused).await
     {
         return Err(journal_failure(turn, tool.name(), "record the outcome", e));
     }
@@ -412,7 +419,7 @@ async fn execute_journaled(
 async fn indeterminate(turn: &TurnCtx, name: &str, key: String, ordinal: u64) -> Result<Value, ToolError> {
     let error = ToolError::Indeterminate { tool: name.to_owned(), key: key.clone() };
     let outcome = StepOutcome::Failed(serde_json::to_value(&error).unwrap_or(Value::Null));
-    if let Err(e) = turn.journal.finish(&key, ordinal, outcome).await {
+    if let Err(e) = turn.journal.finish(&key, ordinal, outcome, false).await {
         return Err(journal_failure(turn, name, "record the outcome", e));
     }
     Err(error)
@@ -425,23 +432,74 @@ fn journal_failure(turn: &TurnCtx, name: &str, doing: &str, e: RunError) -> Tool
     ToolError::failed(name, message)
 }
 
+/// Where a call runs: its ids, its parent (for a nested call), and how it is reported.
+struct CallSite<'a> {
+    call_id: &'a str,
+    /// Its callsite; nested effects get `"<callsite>.<n>"`.
+    callsite: &'a str,
+    /// The parent call's token, for a nested call: cancelling the parent cancels it.
+    parent: Option<&'a CancellationToken>,
+    /// A call the model issued (its progress is reported), not a nested `ctx.tool()`.
+    top_level: bool,
+    /// Nothing else of the batch runs beside it (a lone or serial call).
+    alone: bool,
+}
+
+/// The tool's stream driven to its outcome: in a task of its own, or inline.
+enum Running {
+    Task(tokio::task::JoinHandle<Option<Result<Value, ToolError>>>),
+    Inline(futures::future::BoxFuture<'static, std::thread::Result<Option<Result<Value, ToolError>>>>),
+}
+
+/// How driving a tool's stream ended.
+enum Joined {
+    Done(Option<Result<Value, ToolError>>),
+    Panicked(Box<dyn std::any::Any + Send>),
+    Aborted,
+}
+
+impl std::future::Future for Running {
+    type Output = Joined;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Joined> {
+        match self.get_mut() {
+            Self::Task(handle) => std::pin::Pin::new(handle).poll(cx).map(|joined| match joined {
+                Ok(out) => Joined::Done(out),
+                Err(e) if e.is_panic() => Joined::Panicked(e.into_panic()),
+                Err(_) => Joined::Aborted,
+            }),
+            Self::Inline(future) => future.as_mut().poll(cx).map(|polled| match polled {
+                Ok(out) => Joined::Done(out),
+                Err(payload) => Joined::Panicked(payload),
+            }),
+        }
+    }
+}
+
+impl Running {
+    /// Stops a call that ignored its token past the grace period (an inline one stops when
+    /// dropped, which follows).
+    fn abort(&self) {
+        if let Self::Task(handle) = self {
+            handle.abort();
+        }
+    }
+}
+
 /// Runs one call to its outcome under its timeout and the turn's interrupt.
-#[allow(clippy::too_many_arguments)]
 async fn execute(
     turn: &Arc<TurnCtx>,
     tool: &Arc<dyn Tool>,
     call: Box<dyn PreparedCall>,
-    call_id: &str,
     key: &str,
-    callsite: &str,
-    parent: Option<&CancellationToken>,
-    emit_progress: bool,
+    site: CallSite<'_>,
 ) -> Result<Value, ToolError> {
     let name = tool.name().to_owned();
     if turn.journal.lease_lost() {
         // Another owner took the run over: nothing more starts here.
         return Err(ToolError::Cancelled { tool: name });
     }
+    let CallSite { call_id, callsite, parent, top_level, alone } = site;
     let token = parent.map_or_else(CancellationToken::new, CancellationToken::child_token);
     let scope = Scope {
         turn: Arc::clone(turn),
@@ -453,12 +511,10 @@ async fn execute(
     let mut events = call.execute(ctx);
     let sink = turn.events.clone();
     let (progress_id, progress_name) = (call_id.to_owned(), name.clone());
-    // Each call is a task of its own: a tool that blocks its thread, or burns CPU, cannot
-    // stall the timer and interrupt that watch it below, and parallel calls use every core.
-    let mut task = tokio::spawn(async move {
+    let drive = async move {
         while let Some(ev) = events.next().await {
             match ev {
-                ToolEvent::Progress(value) if emit_progress => {
+                ToolEvent::Progress(value) if top_level => {
                     let _ = sink.send(Event::ToolProgress {
                         call_id: progress_id.clone(),
                         name: progress_name.clone(),
@@ -470,9 +526,22 @@ async fn execute(
             }
         }
         None
-    });
+    };
 
     let timeout = tool.timeout();
+    // Parallel calls, and any call with a timeout, are tasks of their own: parallel calls use
+    // every core, and a tool that blocks its thread or burns CPU cannot stall the timer that
+    // watches it. A lone call without a timeout has no timer to stall and nothing beside it
+    // to share a core with, so it is polled right here: that saves a spawn, a cross-thread
+    // wake-up and a join per serial call (about a fifth of a serial turn's instructions in
+    // the `runtime` bench). Its interrupt is noticed at its next await, which is all a
+    // cancellation token can promise a task anyway.
+    let mut task = if alone && timeout.is_none() {
+        Running::Inline(AssertUnwindSafe(drive).catch_unwind().boxed())
+    } else {
+        Running::Task(tokio::spawn(drive))
+    };
+
     let interrupt = if tool.interruptible() { Some(turn.interrupt.clone()) } else { None };
     let timer = async {
         match timeout {
@@ -509,13 +578,9 @@ async fn cancelled_opt(token: Option<&CancellationToken>) {
     }
 }
 
-fn finish_join(
-    name: &str,
-    joined: Result<Option<Result<Value, ToolError>>, tokio::task::JoinError>,
-    max_bytes: usize,
-) -> Result<Value, ToolError> {
+fn finish_join(name: &str, joined: Joined, max_bytes: usize) -> Result<Value, ToolError> {
     match joined {
-        Ok(Some(Ok(value))) => {
+        Joined::Done(Some(Ok(value))) => {
             let size = crate::stores::json_len(&value);
             if size > max_bytes {
                 Err(ToolError::InvalidOutput {
@@ -526,12 +591,11 @@ fn finish_join(
                 Ok(value)
             }
         }
-        Ok(Some(Err(e))) => Err(e),
-        Ok(None) => {
+        Joined::Done(Some(Err(e))) => Err(e),
+        Joined::Done(None) => {
             Err(ToolError::InvalidOutput { tool: name.to_owned(), message: "the tool ended without a result".into() })
         }
-        Err(e) if e.is_panic() => {
-            let payload = e.into_panic();
+        Joined::Panicked(payload) => {
             let message = payload
                 .downcast_ref::<&str>()
                 .map(|s| (*s).to_owned())
@@ -539,7 +603,7 @@ fn finish_join(
                 .unwrap_or_else(|| "a non-string panic payload".to_owned());
             Err(ToolError::Panicked { tool: name.to_owned(), message })
         }
-        Err(_) => Err(ToolError::Cancelled { tool: name.to_owned() }),
+        Joined::Aborted => Err(ToolError::Cancelled { tool: name.to_owned() }),
     }
 }
 
@@ -606,7 +670,11 @@ impl Scope {
                     }
                 }
                 let call_id = planned.req.call_id;
-                execute_journaled(turn, ready, &call_id, &planned.callsite, Some(&self.token), false).await
+                let span = tracing::info_span!("nested_tool_call", tool = %name, callsite = %planned.callsite);
+                // Inline like a lone call: the parent waits for it, nothing runs beside it here.
+                let site =
+                    CallSite { call_id: &call_id, callsite: &planned.callsite, parent: Some(&self.token), top_level: false, alone: true };
+                execute_journaled(turn, ready, site).instrument(span).await
             }
         }
     }
@@ -627,7 +695,7 @@ impl Scope {
             },
         };
         let value = make();
-        if let Err(e) = turn.journal.finish(&key, ordinal, StepOutcome::Finished(value.clone())).await {
+        if let Err(e) = turn.journal.finish(&key, ordinal, StepOutcome::Finished(value.clone()), false).await {
             return Err(journal_failure(turn, what, "record the step", e));
         }
         Ok(value)

@@ -37,6 +37,7 @@ mod store;
 pub mod stores;
 pub mod testing;
 mod tool;
+pub mod transcript;
 pub mod truncate;
 
 pub use agent::{Agent, AgentDef, DEFAULT_MAX_STEPS, DEFAULT_MAX_TOOL_CONCURRENCY, DEFAULT_MAX_TOOL_RESULT_TOKENS};
@@ -54,6 +55,7 @@ pub use store::{
     Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord,
     StepStatus, StoreError, StoreFuture,
 };
+pub use transcript::Transcript;
 pub use tool::{
     MAX_TOOL_ARGS_BYTES, PreparedCall, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded, parse_args,
 };
