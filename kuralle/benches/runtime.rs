@@ -3,7 +3,8 @@
 //! `MemoryStore` and `SqliteStore`. A turn must cost the same at N = 5,000 as at N = 10.
 //!
 //! `cargo bench -p kuralle --bench runtime` prints, per store and N, the median time per turn
-//! over several runs, and on SQLite the durable commits per turn.
+//! over several runs, and on SQLite the durable commits per turn and the fastest N's turn next
+//! to one `fdatasync` in the same directory, measured in the same run.
 //!
 //! `cargo bench -p kuralle --bench runtime -- --only memory 1000` runs one run once and
 //! prints its figures, for `valgrind --tool=callgrind` (instructions per turn are
@@ -46,8 +47,9 @@ impl Store {
 }
 
 fn script(n: usize) -> Vec<Turn> {
-    let mut turns: Vec<Turn> =
-        (0..n).map(|i| Turn::tool_calls([(format!("call_{i}"), "inc".to_owned(), format!(r#"{{"x":{i}}}"#))])).collect();
+    let mut turns: Vec<Turn> = (0..n)
+        .map(|i| Turn::tool_calls([(format!("call_{i}"), "inc".to_owned(), format!(r#"{{"x":{i}}}"#))]))
+        .collect();
     turns.push(Turn::text("done"));
     turns
 }
@@ -85,6 +87,23 @@ async fn one_run(store: Store, n: usize, dir: &std::path::Path, round: usize) ->
     assert_eq!(out.status, RunStatus::Finished);
     let commits = sqlite.as_ref().zip(before).map(|(s, b)| s.commit_count() - b);
     Measured { elapsed, commits }
+}
+
+/// The median time of a 256-byte `write` + `fdatasync` in `dir`: the floor under any durable
+/// commit on this disk.
+fn fdatasync_median(dir: &std::path::Path) -> f64 {
+    use std::io::Write;
+    let mut file = std::fs::File::create(dir.join("fdatasync.bin")).expect("create the fdatasync file");
+    let mut samples: Vec<f64> = (0..200)
+        .map(|_| {
+            let start = Instant::now();
+            file.write_all(&[7u8; 256]).expect("write");
+            file.sync_data().expect("fdatasync");
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
 }
 
 fn main() {
@@ -141,6 +160,16 @@ fn main() {
             );
         }
         println!("  {:<6} per-turn cost at N=5000 / N=10: {:.2}x", store.name(), per_turn[3] / per_turn[0]);
+        if store == Store::Sqlite {
+            let sync = fdatasync_median(&dir);
+            let turn = per_turn[..3].iter().copied().fold(f64::INFINITY, f64::min);
+            println!(
+                "  sqlite one-call turn {:.1} us / one fdatasync {:.1} us (same directory, this run) = {:.2}x",
+                turn * 1e6,
+                sync * 1e6,
+                turn / sync
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

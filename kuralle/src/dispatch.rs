@@ -106,8 +106,8 @@ pub(crate) fn error_value(e: &ToolError) -> Value {
 struct Planned {
     req: ToolCallRequest,
     callsite: String,
-    args: Result<Value, ToolError>,
-    tool: Option<Arc<dyn Tool>>,
+    /// The tool and its parsed arguments, or why the call cannot run (unknown tool, bad JSON).
+    parsed: Result<(Arc<dyn Tool>, Value), ToolError>,
     parallel: bool,
 }
 
@@ -128,16 +128,12 @@ pub(crate) async fn dispatch(
         .into_iter()
         .enumerate()
         .map(|(i, req)| {
-            let tool = turn.tools.get(&req.name).cloned();
-            let args = match &tool {
+            let parsed = match turn.tools.get(&req.name) {
                 None => Err(ToolError::UnknownTool { tool: req.name.clone(), available: turn.tools.names() }),
-                Some(_) => parse_args(&req.name, &req.arguments),
+                Some(tool) => parse_args(&req.name, &req.arguments).map(|args| (Arc::clone(tool), args)),
             };
-            let parallel = match (&tool, &args) {
-                (Some(t), Ok(a)) => is_parallel_safe(t.as_ref(), a),
-                _ => false,
-            };
-            Planned { req, callsite: (first_callsite + i as u64).to_string(), args, tool, parallel }
+            let parallel = parsed.as_ref().is_ok_and(|(tool, args)| is_parallel_safe(tool.as_ref(), args));
+            Planned { req, callsite: (first_callsite + i as u64).to_string(), parsed, parallel }
         })
         .collect();
 
@@ -188,12 +184,19 @@ struct Ready {
 enum Plan {
     /// Answered without running: a validation error, or a replay (`true`).
     Done(Result<Value, ToolError>, bool),
-    /// To run (its intent is written first unless it has an ordinal already).
-    Run(Ready),
-    /// An `at_most_once` call whose earlier attempt was cut off: never re-run.
-    Indeterminate { key: String, ordinal: u64 },
     /// A `needs_approval` call without a recorded decision: the run pauses for it.
     Pending(Pending),
+    /// Answered by work in the batch's pool.
+    Job(Job),
+}
+
+/// A call's work in its batch.
+enum Job {
+    /// To run (its intent is written first unless it has an ordinal already).
+    Run(Ready),
+    /// An `at_most_once` call whose earlier attempt was cut off: never re-run, its outcome
+    /// journaled as indeterminate.
+    Indeterminate { key: String, ordinal: u64 },
 }
 
 /// A call waiting for a human decision, and the journal key its decision is recorded under.
@@ -213,10 +216,9 @@ pub(crate) struct RecordedDecision {
 
 /// Decides, without running anything, how a call is answered.
 fn plan(turn: &TurnCtx, p: &Planned) -> Plan {
-    let (tool, args) = match (&p.tool, &p.args) {
-        (Some(t), Ok(a)) => (t, a),
-        (_, Err(e)) => return Plan::Done(Err(e.clone()), false),
-        (None, Ok(_)) => unreachable!("an unknown tool has an error in place of its arguments"),
+    let (tool, args) = match &p.parsed {
+        Ok((tool, args)) => (tool, args),
+        Err(e) => return Plan::Done(Err(e.clone()), false),
     };
     let call = match tool.prepare(args) {
         Ok(c) => c,
@@ -261,21 +263,27 @@ fn plan(turn: &TurnCtx, p: &Planned) -> Plan {
         }
     }
     match lookup {
-        Lookup::Fresh => Plan::Run(Ready { tool: tool.clone(), call, key, ordinal: None, reused }),
+        Lookup::Fresh => Plan::Job(Job::Run(Ready { tool: tool.clone(), call, key, ordinal: None, reused })),
         Lookup::Finished(v) => Plan::Done(Ok(v), true),
         Lookup::Failed(e) => Plan::Done(Err(replayed_error(tool.name(), e)), true),
-        Lookup::Running(ordinal) if tool.at_most_once() => Plan::Indeterminate { key, ordinal },
-        Lookup::Running(ordinal) => Plan::Run(Ready { tool: tool.clone(), call, key, ordinal: Some(ordinal), reused }),
+        Lookup::Running(ordinal) if tool.at_most_once() => Plan::Job(Job::Indeterminate { key, ordinal }),
+        Lookup::Running(ordinal) => {
+            Plan::Job(Job::Run(Ready { tool: tool.clone(), call, key, ordinal: Some(ordinal), reused }))
+        }
     }
 }
 
 /// The key of the next execution of a `replay = false` call: the first `<key>:nonreplay:<n>`
 /// the journal does not hold.
 fn nonreplay_key(j: &Journal, key: &str) -> String {
-    (0u64..)
-        .map(|n| format!("{key}:nonreplay:{n}"))
-        .find(|k| matches!(j.lookup(k), Lookup::Fresh))
-        .unwrap_or_else(|| unreachable!("a journal holds fewer than u64::MAX steps"))
+    let mut n = 0u64;
+    loop {
+        let candidate = format!("{key}:nonreplay:{n}");
+        if matches!(j.lookup(&candidate), Lookup::Fresh) {
+            return candidate;
+        }
+        n += 1;
+    }
 }
 
 fn replayed_error(tool: &str, e: Value) -> ToolError {
@@ -291,71 +299,69 @@ async fn run_batch(turn: &Arc<TurnCtx>, batch: Vec<Planned>) -> Result<(Vec<Call
         calls: batch.iter().map(|p| BatchCall { call_id: p.req.call_id.clone(), name: p.req.name.clone() }).collect(),
     });
     for p in &batch {
-        let args = p.args.clone().unwrap_or_else(|_| Value::String(p.req.arguments.clone()));
+        let args = match &p.parsed {
+            Ok((_, args)) => args.clone(),
+            Err(_) => Value::String(p.req.arguments.clone()),
+        };
         turn.emit(Event::ToolCall { call_id: p.req.call_id.clone(), name: p.req.name.clone(), args });
     }
 
     let interrupted = turn.interrupt.is_cancelled();
     let mut plans: Vec<Plan> = batch
         .iter()
-        .map(|p| match (&p.tool, interrupted) {
+        .map(|p| match (&p.parsed, interrupted) {
             // An interrupt before the batch started: nothing in it runs, but every call
             // still gets a result so the transcript never holds a dangling call.
-            (Some(t), true) if p.args.is_ok() => {
-                Plan::Done(Err(ToolError::Cancelled { tool: t.name().to_owned() }), false)
-            }
+            (Ok((t, _)), true) => Plan::Done(Err(ToolError::Cancelled { tool: t.name().to_owned() }), false),
             _ => plan(turn, p),
         })
         .collect();
 
     // Intents for every fresh call of the batch, in source order, in one append.
-    let fresh: Vec<usize> = plans
-        .iter()
-        .enumerate()
-        .filter_map(|(i, pl)| matches!(pl, Plan::Run(r) if r.ordinal.is_none()).then_some(i))
-        .collect();
-    let intents = fresh
-        .iter()
-        .map(|&i| match &plans[i] {
-            Plan::Run(r) => (r.key.clone(), StepKind::Tool, r.tool.name().to_owned()),
-            Plan::Done(..) | Plan::Indeterminate { .. } | Plan::Pending(_) => {
-                unreachable!("filtered to runnable plans")
-            }
+    let fresh: Vec<&mut Ready> = plans
+        .iter_mut()
+        .filter_map(|pl| match pl {
+            Plan::Job(Job::Run(r)) if r.ordinal.is_none() => Some(r),
+            _ => None,
         })
         .collect();
+    let intents = fresh.iter().map(|r| (r.key.clone(), StepKind::Tool, r.tool.name().to_owned())).collect();
     let ordinals = turn.journal.begin(intents).await?;
-    for (&i, ordinal) in fresh.iter().zip(ordinals) {
-        if let Plan::Run(r) = &mut plans[i] {
-            r.ordinal = Some(ordinal);
-        }
+    for (r, ordinal) in fresh.into_iter().zip(ordinals) {
+        r.ordinal = Some(ordinal);
     }
 
     // Answers known without running (replays, validation errors, pending approvals) fill
     // their slot at once; only calls that run go through the bounded pool.
     let mut slots: Vec<Option<Slot>> = Vec::with_capacity(batch.len());
     let mut jobs = Vec::new();
-    let runs = plans.iter().filter(|pl| matches!(pl, Plan::Run(_) | Plan::Indeterminate { .. })).count();
+    let runs = plans.iter().filter(|pl| matches!(pl, Plan::Job(_))).count();
     // A lone call (every serial call) runs without a task of its own; see `execute`.
     let alone = runs == 1;
     for (i, (p, plan)) in batch.iter().zip(plans).enumerate() {
         match plan {
             Plan::Done(result, replayed) => slots.push(Some(Ok((result, replayed)))),
             Plan::Pending(pending) => slots.push(Some(Err(pending))),
-            plan => {
+            Plan::Job(job) => {
                 slots.push(None);
                 let turn = Arc::clone(turn);
                 let call_id = p.req.call_id.clone();
                 let callsite = p.callsite.clone();
                 let name = p.req.name.clone();
                 jobs.push(async move {
-                    let result = match plan {
-                        Plan::Run(ready) => {
+                    let result = match job {
+                        Job::Run(ready) => {
                             let span = tracing::info_span!("tool_call", tool = %name, call_id = %call_id);
-                            let call = CallSite { call_id: &call_id, callsite: &callsite, parent: None, top_level: true, alone };
+                            let call = CallSite {
+                                call_id: &call_id,
+                                callsite: &callsite,
+                                parent: None,
+                                top_level: true,
+                                alone,
+                            };
                             execute_journaled(&turn, ready, call).instrument(span).await
                         }
-                        Plan::Indeterminate { key, ordinal } => indeterminate(&turn, &name, key, ordinal).await,
-                        Plan::Done(..) | Plan::Pending(_) => unreachable!("answered without running"),
+                        Job::Indeterminate { key, ordinal } => indeterminate(&turn, &name, key, ordinal).await,
                     };
                     (i, result)
                 });
@@ -649,20 +655,19 @@ impl Scope {
                 arguments: String::new(),
             },
             callsite,
-            args: Ok(args),
-            tool: Some(tool),
+            parsed: Ok((tool, args)),
             parallel: false,
         };
         match plan(turn, &planned) {
             Plan::Done(result, _) => result,
-            Plan::Indeterminate { key, ordinal } => indeterminate(turn, name, key, ordinal).await,
+            Plan::Job(Job::Indeterminate { key, ordinal }) => indeterminate(turn, name, key, ordinal).await,
             // A nested call cannot suspend its parent mid-execution; the caller decides.
             Plan::Pending(_) => Err(ToolError::Denied {
                 tool: name.to_owned(),
                 by: "runtime".to_owned(),
                 reason: Some("a tool that needs approval cannot be called from inside another tool".to_owned()),
             }),
-            Plan::Run(mut ready) => {
+            Plan::Job(Job::Run(mut ready)) => {
                 if ready.ordinal.is_none() {
                     match turn.journal.begin(vec![(ready.key.clone(), StepKind::Tool, name.to_owned())]).await {
                         Ok(o) => ready.ordinal = o.first().copied(),
@@ -672,19 +677,26 @@ impl Scope {
                 let call_id = planned.req.call_id;
                 let span = tracing::info_span!("nested_tool_call", tool = %name, callsite = %planned.callsite);
                 // Inline like a lone call: the parent waits for it, nothing runs beside it here.
-                let site =
-                    CallSite { call_id: &call_id, callsite: &planned.callsite, parent: Some(&self.token), top_level: false, alone: true };
+                let site = CallSite {
+                    call_id: &call_id,
+                    callsite: &planned.callsite,
+                    parent: Some(&self.token),
+                    top_level: false,
+                    alone: true,
+                };
                 execute_journaled(turn, ready, site).instrument(span).await
             }
         }
     }
 
-    /// A journaled value: replayed if recorded at this callsite, else produced and recorded.
-    pub(crate) async fn recorded(&self, what: &'static str, make: impl FnOnce() -> Value) -> Result<Value, ToolError> {
+    /// A journaled value of step kind `kind` (`ctx.now()`, `ctx.uuid()`): replayed if recorded
+    /// at this callsite, else produced and recorded. The key's payload is the kind's stored
+    /// name, so journals written before keep replaying.
+    pub(crate) async fn recorded(&self, kind: StepKind, make: impl FnOnce() -> Value) -> Result<Value, ToolError> {
+        let what = kind.as_str();
         let callsite = self.next_callsite();
         let turn = &self.turn;
         let key = turn.journal.key(&callsite, &Value::String(what.to_owned()));
-        let kind = if what == "now" { StepKind::Now } else { StepKind::Uuid };
         let ordinal = match turn.journal.lookup(&key) {
             Lookup::Finished(v) => return Ok(v),
             Lookup::Failed(e) => return Err(replayed_error(what, e)),

@@ -55,10 +55,10 @@ pub use store::{
     Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord,
     StepStatus, StoreError, StoreFuture,
 };
-pub use transcript::Transcript;
 pub use tool::{
     MAX_TOOL_ARGS_BYTES, PreparedCall, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded, parse_args,
 };
+pub use transcript::Transcript;
 
 /// Emits a progress value from a streaming `#[tool]` fn: the value is sent at once as a
 /// [`ToolEvent::Progress`] (never journaled), and the fn's return value stays the call's result.

@@ -402,9 +402,9 @@ pub trait RunStore: Send + Sync + 'static {
             steps.push(finished);
             steps.extend(intents);
             let ordinals = self.append_steps(run_id, fence, steps).await?;
-            let first = *ordinals.first().ok_or_else(|| {
-                StoreError::Corrupt("the store assigned no ordinal to an appended step".to_owned())
-            })?;
+            let first = *ordinals
+                .first()
+                .ok_or_else(|| StoreError::Corrupt("the store assigned no ordinal to an appended step".to_owned()))?;
             self.finish_step(run_id, fence, first, outcome, finished_at_ms).await?;
             Ok(ordinals)
         })

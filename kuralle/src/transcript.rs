@@ -312,7 +312,7 @@ mod tests {
         assert_eq!(b[100], user(999));
         assert!(a.extends(&snapshot));
         assert!(!b.extends(&snapshot), "b forked into a log of its own");
-        assert_eq!(a.iter().rev().next(), Some(&user(100)));
+        assert_eq!(a.iter().next_back(), Some(&user(100)));
         assert_eq!(a.iter().len(), 101);
         assert_eq!(b.to_vec()[..100], snapshot.to_vec()[..]);
     }

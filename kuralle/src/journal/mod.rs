@@ -38,10 +38,29 @@ pub(crate) struct Journal {
 
 #[derive(Default)]
 struct State {
-    by_key: HashMap<String, StepRecord>,
+    by_key: HashMap<String, Cached>,
     len: u64,
     /// A finished step not yet written: journaled with the next intents (one commit).
     deferred: Option<Deferred>,
+}
+
+/// What replay needs of a step: a journal of 10,000 steps is held in memory for the whole
+/// turn, so the cache keeps this, not the store's full record.
+enum Cached {
+    Running(u64),
+    /// `None` when the turn cannot look the step up again and its result stays in the store.
+    Finished(Option<Value>),
+    Failed(Value),
+}
+
+impl From<StepRecord> for Cached {
+    fn from(s: StepRecord) -> Self {
+        match s.status {
+            StepStatus::Running => Self::Running(s.ordinal),
+            StepStatus::Finished => Self::Finished(Some(s.result.unwrap_or(Value::Null))),
+            StepStatus::Failed => Self::Failed(s.error.unwrap_or(Value::Null)),
+        }
+    }
 }
 
 /// A finished step waiting to be written with the intents that follow it.
@@ -77,7 +96,7 @@ impl Journal {
         let steps = store.steps(run_id).await?;
         let len = steps.len() as u64;
         // The key moves into the map; the cached record's own copy is never read.
-        let by_key = steps.into_iter().map(|mut s| (std::mem::take(&mut s.key), s)).collect();
+        let by_key = steps.into_iter().map(|mut s| (std::mem::take(&mut s.key), Cached::from(s))).collect();
         Ok(Self {
             store,
             fence,
@@ -121,18 +140,18 @@ impl Journal {
     /// Reads a finished step's result in place, without copying it.
     pub(crate) fn with_result<T>(&self, key: &str, f: impl FnOnce(&Value) -> T) -> Option<T> {
         let state = self.state();
-        let step = state.by_key.get(key).filter(|s| s.status == StepStatus::Finished)?;
-        Some(f(step.result.as_ref().unwrap_or(&Value::Null)))
+        match state.by_key.get(key)? {
+            Cached::Finished(result) => Some(f(result.as_ref().unwrap_or(&Value::Null))),
+            Cached::Running(_) | Cached::Failed(_) => None,
+        }
     }
 
     pub(crate) fn lookup(&self, key: &str) -> Lookup {
         match self.state().by_key.get(key) {
             None => Lookup::Fresh,
-            Some(s) => match s.status {
-                StepStatus::Running => Lookup::Running(s.ordinal),
-                StepStatus::Finished => Lookup::Finished(s.result.clone().unwrap_or(Value::Null)),
-                StepStatus::Failed => Lookup::Failed(s.error.clone().unwrap_or(Value::Null)),
-            },
+            Some(Cached::Running(ordinal)) => Lookup::Running(*ordinal),
+            Some(Cached::Finished(result)) => Lookup::Finished(result.clone().unwrap_or(Value::Null)),
+            Some(Cached::Failed(error)) => Lookup::Failed(error.clone()),
         }
     }
 
@@ -188,8 +207,7 @@ impl Journal {
             epoch: self.epoch,
             started_at_ms,
         };
-        let new: Vec<NewStep> =
-            intents.iter().map(|(key, kind, name)| step(key, *kind, name, started_at_ms)).collect();
+        let new: Vec<NewStep> = intents.iter().map(|(key, kind, name)| step(key, *kind, name, started_at_ms)).collect();
         let token = self.fence.token();
         let appended = match &mut deferred {
             None => self.store.append_steps(&self.run_id, token, new).await,
@@ -210,35 +228,13 @@ impl Journal {
         };
         let mut st = self.state();
         if let Some(d) = deferred {
-            let ordinal = ordinals.remove(0);
-            let record = StepRecord {
-                ordinal,
-                key: String::new(),
-                kind: d.kind,
-                name: d.name,
-                epoch: self.epoch,
-                status: StepStatus::Finished,
-                result: None,
-                error: None,
-                started_at_ms: d.started_at_ms,
-                finished_at_ms: Some(started_at_ms),
-            };
-            st.by_key.insert(d.key, record);
+            ordinals.remove(0);
+            // This turn never reads a finished model response again (its callsite is behind
+            // it): the cache notes only that it finished.
+            st.by_key.insert(d.key, Cached::Finished(None));
         }
-        for ((key, kind, name), ordinal) in intents.into_iter().zip(&ordinals) {
-            let record = StepRecord {
-                ordinal: *ordinal,
-                key: String::new(),
-                kind,
-                name,
-                epoch: self.epoch,
-                status: StepStatus::Running,
-                result: None,
-                error: None,
-                started_at_ms,
-                finished_at_ms: None,
-            };
-            st.by_key.insert(key, record);
+        for ((key, _, _), ordinal) in intents.into_iter().zip(&ordinals) {
+            st.by_key.insert(key, Cached::Running(*ordinal));
         }
         Ok(ordinals)
     }
@@ -246,7 +242,13 @@ impl Journal {
     /// Records the outcome of the step at `ordinal` (whose key is `key`). `reused` says whether
     /// this turn may look the key up again (a user-chosen idempotency key two calls can share);
     /// otherwise the cache keeps only that the step finished, not a second copy of its result.
-    pub(crate) async fn finish(&self, key: &str, ordinal: u64, outcome: StepOutcome, reused: bool) -> Result<(), RunError> {
+    pub(crate) async fn finish(
+        &self,
+        key: &str,
+        ordinal: u64,
+        outcome: StepOutcome,
+        reused: bool,
+    ) -> Result<(), RunError> {
         let at = now_ms();
         let cached = match &outcome {
             StepOutcome::Finished(v) if reused => Some(v.clone()),
@@ -258,18 +260,11 @@ impl Journal {
         };
         let finished = self.store.finish_step(&self.run_id, self.fence.token(), ordinal, outcome, at).await;
         self.fence.watch(finished)?;
-        if let Some(s) = self.state().by_key.get_mut(key) {
-            s.finished_at_ms = Some(at);
-            match failed {
-                None => {
-                    s.status = StepStatus::Finished;
-                    s.result = cached;
-                }
-                Some(e) => {
-                    s.status = StepStatus::Failed;
-                    s.error = Some(e);
-                }
-            }
+        if let Some(entry) = self.state().by_key.get_mut(key) {
+            *entry = match failed {
+                None => Cached::Finished(cached),
+                Some(e) => Cached::Failed(e),
+            };
         }
         Ok(())
     }

@@ -16,7 +16,8 @@ use crate::{Event, RunError, runtime::event::RunOutput};
 /// `IntoFuture<Output = Result<RunOutput, RunError>>`.
 ///
 /// Read events with `next().await`, then `.await` the handle for the output. Awaiting without
-/// reading events is fine (they are buffered); dropping the handle does not stop the run.
+/// reading events is fine (events not read by then are dropped, and later ones are not kept);
+/// dropping the handle does not stop the run.
 pub struct RunHandle {
     events: UnboundedReceiver<Event>,
     task: JoinHandle<Result<RunOutput, RunError>>,
@@ -76,8 +77,12 @@ impl IntoFuture for RunHandle {
     type IntoFuture = BoxFuture<'static, Self::Output>;
 
     fn into_future(self) -> Self::IntoFuture {
+        // Nobody can read events once the handle is awaited: closing the channel keeps a long
+        // run from buffering every event it emits until it ends.
+        let Self { events, task, interrupt: _ } = self;
+        drop(events);
         Box::pin(async move {
-            match self.task.await {
+            match task.await {
                 Ok(result) => result,
                 Err(e) => Err(RunError::Internal(format!("the run task failed: {e}"))),
             }

@@ -273,8 +273,11 @@ async fn drive(
             status = RunStatus::Interrupted;
             break;
         }
-        let request =
-            ModelRequest { system: agent.instructions.clone(), messages: transcript.clone(), tools: Arc::clone(&specs) };
+        let request = ModelRequest {
+            system: agent.instructions.clone(),
+            messages: transcript.clone(),
+            tools: Arc::clone(&specs),
+        };
         let Some(response) = model_step(rt, &ctx, model.as_ref(), request, callsite).await? else {
             status = RunStatus::Interrupted;
             break;

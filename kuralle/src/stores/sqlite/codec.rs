@@ -56,7 +56,10 @@ pub(super) fn to_json(what: &str, value: &Value, max: usize) -> Result<String, S
     serde_json::to_writer(&mut out, value)
         .map_err(|e| StoreError::LimitExceeded(format!("{what} cannot be serialized: {e}")))?;
     if out.len > max {
-        return Err(StoreError::LimitExceeded(format!("{what} is {} bytes of JSON; the limit is {max} bytes", out.len)));
+        return Err(StoreError::LimitExceeded(format!(
+            "{what} is {} bytes of JSON; the limit is {max} bytes",
+            out.len
+        )));
     }
     // serde_json writes valid UTF-8.
     String::from_utf8(out.text).map_err(|e| StoreError::LimitExceeded(format!("{what} is not UTF-8: {e}")))

@@ -405,7 +405,8 @@ impl RunStore for SqliteStore {
         Box::pin(self.write(move |conn| {
             sql::check_fence(conn, errors, &run_id, fence)?;
             let ordinals = sql::append(conn, errors, &run_id, steps, &epochs?)?;
-            let first = *ordinals.first().ok_or_else(|| StoreError::Corrupt("no ordinal for an appended step".into()))?;
+            let first =
+                *ordinals.first().ok_or_else(|| StoreError::Corrupt("no ordinal for an appended step".into()))?;
             sql::finish(conn, errors, &run_id, first, prepared?, finished_at_ms)?;
             Ok(ordinals)
         }))
