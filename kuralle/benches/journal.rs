@@ -14,6 +14,8 @@
 //!   steps: the journal is loaded, every finished step replays, and the one unfinished model
 //!   step runs. Linear in steps means the 10,000 figure is about 10× the 1,000 one.
 //!
+//! - PostgreSQL rows (when `DATABASE_URL` is set): see `journal/postgres.rs`.
+//!
 //! `cargo bench -p kuralle --bench journal -- --warm-up-time 1 --measurement-time 3`
 
 use std::fs::{File, OpenOptions};
@@ -29,6 +31,9 @@ use std::sync::Arc;
 use kuralle::testing::{ScriptedModel, Turn};
 use kuralle::{AgentDef, NewStep, RunRecord, RunRequest, RunStatus, RunStore, Runtime, StepKind, StepOutcome};
 use serde_json::json;
+
+#[path = "journal/postgres.rs"]
+mod postgres;
 
 /// A fresh run is started after this many steps so the journal does not grow without bound.
 const STEPS_PER_RUN: u64 = 10_000;
@@ -319,5 +324,16 @@ fn replay(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, serial, lease, parallel64, memory, replay, ratio_summary);
+criterion_group!(
+    benches,
+    serial,
+    lease,
+    parallel64,
+    memory,
+    replay,
+    ratio_summary,
+    postgres::serial,
+    postgres::parallel64,
+    postgres::workers
+);
 criterion_main!(benches);

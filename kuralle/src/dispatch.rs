@@ -718,3 +718,62 @@ impl Scope {
 pub(crate) fn now_value() -> Value {
     json!(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64))
 }
+
+/// Runs one call outside any agent run (an MCP `tools/call`) through the same path as a
+/// model's call: argument parsing and validation before execute, the tool's timeout,
+/// `interrupt` (honoured unless the tool is not interruptible), panic containment, the
+/// result-size cap, approval guards, and journaled nested effects (`ctx.tool/now/uuid`) on a
+/// throwaway in-memory journal of its own. Progress values arrive on `events` as
+/// [`Event::ToolProgress`]. `run_id` names the throwaway run (the call's `ctx.run_id()`).
+#[cfg(feature = "mcp")]
+pub(crate) async fn call_standalone(
+    tools: &ToolSet,
+    run_id: &str,
+    call: ToolCallRequest,
+    interrupt: CancellationToken,
+    events: UnboundedSender<Event>,
+) -> Result<Value, ToolError> {
+    let name = call.name.clone();
+    let store: Arc<dyn crate::RunStore> = Arc::new(crate::stores::MemoryStore::new());
+    let now = crate::journal::now_ms();
+    let record = crate::RunRecord {
+        run_id: run_id.to_owned(),
+        agent_id: "standalone".to_owned(),
+        status: crate::RunStatus::Running,
+        epoch: 0,
+        version: 0,
+        state: Value::Null,
+        created_at_ms: now,
+        updated_at_ms: now,
+    };
+    // The throwaway run is owned like any other (its store checks the fence on every write).
+    let opened = async {
+        use crate::runtime::lease;
+        let held = lease::acquire(store.as_ref(), run_id, lease::DEFAULT_LEASE_TTL, None).await?;
+        let fence = lease::Fence::new(&held, CancellationToken::new());
+        store.create_run(record, fence.token()).await?;
+        Journal::open(Arc::clone(&store), fence, run_id, 0, crate::DEFAULT_MAX_STEPS_PER_RUN).await
+    };
+    let journal =
+        opened.await.map_err(|e| ToolError::failed(&name, format!("the call journal could not open: {e}")))?;
+    let turn = Arc::new(TurnCtx {
+        journal,
+        tools: tools.clone(),
+        events,
+        interrupt,
+        max_concurrency: 1,
+        max_result_bytes: crate::DEFAULT_MAX_RESULT_BYTES,
+        fatal: Mutex::new(None),
+    });
+    let done = dispatch(&turn, vec![call], 0)
+        .await
+        .map_err(|e| ToolError::failed(&name, format!("the call journal failed: {e}")))?;
+    if let Some(outcome) = done.outcomes.into_iter().next() {
+        return outcome.result;
+    }
+    Err(ToolError::Denied {
+        tool: name,
+        by: "kuralle".to_owned(),
+        reason: Some("this tool needs a human's approval, which a standalone call cannot collect".to_owned()),
+    })
+}

@@ -29,6 +29,8 @@ mod error;
 mod generator;
 mod input;
 pub mod journal;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 mod model;
 pub mod models;
 mod runtime;
@@ -47,7 +49,7 @@ pub use kuralle_macros::{agent, tool};
 pub use model::{FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, ToolCallRequest, Usage};
 pub use runtime::{
     DEFAULT_LEASE_TTL, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN, Decision, InterruptHandle, RunHandle,
-    RunRequest, Runtime, RuntimeBuilder,
+    RunRequest, Runtime, RuntimeBuilder, ServeReport, WorkerOptions,
     event::{BatchCall, Event, PendingApproval, RunOutput},
     record_decision,
 };

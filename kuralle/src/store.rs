@@ -432,4 +432,50 @@ pub trait RunStore: Send + Sync + 'static {
     /// The run's current lease, if one is held (not released, not expired). Read-only: for
     /// operators and tests.
     fn current_lease<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<Lease>>;
+
+    /// The work queue: claims up to `limit` **runnable** runs (status
+    /// [`Running`](RunStatus::Running) and no live lease: submitted and not yet started,
+    /// handed back, or orphaned by a process that died) for `ttl`, granting each a lease whose
+    /// owner is `"<owner>/<run id>"`; oldest first. Used by
+    /// [`Runtime::serve`](crate::Runtime::serve).
+    ///
+    /// The default lists running runs and tries [`acquire_lease`](Self::acquire_lease) on each
+    /// that has no live lease (correct for any store, since acquiring is atomic); stores may
+    /// override it with one statement (PostgreSQL uses `FOR UPDATE SKIP LOCKED`).
+    fn claim_runnable<'a>(&'a self, owner: &'a str, ttl: Duration, limit: usize) -> StoreFuture<'a, Vec<Lease>> {
+        Box::pin(async move {
+            let mut claimed = Vec::new();
+            if limit == 0 {
+                return Ok(claimed);
+            }
+            let filter = RunFilter { status: Some(RunStatus::Running), limit: None };
+            // Most recently updated first: walk it backwards for oldest first.
+            for run in self.list_runs(filter).await?.iter().rev() {
+                if self.current_lease(&run.run_id).await?.is_some() {
+                    continue;
+                }
+                match self.acquire_lease(&run.run_id, &format!("{owner}/{}", run.run_id), ttl).await {
+                    Ok(lease) => claimed.push(lease),
+                    Err(StoreError::LeaseHeld { .. }) => continue,
+                    Err(e) => return Err(e),
+                }
+                if claimed.len() == limit {
+                    break;
+                }
+            }
+            Ok(claimed)
+        })
+    }
+
+    /// Hints idle workers (of any process) that a run became runnable. Only a hint: workers
+    /// also poll. The default does nothing (workers of this store poll).
+    fn notify_runnable(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Waits for a [`notify_runnable`](Self::notify_runnable) hint from any process, or
+    /// `poll`, whichever comes first. The default sleeps `poll`.
+    fn wait_runnable(&self, poll: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(tokio::time::sleep(poll))
+    }
 }

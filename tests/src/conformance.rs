@@ -139,6 +139,7 @@ pub async fn run_all<S: RunStore, G>(make: impl Fn() -> (S, G)) {
         lease_16_concurrent_acquirers,
         lease_takeover_fences_the_old_token,
         lease_release_gives_a_higher_token,
+        queue_claims_each_runnable_run_once,
     );
 }
 
@@ -163,16 +164,37 @@ macro_rules! store_conformance {
             lease_16_concurrent_acquirers,
             lease_takeover_fences_the_old_token,
             lease_release_gives_a_higher_token,
+            queue_claims_each_runnable_run_once,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn $case() {
-            let (store, guard) = ($make)();
+            // `$make` returns `(store, guard)`, or `Option` of it for stores that may be absent.
+            let Some((store, guard)) = $crate::conformance::Made::made(($make)()) else { return };
             $crate::conformance::$case(store).await;
             drop(guard);
         }
     )*};
+}
+
+/// What a store factory returns: `(store, guard)`, or `None` when the store is not available
+/// here (the factory prints why, and the case passes without running).
+pub trait Made<S, G> {
+    /// The store and its guard, if available.
+    fn made(self) -> Option<(S, G)>;
+}
+
+impl<S: RunStore, G> Made<S, G> for (S, G) {
+    fn made(self) -> Option<(S, G)> {
+        Some(self)
+    }
+}
+
+impl<S: RunStore, G> Made<S, G> for Option<(S, G)> {
+    fn made(self) -> Option<(S, G)> {
+        self
+    }
 }
 
 /// create / get / put: a created run reads back as given; creating it again is `RunExists`;
@@ -659,4 +681,70 @@ pub async fn lease_release_gives_a_higher_token<S: RunStore>(store: S) {
         store.append_steps("run-1", second.token, vec![step("z")]).await.unwrap_err(),
         StoreError::Fenced { run_id: "run-1".into(), token: 2 }
     );
+}
+
+/// The work queue: runnable runs (status running, no live lease) are claimed by 8 concurrent
+/// claimers exactly once each, with a lease per run; runs that are paused, finished or leased
+/// are never claimed; a released run is runnable again, a claimed one is not.
+pub async fn queue_claims_each_runnable_run_once<S: RunStore>(store: S) {
+    let store = Arc::new(store);
+    let mut runnable = BTreeSet::new();
+    for i in 0..12 {
+        let id = format!("queued-{i:02}");
+        let lease = store.acquire_lease(&id, "submitter", HOUR).await.unwrap();
+        store.create_run(run(&id, RunStatus::Running, i), lease.token).await.unwrap();
+        store.release_lease(&lease).await.unwrap();
+        runnable.insert(id);
+    }
+    for (id, status) in [("paused", RunStatus::Paused), ("finished", RunStatus::Finished)] {
+        let lease = store.acquire_lease(id, "submitter", HOUR).await.unwrap();
+        store.create_run(run(id, status, 1), lease.token).await.unwrap();
+        store.release_lease(&lease).await.unwrap();
+    }
+    let busy = store.acquire_lease("busy", "someone", HOUR).await.unwrap();
+    store.create_run(run("busy", RunStatus::Running, 1), busy.token).await.unwrap();
+
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
+    let claimers: Vec<_> = (0..8)
+        .map(|i| {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let owner = format!("worker-{i}");
+                let mut mine = Vec::new();
+                // Each claims 2 at a time until the queue is empty.
+                loop {
+                    let claimed = store.claim_runnable(&owner, HOUR, 2).await.unwrap();
+                    assert!(claimed.len() <= 2, "at most the limit");
+                    if claimed.is_empty() {
+                        return mine;
+                    }
+                    mine.extend(claimed.into_iter().map(|lease| (owner.clone(), lease)));
+                }
+            })
+        })
+        .collect();
+    let mut claimed = BTreeSet::new();
+    for claimer in claimers {
+        for (owner, lease) in claimer.await.unwrap() {
+            assert_eq!(lease.owner, format!("{owner}/{}", lease.run_id));
+            assert_eq!(store.current_lease(&lease.run_id).await.unwrap(), Some(lease.clone()), "claimed = leased");
+            assert!(claimed.insert(lease.run_id.clone()), "{} was claimed twice", lease.run_id);
+        }
+    }
+    assert_eq!(claimed, runnable, "every runnable run, and only those, claimed once");
+    assert!(store.claim_runnable("late", HOUR, 100).await.unwrap().is_empty(), "claimed runs are not runnable");
+    assert!(store.claim_runnable("late", HOUR, 0).await.unwrap().is_empty());
+
+    // Released: runnable again, with a higher token.
+    let lease = store.current_lease("queued-03").await.unwrap().unwrap();
+    store.release_lease(&lease).await.unwrap();
+    let again = store.claim_runnable("next", HOUR, 100).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].run_id.as_str(), again[0].token), ("queued-03", lease.token + 1));
+    let next_lease = again[0].clone();
+    // A hint is only a hint: it succeeds (or is a no-op) on every store.
+    store.notify_runnable().await.unwrap();
+    assert!(store.claim_runnable("next", HOUR, 100).await.unwrap().is_empty());
+    store.release_lease(&next_lease).await.unwrap();
 }

@@ -3,6 +3,8 @@
 //! overlapping calls, and a store wrapper that simulates outages.
 
 pub mod conformance;
+pub mod postgres;
+pub mod workers;
 
 use std::{
     future::Future,

@@ -29,3 +29,7 @@ mod sqlite_in_memory {
 async fn run_all_against_memory_store() {
     kuralle_tests::conformance::run_all(|| (kuralle::stores::MemoryStore::new(), ())).await;
 }
+
+mod postgres {
+    kuralle_tests::store_conformance!(|| kuralle_tests::postgres::store_blocking("postgres conformance"));
+}

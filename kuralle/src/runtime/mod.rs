@@ -4,6 +4,7 @@ pub(crate) mod event;
 mod handle;
 pub(crate) mod lease;
 mod run;
+mod worker;
 
 use std::{fmt, sync::Arc, time::Duration};
 
@@ -11,6 +12,7 @@ pub use handle::{InterruptHandle, RunHandle};
 pub use lease::DEFAULT_LEASE_TTL;
 pub use run::record_decision;
 use tokio_util::sync::CancellationToken;
+pub use worker::{ServeReport, WorkerOptions};
 
 use crate::{Agent, AgentDef, Model, RunError, RunRecord, RunStore, StepRecord, stores::MemoryStore};
 
@@ -145,6 +147,8 @@ pub(crate) struct Inner {
     pub(crate) max_steps_per_run: u64,
     pub(crate) max_result_bytes: usize,
     pub(crate) lease_ttl: Duration,
+    /// Wakes this process's idle workers when `submit` recorded a run.
+    pub(crate) wake: tokio::sync::Notify,
 }
 
 /// Runs agents. Cheap to clone; clones share agents, model and store.
@@ -383,6 +387,7 @@ impl RuntimeBuilder {
                 max_steps_per_run: self.max_steps_per_run.unwrap_or(DEFAULT_MAX_STEPS_PER_RUN),
                 max_result_bytes: self.max_result_bytes.unwrap_or(DEFAULT_MAX_RESULT_BYTES),
                 lease_ttl: self.lease_ttl.unwrap_or(DEFAULT_LEASE_TTL),
+                wake: tokio::sync::Notify::new(),
             }),
         })
     }

@@ -70,10 +70,26 @@ pub(super) async fn run(
     interrupt: CancellationToken,
     decision: Option<Decision>,
 ) -> Result<RunOutput, RunError> {
+    run_leased(rt, req, events, interrupt, decision, None).await
+}
+
+/// [`run`], under `claimed` when the caller already holds the run's lease (a worker that
+/// claimed the run from the queue).
+pub(super) async fn run_leased(
+    rt: Arc<Inner>,
+    req: RunRequest,
+    events: UnboundedSender<Event>,
+    interrupt: CancellationToken,
+    decision: Option<Decision>,
+    claimed: Option<crate::Lease>,
+) -> Result<RunOutput, RunError> {
     let run_id = req.run_id.clone().or_else(|| req.session.clone()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let span = tracing::info_span!("run", run_id = %run_id);
     let result = async {
-        let lease = lease::acquire(rt.store.as_ref(), &run_id, rt.lease_ttl, req.wait_for_lease).await?;
+        let lease = match claimed {
+            Some(lease) => lease,
+            None => lease::acquire(rt.store.as_ref(), &run_id, rt.lease_ttl, req.wait_for_lease).await?,
+        };
         tracing::debug!(token = lease.token, owner = %lease.owner, "took the run's lease");
         let held = Held::start(Arc::clone(&rt.store), lease, rt.lease_ttl, interrupt.clone());
         let fence = Arc::clone(held.fence());
@@ -95,6 +111,24 @@ pub(super) async fn run(
         let _ = events.send(Event::Error { message: e.to_string() });
     }
     result
+}
+
+/// Records the request's turn without running it (`Runtime::submit`): a new run, or a new
+/// turn of an existing one, in status `running` with no lease, so that a worker claims it.
+/// Returns the run id. A request whose idempotency key the run already processed changes
+/// nothing.
+pub(super) async fn submit(rt: &Inner, req: &RunRequest) -> Result<String, RunError> {
+    let run_id = req.run_id.clone().or_else(|| req.session.clone()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let lease = lease::acquire(rt.store.as_ref(), &run_id, rt.lease_ttl, req.wait_for_lease).await?;
+    let fence = Fence::new(&lease, CancellationToken::new());
+    let opened = fence.settle(open(rt, req, &run_id, fence.token()).await.map(|_| ()));
+    if !fence.is_lost() {
+        let _ = rt.store.release_lease(&lease).await;
+    }
+    opened?;
+    // Only a hint for idle workers; they poll as well.
+    let _ = rt.store.notify_runnable().await;
+    Ok(run_id)
 }
 
 fn agent<'a>(rt: &'a Inner, id: Option<&str>) -> Result<&'a AgentDef, RunError> {
@@ -484,6 +518,10 @@ pub async fn record_decision(store: &dyn RunStore, run_id: &str, decision: &Deci
     if !fence.is_lost() {
         let _ = store.release_lease(&lease).await;
     }
+    if result.is_ok() {
+        // Only a hint for idle workers; they poll as well.
+        let _ = store.notify_runnable().await;
+    }
     result
 }
 
@@ -498,7 +536,11 @@ async fn record_under(store: &dyn RunStore, fence: &Fence, run_id: &str, decisio
         .iter()
         .filter(|p| decision.request_id.as_ref().is_none_or(|id| *id == p.request.request_id))
         .collect();
-    if record.status != RunStatus::Paused || targets.is_empty() {
+    // A run whose every pending call was decided is `running` (runnable) until a turn
+    // carries the decisions out; its pending calls still answer as decided.
+    let waiting =
+        record.status == RunStatus::Paused || (record.status == RunStatus::Running && !state.pending.is_empty());
+    if !waiting || targets.is_empty() {
         // A decision key's first 24 hex digits are its request id: a decided request shows in
         // the journal after the run moved on.
         let decided = match &decision.request_id {
@@ -534,6 +576,23 @@ async fn record_under(store: &dyn RunStore, fence: &Fence, run_id: &str, decisio
         let ordinals = fence.watch(store.append_steps(run_id, fence.token(), vec![step]).await)?;
         let outcome = StepOutcome::Finished(value.clone());
         fence.watch(store.finish_step(run_id, fence.token(), ordinals[0], outcome, now_ms()).await)?;
+    }
+    // Every pending call decided: the run is runnable again, so a worker of any process picks
+    // it up (`Runtime::serve`) if nobody resumes it here.
+    let decided: std::collections::HashSet<&str> = recorded
+        .iter()
+        .map(String::as_str)
+        .chain(
+            state
+                .pending
+                .iter()
+                .filter(|p| decision.request_id.as_ref().is_none_or(|id| *id == p.request.request_id))
+                .map(|p| p.decision_key.as_str()),
+        )
+        .collect();
+    if state.pending.iter().all(|p| decided.contains(p.decision_key.as_str())) {
+        let runnable = RunRecord { status: RunStatus::Running, updated_at_ms: now_ms(), ..record };
+        fence.watch(store.put_run(runnable, fence.token()).await)?;
     }
     Ok(())
 }

@@ -1,0 +1,30 @@
+//! What can go wrong connecting to, serving or talking MCP.
+
+/// An MCP transport or protocol failure.
+///
+/// ```
+/// let e = kuralle::mcp::McpError::Connect("no such command".into());
+/// assert!(e.to_string().contains("no such command"));
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum McpError {
+    /// The server could not be started or reached, or the handshake failed.
+    #[error("could not connect to the MCP server: {0}")]
+    Connect(String),
+    /// A request to the peer failed (transport closed, protocol error, timeout).
+    #[error("MCP request failed: {0}")]
+    Request(String),
+    /// Serving failed (the transport broke, or the listener could not accept).
+    #[error("MCP server failed: {0}")]
+    Serve(String),
+    /// Reading or writing the network.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl From<rmcp::ServiceError> for McpError {
+    fn from(e: rmcp::ServiceError) -> Self {
+        Self::Request(e.to_string())
+    }
+}

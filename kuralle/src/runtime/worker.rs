@@ -1,0 +1,312 @@
+//! Workers: a durable work queue over the store. [`Runtime::submit`] records a runnable run
+//! and returns at once; [`Runtime::serve`] claims runnable runs (the lease is granted by the
+//! claim itself), drives them, and picks up orphans whose owner died (its lease expired),
+//! resuming them from the journal. Any number of processes may serve one store.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::{Id, JoinSet};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::{Inner, RunRequest, Runtime, event::RunOutput, lease, run};
+use crate::{Lease, RunError, StoreError};
+
+/// How a worker ([`Runtime::serve_with`]) claims and drives runs; start from [`Default`].
+///
+/// ```
+/// use std::time::Duration;
+/// use kuralle::WorkerOptions;
+///
+/// let options = WorkerOptions { max_concurrent_runs: 4, poll_interval: Duration::from_millis(200), ..Default::default() };
+/// assert_eq!(options.shutdown_grace, Duration::from_secs(30));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerOptions {
+    /// The most runs this worker drives at once. Default 16.
+    pub max_concurrent_runs: usize,
+    /// How often an idle worker looks for runnable runs. Wake-up hints (PostgreSQL
+    /// `LISTEN/NOTIFY`, or a `submit` in this process) make it look sooner. Default 1 s.
+    pub poll_interval: Duration,
+    /// After `shutdown` completes, how long in-flight turns may take to finish; those still
+    /// running then are stopped and handed back (their leases released, so another worker
+    /// resumes them from the journal at once). Default 30 s.
+    pub shutdown_grace: Duration,
+    /// A run whose turn failed with a retryable error (a model or store outage) is not claimed
+    /// again, by any worker, for this long. Default 5 s.
+    pub retry_backoff: Duration,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        Self {
+            max_concurrent_runs: 16,
+            poll_interval: Duration::from_secs(1),
+            shutdown_grace: Duration::from_secs(30),
+            retry_backoff: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What one [`Runtime::serve`] call did.
+///
+/// ```
+/// let report = kuralle::ServeReport::default();
+/// assert_eq!(report.claimed, 0);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServeReport {
+    /// Runs claimed from the queue.
+    pub claimed: u64,
+    /// Turns that ended (finished, paused, max steps, interrupted, failed for good).
+    pub completed: u64,
+    /// Turns that failed with a retryable error; the run waits out the backoff and is claimed
+    /// again.
+    pub retried: u64,
+    /// Turns that lost their lease to another owner (this worker stalled past the TTL).
+    pub lost: u64,
+    /// Turns stopped at shutdown and handed back.
+    pub handed_back: u64,
+}
+
+impl Runtime {
+    /// Records `request` as a runnable run (a new run, or a new turn of an existing one) and
+    /// returns its id at once, without running it: a worker ([`serve`](Self::serve)) of any
+    /// process sharing the store claims and drives it. Read the outcome with
+    /// [`get_run`](Self::get_run) and [`journal`](Self::journal).
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, RunStatus, Runtime, testing::{ScriptedModel, Turn}};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let runtime = Runtime::builder()
+    ///     .agent(AgentDef::new("support", "Be brief."))
+    ///     .model(ScriptedModel::new([Turn::text("Queued and done.")]))
+    ///     .build()
+    ///     .unwrap();
+    /// let run_id = runtime.submit("Hi").await.unwrap();
+    /// assert_eq!(runtime.get_run(&run_id).await.unwrap().unwrap().status, RunStatus::Running);
+    ///
+    /// // A worker drives it; stop the worker once the run is done.
+    /// let worker = runtime.clone();
+    /// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    /// let serving = tokio::spawn(async move { worker.serve(async { let _ = stopped.await; }).await });
+    /// while runtime.get_run(&run_id).await.unwrap().unwrap().status == RunStatus::Running {
+    ///     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    /// }
+    /// stop.send(()).unwrap();
+    /// let report = serving.await.unwrap().unwrap();
+    /// assert_eq!(report.completed, 1);
+    /// assert_eq!(runtime.get_run(&run_id).await.unwrap().unwrap().status, RunStatus::Finished);
+    /// # });
+    /// ```
+    ///
+    /// # Errors
+    /// [`RunError::Busy`] when another caller owns the run right now;
+    /// [`RunError::TurnInProgress`] when the run's current turn (with other input) is
+    /// unfinished; [`RunError::UnknownAgent`]; [`RunError::Store`] when the store fails.
+    pub async fn submit(&self, request: impl Into<RunRequest>) -> Result<String, RunError> {
+        let request = request.into();
+        let run_id = run::submit(&self.inner, &request).await?;
+        self.inner.wake.notify_one();
+        Ok(run_id)
+    }
+
+    /// Serves the store's work queue with [`WorkerOptions::default`] until `shutdown`
+    /// completes: see [`serve_with`](Self::serve_with).
+    ///
+    /// # Errors
+    /// As [`serve_with`](Self::serve_with).
+    pub async fn serve(&self, shutdown: impl Future<Output = ()>) -> Result<ServeReport, RunError> {
+        self.serve_with(shutdown, WorkerOptions::default()).await
+    }
+
+    /// Serves the store's work queue until `shutdown` completes: claims runnable runs (those
+    /// [`submit`](Self::submit)ted, made runnable by a decision
+    /// ([`record_decision`](crate::record_decision)), handed back, or orphaned by a process
+    /// that died: their lease expired), up to [`WorkerOptions::max_concurrent_runs`] at once,
+    /// and drives each turn under the lease its claim was granted, resuming from the journal.
+    ///
+    /// After `shutdown`, no run is claimed; in-flight turns get
+    /// [`WorkerOptions::shutdown_grace`] to finish, then are stopped and handed back.
+    ///
+    /// Runs this worker cannot drive (unknown agent, corrupt state) end failed like any turn;
+    /// store outages are logged and retried.
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, Runtime, testing::{ScriptedModel, Turn}};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let runtime = Runtime::builder()
+    ///     .agent(AgentDef::new("support", "Be brief."))
+    ///     .model(ScriptedModel::new([Turn::text("unused")]))
+    ///     .build()
+    ///     .unwrap();
+    /// // Nothing to do: returns as soon as the shutdown future completes.
+    /// let report = runtime.serve(async {}).await.unwrap();
+    /// assert_eq!(report.claimed, 0);
+    /// # });
+    /// ```
+    ///
+    /// # Errors
+    /// [`RunError::Store`] when the store fails in a way retrying cannot fix (corrupt).
+    pub async fn serve_with(
+        &self,
+        shutdown: impl Future<Output = ()>,
+        options: WorkerOptions,
+    ) -> Result<ServeReport, RunError> {
+        let owner = lease::owner_id();
+        let span = tracing::info_span!("worker", owner = %owner);
+        Worker { inner: Arc::clone(&self.inner), owner, options, tasks: JoinSet::new(), held: HashMap::new() }
+            .serve(shutdown)
+            .instrument(span)
+            .await
+    }
+}
+
+struct Worker {
+    inner: Arc<Inner>,
+    owner: String,
+    options: WorkerOptions,
+    tasks: JoinSet<Result<RunOutput, RunError>>,
+    /// The claimed lease of each turn task.
+    held: HashMap<Id, Lease>,
+}
+
+impl Worker {
+    async fn serve(mut self, shutdown: impl Future<Output = ()>) -> Result<ServeReport, RunError> {
+        let mut report = ServeReport::default();
+        let mut store_backoff = self.options.poll_interval;
+        tokio::pin!(shutdown);
+        loop {
+            let free = self.options.max_concurrent_runs.max(1).saturating_sub(self.tasks.len());
+            if free > 0 {
+                match self.inner.store.claim_runnable(&self.owner, self.inner.lease_ttl, free).await {
+                    Ok(leases) => {
+                        store_backoff = self.options.poll_interval;
+                        for lease in leases {
+                            report.claimed += 1;
+                            self.start(lease);
+                        }
+                    }
+                    Err(e) if e.is_retryable() => {
+                        tracing::warn!(error = %e, "claiming runnable runs failed; retrying");
+                        tokio::select! {
+                            () = &mut shutdown => break,
+                            () = tokio::time::sleep(store_backoff) => {}
+                        }
+                        store_backoff = (store_backoff * 2).min(Duration::from_secs(30));
+                        continue;
+                    }
+                    Err(e) => {
+                        // Retrying cannot fix it: stop claiming, and let in-flight turns end
+                        // (or hand them back) before reporting it.
+                        tracing::error!(error = %e, "claiming runnable runs failed; the worker stops");
+                        self.drain(&mut report).await;
+                        return Err(e.into());
+                    }
+                }
+            }
+            let store = Arc::clone(&self.inner.store);
+            let inner = Arc::clone(&self.inner);
+            tokio::select! {
+                () = &mut shutdown => break,
+                Some(done) = self.tasks.join_next_with_id(), if !self.tasks.is_empty() => {
+                    self.settle(done, &mut report).await;
+                }
+                // Nothing to wait for while full: a finishing turn frees a slot.
+                () = store.wait_runnable(self.options.poll_interval), if free > 0 => {}
+                () = inner.wake.notified(), if free > 0 => {}
+            }
+        }
+        self.drain(&mut report).await;
+        Ok(report)
+    }
+
+    fn start(&mut self, lease: Lease) {
+        tracing::debug!(run_id = %lease.run_id, token = lease.token, "claimed a runnable run");
+        let inner = Arc::clone(&self.inner);
+        let request = RunRequest { run_id: Some(lease.run_id.clone()), ..RunRequest::default() };
+        // Events go nowhere: a worker's output is the journal and the run record.
+        let (events, _) = tokio::sync::mpsc::unbounded_channel();
+        let claimed = lease.clone();
+        let task = self.tasks.spawn(async move {
+            run::run_leased(inner, request, events, CancellationToken::new(), None, Some(claimed)).await
+        });
+        self.held.insert(task.id(), lease);
+    }
+
+    async fn settle(
+        &mut self,
+        done: Result<(Id, Result<RunOutput, RunError>), tokio::task::JoinError>,
+        report: &mut ServeReport,
+    ) {
+        let (id, result) = match done {
+            Ok((id, result)) => (id, result),
+            Err(e) => {
+                let id = e.id();
+                let message = if e.is_panic() { "the turn panicked" } else { "the turn was cancelled" };
+                (id, Err(RunError::Internal(message.to_owned())))
+            }
+        };
+        let Some(lease) = self.held.remove(&id) else { return };
+        match result {
+            Ok(out) => {
+                tracing::debug!(run_id = %out.run_id, status = ?out.status, "turn ended");
+                report.completed += 1;
+            }
+            Err(RunError::LeaseLost { .. }) => report.lost += 1,
+            Err(e) if e.is_retryable() => {
+                report.retried += 1;
+                tracing::warn!(run_id = %lease.run_id, error = %e, "turn failed; the run is retried after a backoff");
+                self.back_off(&lease.run_id).await;
+            }
+            Err(e) => {
+                // The run ended failed (the turn marked it) or is left as it was; either way
+                // give it a pause before anyone claims it again.
+                report.completed += 1;
+                tracing::warn!(run_id = %lease.run_id, error = %e, "turn failed");
+                self.back_off(&lease.run_id).await;
+            }
+        }
+    }
+
+    /// Holds the (released) run for the backoff, so no worker claims it at once.
+    async fn back_off(&self, run_id: &str) {
+        let owner = format!("{}/backoff", self.owner);
+        match self.inner.store.acquire_lease(run_id, &owner, self.options.retry_backoff).await {
+            Ok(_) | Err(StoreError::LeaseHeld { .. }) => {}
+            Err(e) => tracing::debug!(run_id, error = %e, "could not hold the run for its backoff"),
+        }
+    }
+
+    /// Lets in-flight turns finish within the grace period, then hands the rest back.
+    async fn drain(&mut self, report: &mut ServeReport) {
+        let grace = tokio::time::sleep(self.options.shutdown_grace);
+        tokio::pin!(grace);
+        loop {
+            tokio::select! {
+                done = self.tasks.join_next_with_id() => match done {
+                    Some(done) => self.settle(done, report).await,
+                    None => return,
+                },
+                () = &mut grace => break,
+            }
+        }
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        for (_, lease) in self.held.drain() {
+            // The turn stopped at an await point; its journal is consistent. Releasing lets
+            // another worker resume it now rather than after the lease expires.
+            match self.inner.store.release_lease(&lease).await {
+                Ok(()) => tracing::info!(run_id = %lease.run_id, "handed the run back"),
+                Err(e) => tracing::debug!(run_id = %lease.run_id, error = %e, "handing back failed; the lease expires"),
+            }
+            report.handed_back += 1;
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! Run rows: create, read, compare-and-swap, list, delete.
+
+use tokio_postgres::Row;
+
+use super::PostgresStore;
+use super::codec::{decode, encode, to_i64, to_u64};
+use super::errors::{Fail, retrying};
+use crate::StoreError;
+use crate::store::{RunFilter, RunRecord, RunStatus, RunSummary};
+use crate::stores::check_value_size;
+
+impl PostgresStore {
+    pub(super) async fn create_run_fenced(&self, run: &RunRecord, fence: Option<u64>) -> Result<(), StoreError> {
+        let fence = fence_param(fence)?;
+        let (epoch, version) = (to_i64("run epoch", run.epoch)?, to_i64("run version", run.version)?);
+        check_value_size("run state", &run.state, self.inner.options.max_value_bytes)?;
+        let state = encode(&run.state);
+        let status = run.status.as_str();
+        retrying(|| async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(&self.inner.sql.create_run).await.map_err(Fail::write)?;
+            let row = client
+                .query_one(
+                    &stmt,
+                    &[
+                        &run.run_id,
+                        &fence,
+                        &run.agent_id,
+                        &status,
+                        &epoch,
+                        &version,
+                        &state,
+                        &run.created_at_ms,
+                        &run.updated_at_ms,
+                    ],
+                )
+                .await
+                .map_err(Fail::write)?;
+            let (allowed, inserted): (bool, bool) = (get(&row, 0)?, get(&row, 1)?);
+            if !allowed {
+                return Err(fenced(&run.run_id, fence).into());
+            }
+            if !inserted {
+                return Err(StoreError::RunExists(run.run_id.clone()).into());
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    pub(super) async fn get_run_row(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        retrying(|| async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(&self.inner.sql.get_run).await.map_err(Fail::read)?;
+            let row = client.query_opt(&stmt, &[&run_id]).await.map_err(Fail::read)?;
+            Ok(row.map(|row| run_from_row(&row)).transpose()?)
+        })
+        .await
+    }
+
+    pub(super) async fn put_run_fenced(&self, run: &RunRecord, fence: Option<u64>) -> Result<u64, StoreError> {
+        let fence = fence_param(fence)?;
+        let epoch = to_i64("run epoch", run.epoch)?;
+        let expected = to_i64("run version", run.version)?;
+        let next = expected
+            .checked_add(1)
+            .ok_or_else(|| StoreError::LimitExceeded(format!("run `{}` version overflow", run.run_id)))?;
+        check_value_size("run state", &run.state, self.inner.options.max_value_bytes)?;
+        let state = encode(&run.state);
+        let status = run.status.as_str();
+        retrying(|| async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(&self.inner.sql.put_run).await.map_err(Fail::write)?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] =
+                [&run.run_id, &fence, &run.agent_id, &status, &epoch, &next, &state, &run.updated_at_ms, &expected];
+            let row = client.query_one(&stmt, &params).await.map_err(Fail::write)?;
+            let (allowed, updated): (bool, bool) = (get(&row, 0)?, get(&row, 1)?);
+            if !allowed {
+                return Err(fenced(&run.run_id, fence).into());
+            }
+            if updated {
+                return Ok(to_u64("kuralle_runs.version", next)?);
+            }
+            // The statement's snapshot may predate the winning writer: read the version anew.
+            let stmt = client.prepare_cached(&self.inner.sql.run_version).await.map_err(Fail::read)?;
+            match client.query_opt(&stmt, &[&run.run_id]).await.map_err(Fail::read)? {
+                None => Err(StoreError::RunNotFound(run.run_id.clone()).into()),
+                Some(row) => {
+                    let actual = to_u64("kuralle_runs.version", get(&row, 0)?)?;
+                    Err(StoreError::VersionConflict { run_id: run.run_id.clone(), expected: run.version, actual }
+                        .into())
+                }
+            }
+        })
+        .await
+    }
+
+    pub(super) async fn list_run_rows(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
+        let status = filter.status.map(RunStatus::as_str);
+        let limit = filter.limit.map(|limit| i64::try_from(limit).unwrap_or(i64::MAX));
+        retrying(|| async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(&self.inner.sql.list_runs).await.map_err(Fail::read)?;
+            let rows = client.query(&stmt, &[&status, &limit]).await.map_err(Fail::read)?;
+            let summaries = rows
+                .iter()
+                .map(|row| {
+                    Ok(RunSummary {
+                        run_id: get(row, 0)?,
+                        agent_id: get(row, 1)?,
+                        status: parse_status(&get::<String>(row, 2)?)?,
+                        updated_at_ms: get(row, 3)?,
+                    })
+                })
+                .collect::<Result<_, StoreError>>()?;
+            Ok(summaries)
+        })
+        .await
+    }
+
+    pub(super) async fn delete_run_row(&self, run_id: &str) -> Result<bool, StoreError> {
+        retrying(|| async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(&self.inner.sql.delete_run).await.map_err(Fail::write)?;
+            // The journal goes with the run (ON DELETE CASCADE); the lease row stays, so a run
+            // created again under this id still gets higher tokens.
+            Ok(client.execute(&stmt, &[&run_id]).await.map_err(Fail::write)? > 0)
+        })
+        .await
+    }
+}
+
+fn run_from_row(row: &Row) -> Result<RunRecord, StoreError> {
+    Ok(RunRecord {
+        run_id: get(row, 0)?,
+        agent_id: get(row, 1)?,
+        status: parse_status(&get::<String>(row, 2)?)?,
+        epoch: to_u64("kuralle_runs.epoch", get(row, 3)?)?,
+        version: to_u64("kuralle_runs.version", get(row, 4)?)?,
+        state: decode("kuralle_runs.state", get(row, 5)?)?,
+        created_at_ms: get(row, 6)?,
+        updated_at_ms: get(row, 7)?,
+    })
+}
+
+/// Column `index` of `row`, typed.
+pub(super) fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, index: usize) -> Result<T, StoreError> {
+    row.try_get(index).map_err(|e| StoreError::Corrupt(format!("unexpected column {index} in a kuralle row: {e}")))
+}
+
+/// The token as a statement parameter (`None`: an unfenced administrative write).
+pub(super) fn fence_param(fence: Option<u64>) -> Result<Option<i64>, StoreError> {
+    fence.map(|token| to_i64("lease token", token)).transpose()
+}
+
+pub(super) fn fenced(run_id: &str, fence: Option<i64>) -> StoreError {
+    StoreError::Fenced { run_id: run_id.to_owned(), token: fence.and_then(|t| u64::try_from(t).ok()).unwrap_or(0) }
+}
+
+fn parse_status(text: &str) -> Result<RunStatus, StoreError> {
+    RunStatus::parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown run status `{text}`")))
+}

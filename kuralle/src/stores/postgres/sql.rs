@@ -1,0 +1,177 @@
+//! Every statement the store runs, bound to one schema.
+//!
+//! Writes that belong to a run start with the same two CTEs: `fence` share-locks the run's
+//! lease row if its token is the writer's and it is not released, and `ok` says whether the
+//! write may go ahead (always, for an unfenced administrative write with a `NULL` token). The
+//! share lock is held until the write commits, so an `acquire` that would take the lease over
+//! waits for in-flight writes of the old holder and then sees them: a write is either
+//! committed before the takeover or rejected. One statement, one round trip, one commit.
+
+/// The fence prelude; `$1` is the run id and `$2` the writer's token (`NULL`: unfenced).
+const FENCE: &str = "fence AS MATERIALIZED (
+        SELECT 1 FROM {s}.kuralle_leases WHERE run_id = $1 AND token = $2::int8 AND NOT released FOR SHARE
+    ),
+    ok AS (SELECT $2::int8 IS NULL OR EXISTS (SELECT 1 FROM fence) AS ok)";
+
+/// Milliseconds since the Unix epoch of a `timestamptz` expression.
+macro_rules! ms {
+    ($e:literal) => {
+        concat!("(floor(extract(epoch FROM ", $e, ") * 1000))::int8")
+    };
+}
+
+/// Statements with the schema name filled in.
+#[derive(Debug)]
+pub(super) struct Sql {
+    pub create_run: String,
+    pub get_run: String,
+    pub put_run: String,
+    pub run_version: String,
+    pub list_runs: String,
+    pub delete_run: String,
+    pub append_steps: String,
+    pub existing_keys: String,
+    pub finish_step: String,
+    pub steps: String,
+    pub acquire_lease: String,
+    pub lease_holder: String,
+    pub renew_lease: String,
+    pub release_lease: String,
+    pub current_lease: String,
+    pub claim_leased: String,
+    pub claim_unleased: String,
+}
+
+impl Sql {
+    /// The statements for the (already quoted) schema `s`.
+    pub fn new(s: &str) -> Self {
+        let bind = |sql: &str| sql.replace("{fence}", FENCE).replace("{s}", s);
+        Self {
+            create_run: bind(
+                "WITH {fence},
+                ins AS (
+                    INSERT INTO {s}.kuralle_runs
+                        (run_id, agent_id, status, epoch, version, next_ordinal, state, created_at, updated_at)
+                    SELECT $1, $3, $4, $5, $6, 0, $7, $8, $9 FROM ok WHERE ok.ok
+                    ON CONFLICT (run_id) DO NOTHING
+                    RETURNING 1
+                )
+                SELECT (SELECT ok FROM ok), EXISTS (SELECT 1 FROM ins)",
+            ),
+            get_run: bind(
+                "SELECT run_id, agent_id, status, epoch, version, state, created_at, updated_at
+                 FROM {s}.kuralle_runs WHERE run_id = $1",
+            ),
+            put_run: bind(
+                "WITH {fence},
+                upd AS (
+                    UPDATE {s}.kuralle_runs
+                    SET agent_id = $3, status = $4, epoch = $5, version = $6, state = $7, updated_at = $8
+                    WHERE run_id = $1 AND version = $9 AND (SELECT ok FROM ok)
+                    RETURNING 1
+                )
+                SELECT (SELECT ok FROM ok), EXISTS (SELECT 1 FROM upd)",
+            ),
+            run_version: bind("SELECT version FROM {s}.kuralle_runs WHERE run_id = $1"),
+            list_runs: bind(
+                "SELECT run_id, agent_id, status, updated_at FROM {s}.kuralle_runs
+                 WHERE $1::text IS NULL OR status = $1
+                 ORDER BY updated_at DESC, run_id ASC LIMIT $2::int8",
+            ),
+            delete_run: bind("DELETE FROM {s}.kuralle_runs WHERE run_id = $1"),
+            append_steps: bind(
+                "WITH {fence},
+                res AS (
+                    UPDATE {s}.kuralle_runs SET next_ordinal = next_ordinal + $3::int8
+                    WHERE run_id = $1 AND (SELECT ok FROM ok)
+                    RETURNING next_ordinal - $3::int8 AS first
+                ),
+                ins AS (
+                    INSERT INTO {s}.kuralle_steps (run_id, ordinal, key, kind, name, epoch, status, started_at)
+                    SELECT $1, res.first + i.n - 1, i.key, i.kind, i.name, i.epoch, 'running', i.started_at
+                    FROM res, unnest($4::text[], $5::text[], $6::text[], $7::int8[], $8::int8[])
+                        WITH ORDINALITY AS i (key, kind, name, epoch, started_at, n)
+                    RETURNING 1
+                )
+                SELECT (SELECT ok FROM ok), (SELECT first FROM res), (SELECT count(*) FROM ins)",
+            ),
+            existing_keys: bind("SELECT key FROM {s}.kuralle_steps WHERE run_id = $1 AND key = ANY($2::text[])"),
+            finish_step: bind(
+                "WITH {fence},
+                upd AS (
+                    UPDATE {s}.kuralle_steps SET status = $4, result = $5, error = $6, finished_at = $7
+                    WHERE run_id = $1 AND ordinal = $3 AND status = 'running' AND (SELECT ok FROM ok)
+                    RETURNING 1
+                )
+                SELECT (SELECT ok FROM ok), EXISTS (SELECT 1 FROM upd),
+                    EXISTS (SELECT 1 FROM {s}.kuralle_runs WHERE run_id = $1)",
+            ),
+            steps: bind(
+                "SELECT ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at
+                 FROM {s}.kuralle_steps WHERE run_id = $1 ORDER BY ordinal",
+            ),
+            acquire_lease: bind(concat!(
+                "INSERT INTO {s}.kuralle_leases AS l (run_id, owner, token, expires_at, released)
+                 VALUES ($1, $2, 1, clock_timestamp() + $3::int8 * interval '1 millisecond', false)
+                 ON CONFLICT (run_id) DO UPDATE
+                 SET owner = EXCLUDED.owner, token = l.token + 1, released = false,
+                     expires_at = clock_timestamp() + $3::int8 * interval '1 millisecond'
+                 WHERE l.released OR l.expires_at <= clock_timestamp()
+                 RETURNING l.token, ",
+                ms!("l.expires_at")
+            )),
+            lease_holder: bind(concat!(
+                "SELECT owner, ",
+                ms!("expires_at"),
+                ", released OR expires_at <= clock_timestamp() FROM {s}.kuralle_leases WHERE run_id = $1"
+            )),
+            renew_lease: bind(concat!(
+                "UPDATE {s}.kuralle_leases SET expires_at = clock_timestamp() + $3::int8 * interval '1 millisecond'
+                 WHERE run_id = $1 AND token = $2 AND NOT released
+                 RETURNING ",
+                ms!("expires_at")
+            )),
+            release_lease: bind(
+                "UPDATE {s}.kuralle_leases SET released = true WHERE run_id = $1 AND token = $2 AND NOT released RETURNING 1",
+            ),
+            current_lease: bind(concat!(
+                "SELECT owner, token, ",
+                ms!("expires_at"),
+                " FROM {s}.kuralle_leases
+                 WHERE run_id = $1 AND NOT released AND expires_at > clock_timestamp()"
+            )),
+            // Locks only lease rows, skipping those locked by another claimer or share-locked
+            // by an in-flight write of the old holder (claimed on a later poll, after it
+            // committed): lease rows are always locked before run rows, so no deadlock.
+            claim_leased: bind(concat!(
+                "WITH candidates AS (
+                    SELECT l.run_id FROM {s}.kuralle_leases l
+                    JOIN {s}.kuralle_runs r ON r.run_id = l.run_id
+                    WHERE r.status = 'running' AND (l.released OR l.expires_at <= clock_timestamp())
+                    ORDER BY r.updated_at, r.run_id
+                    LIMIT $3
+                    FOR UPDATE OF l SKIP LOCKED
+                )
+                UPDATE {s}.kuralle_leases l
+                SET owner = $1 || '/' || l.run_id, token = l.token + 1, released = false,
+                    expires_at = clock_timestamp() + $2::int8 * interval '1 millisecond'
+                FROM candidates c WHERE l.run_id = c.run_id
+                RETURNING l.run_id, l.owner, l.token, ",
+                ms!("l.expires_at")
+            )),
+            // Runs that never had a lease (written unfenced, or by schema version 1).
+            claim_unleased: bind(concat!(
+                "INSERT INTO {s}.kuralle_leases AS l (run_id, owner, token, expires_at, released)
+                 SELECT r.run_id, $1 || '/' || r.run_id, 1, clock_timestamp() + $2::int8 * interval '1 millisecond', false
+                 FROM {s}.kuralle_runs r
+                 WHERE r.status = 'running'
+                   AND NOT EXISTS (SELECT 1 FROM {s}.kuralle_leases x WHERE x.run_id = r.run_id)
+                 ORDER BY r.updated_at, r.run_id
+                 LIMIT $3
+                 ON CONFLICT (run_id) DO NOTHING
+                 RETURNING l.run_id, l.owner, l.token, ",
+                ms!("l.expires_at")
+            )),
+        }
+    }
+}

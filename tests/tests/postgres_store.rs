@@ -1,0 +1,306 @@
+//! `PostgresStore`-specific behaviour against a real server (`DATABASE_URL`; without it each
+//! test prints a skip notice and passes): schema creation and migration (racing processes, an
+//! older database, a newer one, foreign tables), leases on the database clock, connection
+//! failures as retryable errors.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kuralle::stores::{PostgresOptions, PostgresStore};
+use kuralle::{RunStatus, RunStore, StepOutcome, StepStatus, StoreError};
+use kuralle_tests::conformance::{run, step};
+use kuralle_tests::postgres::{SchemaGuard, connect, database_url, store, unique_schema};
+use serde_json::json;
+
+fn options(schema: &str) -> PostgresOptions {
+    PostgresOptions { schema: schema.to_owned(), ..PostgresOptions::default() }
+}
+
+/// Eight stores connect to one fresh schema at once: the advisory lock lets one migrate while
+/// the others wait, and all of them end up working on the same tables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_connects_migrate_once() {
+    let Some(url) = database_url("concurrent_connects_migrate_once") else { return };
+    let schema = unique_schema("race");
+    let _guard = SchemaGuard { url: url.clone(), schema: schema.clone() };
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (url, schema, barrier) = (url.clone(), schema.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                PostgresStore::connect_with(&url, options(&schema)).await
+            })
+        })
+        .collect();
+    let mut stores = Vec::new();
+    for task in tasks {
+        stores.push(task.await.unwrap().expect("every racing connect succeeds"));
+    }
+    let lease = stores[0].acquire_lease("run-1", "test", Duration::from_secs(60)).await.unwrap();
+    stores[1].create_run(run("run-1", RunStatus::Running, 1), lease.token).await.unwrap();
+    for store in &stores {
+        assert!(store.get_run("run-1").await.unwrap().is_some(), "all stores share the tables");
+    }
+    let client = connect(&url).await.unwrap();
+    let version: i32 = client
+        .query_one(&format!("SELECT version FROM \"{schema}\".kuralle_schema_version"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, PostgresStore::SCHEMA_VERSION);
+}
+
+/// A database left by schema version 1 (runs and journals, no leases) upgrades on connect and
+/// keeps its data; the upgraded store grants leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_1_database_upgrades_and_keeps_data() {
+    let Some(url) = database_url("version_1_database_upgrades_and_keeps_data") else { return };
+    let schema = unique_schema("v1");
+    let _guard = SchemaGuard { url: url.clone(), schema: schema.clone() };
+    let client = connect(&url).await.unwrap();
+    // Schema version 1 exactly as that release created it.
+    client
+        .batch_execute(&format!(
+            r#"CREATE SCHEMA "{schema}";
+            CREATE TABLE "{schema}".kuralle_schema_version (
+                id integer PRIMARY KEY CHECK (id = 1), version integer NOT NULL,
+                migrated_at timestamptz NOT NULL DEFAULT now());
+            INSERT INTO "{schema}".kuralle_schema_version (id, version) VALUES (1, 1);
+            CREATE TABLE "{schema}".kuralle_runs (
+                run_id text PRIMARY KEY, agent_id text NOT NULL, status text NOT NULL, epoch bigint NOT NULL,
+                version bigint NOT NULL, next_ordinal bigint NOT NULL DEFAULT 0, state jsonb NOT NULL,
+                created_at bigint NOT NULL, updated_at bigint NOT NULL);
+            CREATE TABLE "{schema}".kuralle_steps (
+                run_id text NOT NULL REFERENCES "{schema}".kuralle_runs (run_id) ON DELETE CASCADE,
+                ordinal bigint NOT NULL, key text NOT NULL, kind text NOT NULL, name text NOT NULL,
+                epoch bigint NOT NULL, status text NOT NULL, result jsonb, error jsonb,
+                started_at bigint NOT NULL, finished_at bigint,
+                PRIMARY KEY (run_id, ordinal), UNIQUE (run_id, key));
+            INSERT INTO "{schema}".kuralle_runs VALUES ('old', 'support', 'paused', 2, 5, 1, '{{"turn": 7}}', 1, 2);
+            INSERT INTO "{schema}".kuralle_steps VALUES
+                ('old', 0, 'k0', 'tool', 'charge', 2, 'finished', '{{"paid": 100}}', NULL, 3, 4);"#
+        ))
+        .await
+        .unwrap();
+
+    let store = PostgresStore::connect_with(&url, options(&schema)).await.unwrap();
+    let old = store.get_run("old").await.unwrap().unwrap();
+    assert_eq!((old.status, old.epoch, old.version, old.state), (RunStatus::Paused, 2, 5, json!({"turn": 7})));
+    let steps = store.steps("old").await.unwrap();
+    assert_eq!(steps.len(), 1);
+    assert_eq!((steps[0].status, steps[0].result.clone()), (StepStatus::Finished, Some(json!({"paid": 100}))));
+    let lease = store.acquire_lease("old", "worker", Duration::from_secs(30)).await.unwrap();
+    assert_eq!(lease.token, 1);
+    assert_eq!(store.append_steps("old", lease.token, vec![step("k1")]).await.unwrap(), [1], "the journal continues");
+
+    let version: i32 = client
+        .query_one(&format!("SELECT version FROM \"{schema}\".kuralle_schema_version"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, PostgresStore::SCHEMA_VERSION);
+    // Connecting again finds nothing to do.
+    PostgresStore::connect_with(&url, options(&schema)).await.unwrap();
+}
+
+/// A schema from a newer kuralle, or with tables kuralle did not create, is refused with a
+/// typed error and left untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn newer_or_foreign_schema_is_refused() {
+    let Some(url) = database_url("newer_or_foreign_schema_is_refused") else { return };
+    let client = connect(&url).await.unwrap();
+
+    let newer = unique_schema("newer");
+    let _newer_guard = SchemaGuard { url: url.clone(), schema: newer.clone() };
+    PostgresStore::connect_with(&url, options(&newer)).await.unwrap();
+    client
+        .batch_execute(&format!("UPDATE \"{newer}\".kuralle_schema_version SET version = version + 1"))
+        .await
+        .unwrap();
+    let err = PostgresStore::connect_with(&url, options(&newer)).await.unwrap_err();
+    assert!(matches!(&err, StoreError::Corrupt(m) if m.contains("newer")), "{err:?}");
+    assert!(!err.is_retryable());
+
+    let foreign = unique_schema("foreign");
+    let _foreign_guard = SchemaGuard { url: url.clone(), schema: foreign.clone() };
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA \"{foreign}\"; CREATE TABLE \"{foreign}\".kuralle_runs (id int); \
+             INSERT INTO \"{foreign}\".kuralle_runs VALUES (42)"
+        ))
+        .await
+        .unwrap();
+    let err = PostgresStore::connect_with(&url, options(&foreign)).await.unwrap_err();
+    assert!(matches!(&err, StoreError::Corrupt(m) if m.contains("kuralle_runs")), "{err:?}");
+    let kept: i32 = client.query_one(&format!("SELECT id FROM \"{foreign}\".kuralle_runs"), &[]).await.unwrap().get(0);
+    assert_eq!(kept, 42, "the foreign table is untouched");
+}
+
+/// A server that does not answer is a retryable `Unavailable`; a malformed URL is not
+/// retryable and its text (which may hold a password) is not echoed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_server_and_bad_url_are_typed() {
+    // A loopback port nothing listens on: bind one, then free it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("postgres://postgres:s3cret@127.0.0.1:{port}/test?connect_timeout=2");
+    let err = PostgresStore::connect(&url).await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    assert!(!err.to_string().contains("s3cret"));
+
+    let err = PostgresStore::connect("postgres://u:s3cret@host:notaport/db").await.unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+    assert!(!err.is_retryable());
+    assert!(!err.to_string().contains("s3cret"));
+}
+
+/// Leases: 16 concurrent acquirers → one holder; tokens only grow (after expiry, after
+/// release); renew and release with a stale token are `Fenced`; expiry is the server's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leases_on_the_database_clock() {
+    let Some((store, _guard)) = store("leases_on_the_database_clock").await else { return };
+    let store = Arc::new(store);
+    let barrier = Arc::new(tokio::sync::Barrier::new(16));
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.acquire_lease("run-1", &format!("worker-{i}"), Duration::from_secs(60)).await
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(lease) => winners.push(lease),
+            Err(StoreError::LeaseHeld { run_id, owner, .. }) => {
+                assert_eq!(run_id, "run-1");
+                assert!(owner.starts_with("worker-"));
+            }
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one of 16 concurrent acquirers holds the lease");
+    let first = winners.pop().unwrap();
+    assert_eq!(first.token, 1);
+    assert_eq!(store.current_lease("run-1").await.unwrap(), Some(first.clone()));
+
+    // Expiry by the server's clock: a short lease lapses, and the next holder gets token 2.
+    let short = store.acquire_lease("run-2", "a", Duration::from_millis(50)).await.unwrap();
+    let server_now: i64 = {
+        let client = connect(&database_url("").unwrap()).await.unwrap();
+        client
+            .query_one("SELECT (floor(extract(epoch FROM clock_timestamp()) * 1000))::int8", &[])
+            .await
+            .unwrap()
+            .get(0)
+    };
+    assert!(short.expires_at_ms <= server_now + 50 + 5, "expiry comes from the server's clock");
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert_eq!(store.current_lease("run-2").await.unwrap(), None, "an expired lease is not current");
+    let taken = store.acquire_lease("run-2", "b", Duration::from_secs(60)).await.unwrap();
+    assert_eq!(taken.token, short.token + 1);
+    assert_eq!(
+        store.renew_lease(&short, Duration::from_secs(60)).await.unwrap_err(),
+        StoreError::Fenced { run_id: "run-2".into(), token: short.token }
+    );
+    assert_eq!(
+        store.release_lease(&short).await.unwrap_err(),
+        StoreError::Fenced { run_id: "run-2".into(), token: short.token }
+    );
+
+    // The holder renews; release lets another in at once with a higher token.
+    let renewed = store.renew_lease(&taken, Duration::from_secs(120)).await.unwrap();
+    assert!(renewed.expires_at_ms > taken.expires_at_ms);
+    assert_eq!(renewed.token, taken.token);
+    store.release_lease(&renewed).await.unwrap();
+    assert_eq!(store.current_lease("run-2").await.unwrap(), None);
+    let next = store.acquire_lease("run-2", "c", Duration::from_secs(60)).await.unwrap();
+    assert_eq!(next.token, taken.token + 1);
+
+    // An expired but not taken-over lease may still be renewed by its holder.
+    let lapsing = store.acquire_lease("run-3", "slow", Duration::from_millis(30)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let revived = store.renew_lease(&lapsing, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(store.current_lease("run-3").await.unwrap(), Some(revived));
+
+    // Deleting a run keeps its lease row: tokens never go down.
+    store.create_run(run("run-2", RunStatus::Running, 1), next.token).await.unwrap();
+    assert!(store.delete_run("run-2").await.unwrap());
+    store.release_lease(&next).await.unwrap();
+    assert_eq!(store.acquire_lease("run-2", "d", Duration::from_secs(60)).await.unwrap().token, next.token + 1);
+}
+
+/// The server terminates the store's connections (`pg_terminate_backend`): the operation that
+/// was using one fails with a retryable `Unavailable` at worst, the pool reconnects, and every
+/// acknowledged write is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_connections_are_retryable_and_lose_nothing() {
+    let Some(url) = database_url("terminated_connections_are_retryable_and_lose_nothing") else { return };
+    let app = unique_schema("term");
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let tagged = format!("{url}{separator}application_name={app}");
+    let _guard = SchemaGuard { url: url.clone(), schema: app.clone() };
+    let store = PostgresStore::connect_with(&tagged, options(&app)).await.unwrap();
+    let fence = store.acquire_lease("run-1", "test", Duration::from_secs(600)).await.unwrap().token;
+    store.create_run(run("run-1", RunStatus::Running, 1), fence).await.unwrap();
+    let admin = connect(&url).await.unwrap();
+
+    let mut acknowledged = Vec::new();
+    let mut retried = 0;
+    for i in 0..20 {
+        if i % 5 == 2 {
+            let killed = admin
+                .query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", &[&app])
+                .await
+                .unwrap();
+            assert!(!killed.is_empty(), "the store had a connection to terminate");
+        }
+        let key = format!("k{i}");
+        loop {
+            match store.append_steps("run-1", fence, vec![step(&key)]).await {
+                Ok(ordinals) => {
+                    acknowledged.push((key.clone(), ordinals[0]));
+                    break;
+                }
+                Err(e) if e.is_retryable() => retried += 1,
+                // The terminated connection may have committed the append before it died.
+                Err(StoreError::DuplicateKey { .. }) => {
+                    let steps = store.steps("run-1").await.unwrap();
+                    let ordinal = steps.iter().find(|s| s.key == key).unwrap().ordinal;
+                    acknowledged.push((key.clone(), ordinal));
+                    break;
+                }
+                Err(other) => panic!("unexpected {other:?}"),
+            }
+            assert!(retried < 20, "the pool does not recover");
+        }
+    }
+    let steps = store.steps("run-1").await.unwrap();
+    assert_eq!(steps.len(), 20, "no write lost or doubled");
+    for (key, ordinal) in acknowledged {
+        assert_eq!(steps[ordinal as usize].key, key);
+    }
+    store.finish_step("run-1", fence, 0, StepOutcome::Finished(json!("ok")), 2).await.unwrap();
+}
+
+/// `notify_runnable` on one store wakes a `wait_runnable` on another (another process, in
+/// production) through `LISTEN/NOTIFY`, long before its poll interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_wakes_a_waiting_worker_of_another_store() {
+    let Some((waiter, guard)) = store("notify_wakes_a_waiting_worker_of_another_store").await else { return };
+    let options = PostgresOptions { schema: guard.schema.clone(), ..PostgresOptions::default() };
+    let notifier = PostgresStore::connect_with(&guard.url, options).await.unwrap();
+    // The first wait starts the listener (and returns once it listens: hints sent before were
+    // lost, so waiters look at once).
+    waiter.wait_runnable(Duration::from_secs(5)).await;
+    let waiting = tokio::spawn(async move { waiter.wait_runnable(Duration::from_secs(600)).await });
+    let started = std::time::Instant::now();
+    while !waiting.is_finished() {
+        notifier.notify_runnable().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(started.elapsed() < Duration::from_secs(60), "no hint arrived");
+    }
+    waiting.await.unwrap();
+}

@@ -1,0 +1,239 @@
+//! The durable work queue in one process: `submit` records, `serve` claims and drives,
+//! orphans are recovered after their lease expires, a decision makes a paused run runnable
+//! for any worker, and shutdown hands in-flight turns back. Multi-process and PostgreSQL
+//! cases are in `worker_processes.rs`.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicUsize, Ordering},
+};
+use std::time::Duration;
+
+use kuralle::stores::MemoryStore;
+use kuralle::{
+    AgentDef, Decision, RunRequest, RunStatus, RunStore, Runtime, WorkerOptions,
+    testing::{ScriptedModel, Turn},
+};
+use kuralle_tests::FnTool;
+use serde_json::json;
+
+fn counting_tool(name: &str, count: &Arc<AtomicUsize>) -> FnTool {
+    let count = count.clone();
+    FnTool::new(name, move |args, _| {
+        let count = count.clone();
+        async move {
+            count.fetch_add(1, Ordering::SeqCst);
+            Ok(json!({"paid": args["amount"]}))
+        }
+    })
+}
+
+fn runtime(store: Arc<dyn RunStore>, tool: FnTool) -> Runtime {
+    let model = ScriptedModel::by_transcript([
+        Turn::tool_calls([("c1", tool_name(&tool), r#"{"amount":5}"#)]),
+        Turn::text("Paid."),
+    ]);
+    Runtime::builder()
+        .agent(AgentDef::new("shop", "x").tool(tool))
+        .model(model)
+        .store_arc(store)
+        .lease_ttl(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+fn tool_name(tool: &FnTool) -> String {
+    use kuralle::Tool;
+    tool.name().to_owned()
+}
+
+fn fast() -> WorkerOptions {
+    WorkerOptions { max_concurrent_runs: 4, poll_interval: Duration::from_millis(20), ..WorkerOptions::default() }
+}
+
+async fn wait_for(runtime: &Runtime, run_id: &str, status: RunStatus) {
+    loop {
+        if runtime.get_run(run_id).await.unwrap().map(|r| r.status) == Some(status) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// 20 submitted runs, one worker with 4 slots: every run finishes once, each payment once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submitted_runs_are_served() {
+    let count = Arc::new(AtomicUsize::new(0));
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let rt = runtime(store.clone(), counting_tool("pay", &count));
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(rt.submit(RunRequest::new(format!("order {i}"))).await.unwrap());
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 0, "submit runs nothing");
+    for id in &ids {
+        assert_eq!(rt.get_run(id).await.unwrap().unwrap().status, RunStatus::Running);
+        assert_eq!(store.current_lease(id).await.unwrap(), None, "a submitted run holds no lease");
+    }
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = rt.clone();
+    let serving = tokio::spawn(async move {
+        worker
+            .serve_with(
+                async {
+                    let _ = stopped.await;
+                },
+                fast(),
+            )
+            .await
+    });
+    for id in &ids {
+        wait_for(&rt, id, RunStatus::Finished).await;
+    }
+    stop.send(()).unwrap();
+    let report = serving.await.unwrap().unwrap();
+    assert_eq!((report.claimed, report.completed, report.handed_back), (20, 20, 0));
+    assert_eq!(count.load(Ordering::SeqCst), 20);
+    // A second submit with the same idempotency key changes nothing.
+    let again = rt.submit(RunRequest::new("order 0").run_id(&ids[0]).idempotency_key("k")).await.unwrap();
+    assert_eq!(again, ids[0]);
+}
+
+/// A run whose owner died mid-turn (its lease is never renewed or released) is claimed once
+/// the lease expires and resumed from the journal: the finished payment is not made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_are_recovered_after_their_lease_expires() {
+    let count = Arc::new(AtomicUsize::new(0));
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let rt = runtime(store.clone(), counting_tool("pay", &count));
+    // A turn that journals the payment and then dies before the model's answer: a model
+    // that fails after the tool step leaves the run running, and the lease we take after it
+    // stands for the dead owner's.
+    let dying = Runtime::builder()
+        .agent(AgentDef::new("shop", "x").tool(counting_tool("pay", &count)))
+        .model(ScriptedModel::new([Turn::tool_calls([("c1", "pay", r#"{"amount":5}"#)]), Turn::error("died")]))
+        .store_arc(store.clone())
+        .build()
+        .unwrap();
+    let err = dying.run(RunRequest::new("order").run_id("orphan")).await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    let dead = store.acquire_lease("orphan", "dead-process/turn", Duration::from_millis(300)).await.unwrap();
+
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = rt.clone();
+    let serving = tokio::spawn(async move {
+        worker
+            .serve_with(
+                async {
+                    let _ = stopped.await;
+                },
+                fast(),
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(rt.get_run("orphan").await.unwrap().unwrap().status, RunStatus::Running, "the lease is live");
+    wait_for(&rt, "orphan", RunStatus::Finished).await;
+    stop.send(()).unwrap();
+    let report = serving.await.unwrap().unwrap();
+    assert_eq!(report.claimed, 1);
+    assert_eq!(count.load(Ordering::SeqCst), 1, "the finished payment replayed from the journal");
+    let err = store.append_steps("orphan", dead.token, vec![kuralle_tests::conformance::step("late")]).await;
+    assert!(matches!(err, Err(kuralle::StoreError::Fenced { .. })), "the dead owner is fenced: {err:?}");
+}
+
+/// A paused run becomes runnable when a decision is recorded (from any process, without
+/// resuming): a worker picks it up and the approved call runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_decision_makes_a_paused_run_runnable() {
+    decision_makes_runnable(Arc::new(MemoryStore::new())).await;
+}
+
+/// The same on PostgreSQL (`DATABASE_URL`; skipped without it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_decision_makes_a_paused_run_runnable_on_postgres() {
+    let Some((store, _guard)) = kuralle_tests::postgres::store("decision on postgres").await else { return };
+    decision_makes_runnable(Arc::new(store)).await;
+}
+
+async fn decision_makes_runnable(store: Arc<dyn RunStore>) {
+    let count = Arc::new(AtomicUsize::new(0));
+    let rt = runtime(store.clone(), counting_tool("pay", &count).needs_approval());
+    let run_id = rt.submit(RunRequest::new("order").run_id("needs-ok")).await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = rt.clone();
+    let serving = tokio::spawn(async move {
+        worker
+            .serve_with(
+                async {
+                    let _ = stopped.await;
+                },
+                fast(),
+            )
+            .await
+    });
+    wait_for(&rt, &run_id, RunStatus::Paused).await;
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(rt.get_run(&run_id).await.unwrap().unwrap().status, RunStatus::Paused, "a paused run is not claimed");
+    assert_eq!(count.load(Ordering::SeqCst), 0);
+
+    kuralle::record_decision(store.as_ref(), &run_id, &Decision::approve("alice")).await.unwrap();
+    wait_for(&rt, &run_id, RunStatus::Finished).await;
+    stop.send(()).unwrap();
+    let report = serving.await.unwrap().unwrap();
+    assert_eq!(report.claimed, 2, "claimed once to pause, once after the decision");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+/// Shutdown with a turn stuck in a tool: after the grace period the turn is stopped and
+/// handed back (lease released at once), and another worker finishes the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_hands_back_in_flight_turns() {
+    let started = Arc::new(AtomicUsize::new(0));
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let calls = started.clone();
+    let slow = FnTool::new("pay", move |_, _| {
+        let calls = calls.clone();
+        async move {
+            // The first execution hangs (the worker is shut down under it); the re-run after
+            // the hand-back returns.
+            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                std::future::pending::<()>().await;
+            }
+            Ok(json!({"paid": 5}))
+        }
+    });
+    let rt = runtime(store.clone(), slow);
+    let run_id = rt.submit("order").await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = rt.clone();
+    let options = WorkerOptions { shutdown_grace: Duration::from_millis(50), ..fast() };
+    let serving = tokio::spawn(async move {
+        worker
+            .serve_with(
+                async {
+                    let _ = stopped.await;
+                },
+                options,
+            )
+            .await
+    });
+    while started.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.send(()).unwrap();
+    let report = serving.await.unwrap().unwrap();
+    assert_eq!((report.claimed, report.handed_back, report.completed), (1, 1, 0));
+    assert_eq!(store.current_lease(&run_id).await.unwrap(), None, "handed back: no lease to wait out");
+    assert_eq!(rt.get_run(&run_id).await.unwrap().unwrap().status, RunStatus::Running);
+
+    let report = rt.serve_with(wait_then_stop(&rt, &run_id), fast()).await.unwrap();
+    assert_eq!(report.claimed, 1);
+    assert_eq!(rt.get_run(&run_id).await.unwrap().unwrap().status, RunStatus::Finished);
+    assert_eq!(started.load(Ordering::SeqCst), 2, "the cut-off call re-ran once (at-least-once)");
+}
+
+async fn wait_then_stop(rt: &Runtime, run_id: &str) {
+    wait_for(rt, run_id, RunStatus::Finished).await;
+}
