@@ -6,9 +6,12 @@
 //! user's item, so one mistake does not cascade.
 
 mod agent;
+mod args;
 mod ctxt;
 mod docs;
 mod path;
+#[cfg(test)]
+mod snapshots;
 mod tool;
 
 use proc_macro::TokenStream;
@@ -16,7 +19,9 @@ use proc_macro::TokenStream;
 /// Turns an async fn into a kuralle tool: a unit struct (the fn name in PascalCase) that
 /// implements `kuralle::Tool`, and an input struct (`<Name>Input`) built from the params.
 ///
-/// See the `kuralle` crate documentation for the arguments.
+/// Use it through `kuralle::tool`, whose documentation lists every argument with an example
+/// and the code the macro writes (the examples live there so they run as `kuralle`'s doc
+/// tests).
 #[proc_macro_attribute]
 pub fn tool(args: TokenStream, item: TokenStream) -> TokenStream {
     tool::expand(args.into(), item.into()).into()
@@ -24,6 +29,9 @@ pub fn tool(args: TokenStream, item: TokenStream) -> TokenStream {
 
 /// Declares an agent on a unit struct: its doc comment is the instructions, its arguments the
 /// id, tools and limits. Implements `kuralle::Agent`.
+///
+/// Use it through `kuralle::agent`, whose documentation lists every argument with an example
+/// and the code the macro writes.
 #[proc_macro_attribute]
 pub fn agent(args: TokenStream, item: TokenStream) -> TokenStream {
     agent::expand(args.into(), item.into()).into()

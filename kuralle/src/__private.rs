@@ -18,8 +18,9 @@ pub use serde_path_to_error;
 
 pub use crate::generator::{Emit, Emitter, Generator, Slot, emitter, forward, returning, tool_stream};
 pub use crate::input::parse_input;
-pub use crate::{Agent, AgentDef, PreparedCall, Tool, ToolContext, ToolError, ToolEvent, ToolStream, Yielded};
+pub use crate::{Agent, AgentDef, PreparedCall, Tool, ToolContext, ToolError, ToolEvent, ToolSet, ToolStream, Yielded};
 
+use serde::de::DeserializeOwned;
 use std::{
     fmt::Display,
     marker::PhantomData,
@@ -68,8 +69,42 @@ pub fn on_error<T, E, I>(recover: fn(E, &I) -> Result<T, E>) -> fn(E, &I) -> Res
     recover
 }
 
+/// A `#[tool]` result type: `Serialize`. Its own trait so a missing derive is reported with
+/// a message about tools, on the return type (rustc shows the root bound's message).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a tool's result: it does not implement `serde::Serialize`",
+    label = "the tool returns this",
+    note = "add `#[derive(serde::Serialize)]` to `{Self}` (and `schemars::JsonSchema` to publish an output schema)"
+)]
+pub trait ToolOutput: Serialize {}
+
+impl<T: Serialize + ?Sized> ToolOutput for T {}
+
+/// A `#[tool]` error type: `Display` (every `std::error::Error` is).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a tool's error: it does not implement `std::fmt::Display`",
+    label = "the tool fails with this",
+    note = "the model is shown the error's `Display` text: implement `Display` for `{Self}` (thiserror's `#[error(...)]` does)"
+)]
+pub trait ToolErrorType: Display {}
+
+impl<E: Display + ?Sized> ToolErrorType for E {}
+
+/// A `#[tool]` parameter type that can be deserialized from the model's arguments.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a `#[tool]` parameter: it does not implement `serde::Deserialize`",
+    label = "the model's arguments are deserialized into this",
+    note = "add `#[derive(serde::Deserialize, schemars::JsonSchema)]` to `{Self}`"
+)]
+pub trait ToolParam: DeserializeOwned {}
+
+impl<T: DeserializeOwned> ToolParam for T {}
+
+/// Compile-time check of a param type, emitted spanned on the type (axum's check fns).
+pub const fn param_is_deserialize<T: ToolParam>() {}
+
 /// The outcome of a call that returned `value`.
-pub fn ok_outcome<T: Serialize>(tool: &str, value: &T) -> ToolEvent {
+pub fn ok_outcome<T: ToolOutput + ?Sized>(tool: &str, value: &T) -> ToolEvent {
     ToolEvent::Outcome(serde_json::to_value(value).map_err(|e| ToolError::InvalidOutput {
         tool: tool.to_owned(),
         message: format!("the result could not be serialized: {e}"),
@@ -77,7 +112,7 @@ pub fn ok_outcome<T: Serialize>(tool: &str, value: &T) -> ToolEvent {
 }
 
 /// The outcome of a call that returned `Err(error)`.
-pub fn err_outcome<E: Display>(tool: &str, error: &E) -> ToolEvent {
+pub fn err_outcome<E: ToolErrorType + ?Sized>(tool: &str, error: &E) -> ToolEvent {
     ToolEvent::Outcome(Err(ToolError::failed(tool, error.to_string())))
 }
 
@@ -91,16 +126,11 @@ pub fn is_cancelled(ctx: &ToolContext) -> bool {
     ctx.is_cancelled()
 }
 
-/// Compile-time check that a tool result type is `Serialize` (spanned on the user's type).
-pub fn assert_serialize<T: Serialize + ?Sized>() {}
-
-/// Compile-time check that a tool error type is `Display` (spanned on the user's type).
-pub fn assert_display<E: Display + ?Sized>() {}
-
 /// Compile-time check that an `#[agent]` tools entry is a tool (spanned on its path). Returns
-/// an opaque `impl Tool` so a non-tool is reported once, here, and not again by the builder.
-pub fn assert_tool<T: Tool>(tool: T) -> impl Tool {
-    tool
+/// a concrete `Arc<dyn Tool>`, so a non-tool is reported once, here, and nothing after it
+/// (an opaque `impl Tool` was checked again where it was used).
+pub fn assert_tool<T: Tool>(tool: T) -> std::sync::Arc<dyn Tool> {
+    std::sync::Arc::new(tool)
 }
 
 /// A `Box<dyn PreparedCall>` from a generated call.
@@ -108,11 +138,68 @@ pub fn boxed_call<C: PreparedCall + 'static>(call: C) -> Box<dyn PreparedCall> {
     Box::new(call)
 }
 
-/// The input schema of `T`, computed once per tool into `cell`.
-pub fn input_schema<T: JsonSchema>(cell: &'static OnceLock<Value>) -> &'static Value {
-    // Only the fn pointer is per tool: `OnceLock::get_or_init` instantiated for each tool's
-    // fn item cost as much build time as the schema code itself.
-    schema_once(cell, crate::schema::input_schema::<T>)
+/// The input struct of a tool, as a probe: autoref-based method resolution picks
+/// [`ValidInput`] (on `&InputOf<T>`) when the input struct's derives hold, and falls back to
+/// [`InvalidInput`] (on `InputOf<T>`) when a param type lacks `Deserialize` or `JsonSchema`.
+/// The fallback never runs: the crate does not compile then, and the error is the spanned
+/// param check, not a second one here.
+pub struct InputOf<T>(PhantomData<fn() -> T>);
+
+impl<T> InputOf<T> {
+    /// The probe for `T`.
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T> Default for InputOf<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The input probe's preferred arm.
+pub trait ValidInput<T> {
+    /// [`parse_input`] for `T`.
+    ///
+    /// # Errors
+    /// [`ToolError::InvalidInput`].
+    fn parse(&self, tool: &str, args: &Value) -> Result<T, ToolError>;
+    /// The input schema of `T`, computed once into `cell`.
+    fn schema(&self, cell: &'static OnceLock<Value>) -> &'static Value;
+}
+
+impl<T: DeserializeOwned + JsonSchema> ValidInput<T> for &InputOf<T> {
+    fn parse(&self, tool: &str, args: &Value) -> Result<T, ToolError> {
+        parse_input::<T>(tool, args)
+    }
+
+    fn schema(&self, cell: &'static OnceLock<Value>) -> &'static Value {
+        // Only the fn pointer is per tool: `OnceLock::get_or_init` instantiated for each tool's
+        // fn item cost as much build time as the schema code itself.
+        schema_once(cell, crate::schema::input_schema::<T>)
+    }
+}
+
+/// The input probe's fallback arm (see [`InputOf`]).
+pub trait InvalidInput<T> {
+    /// Never called in a crate that compiles.
+    ///
+    /// # Errors
+    /// Always.
+    fn parse(&self, tool: &str, args: &Value) -> Result<T, ToolError>;
+    /// Never called in a crate that compiles.
+    fn schema(&self, cell: &'static OnceLock<Value>) -> &'static Value;
+}
+
+impl<T> InvalidInput<T> for InputOf<T> {
+    fn parse(&self, tool: &str, _: &Value) -> Result<T, ToolError> {
+        Err(ToolError::invalid_input(tool, "the input type does not implement `Deserialize` and `JsonSchema`"))
+    }
+
+    fn schema(&self, _: &'static OnceLock<Value>) -> &'static Value {
+        fallback_schema()
+    }
 }
 
 fn schema_once(cell: &'static OnceLock<Value>, make: fn() -> Value) -> &'static Value {

@@ -13,7 +13,6 @@ use std::{
 
 use futures::{FutureExt, StreamExt, stream};
 use serde_json::{Value, json};
-use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -21,7 +20,7 @@ use crate::{
     Event, PreparedCall, RunError, StepKind, StepOutcome, Tool, ToolCallRequest, ToolContext, ToolError, ToolEvent,
     ToolSet,
     journal::{Journal, Lookup, approval_key, override_key},
-    runtime::event::{BatchCall, PendingApproval},
+    runtime::event::{BatchCall, EventSender, PendingApproval},
     tool::parse_args,
 };
 
@@ -32,7 +31,7 @@ pub(crate) const CANCEL_GRACE: Duration = Duration::from_millis(50);
 pub(crate) struct TurnCtx {
     pub(crate) journal: Journal,
     pub(crate) tools: ToolSet,
-    pub(crate) events: UnboundedSender<Event>,
+    pub(crate) events: EventSender,
     pub(crate) interrupt: CancellationToken,
     pub(crate) max_concurrency: usize,
     pub(crate) max_result_bytes: usize,
@@ -41,10 +40,8 @@ pub(crate) struct TurnCtx {
 }
 
 impl TurnCtx {
-    fn emit(&self, event: Event) {
-        // The receiver is gone only when the caller dropped the handle; the run still
-        // completes and journals, so a failed send is not an error.
-        let _ = self.events.send(event);
+    async fn emit(&self, event: Event) {
+        self.events.send(event).await;
     }
 
     fn set_fatal(&self, e: RunError) {
@@ -297,13 +294,14 @@ type Slot = Result<(Result<Value, ToolError>, bool), Pending>;
 async fn run_batch(turn: &Arc<TurnCtx>, batch: Vec<Planned>) -> Result<(Vec<CallOutcome>, Vec<Pending>), RunError> {
     turn.emit(Event::ToolBatchStart {
         calls: batch.iter().map(|p| BatchCall { call_id: p.req.call_id.clone(), name: p.req.name.clone() }).collect(),
-    });
+    })
+    .await;
     for p in &batch {
         let args = match &p.parsed {
             Ok((_, args)) => args.clone(),
             Err(_) => Value::String(p.req.arguments.clone()),
         };
-        turn.emit(Event::ToolCall { call_id: p.req.call_id.clone(), name: p.req.name.clone(), args });
+        turn.emit(Event::ToolCall { call_id: p.req.call_id.clone(), name: p.req.name.clone(), args }).await;
     }
 
     let interrupted = turn.interrupt.is_cancelled();
@@ -395,7 +393,8 @@ async fn run_batch(turn: &Arc<TurnCtx>, batch: Vec<Planned>) -> Result<(Vec<Call
             result: o.model_value(),
             is_error: o.result.is_err(),
             replayed: o.replayed,
-        });
+        })
+        .await;
     }
     Ok((outcomes, pending))
 }
@@ -521,7 +520,8 @@ async fn execute(
         while let Some(ev) = events.next().await {
             match ev {
                 ToolEvent::Progress(value) if top_level => {
-                    let _ = sink.send(Event::ToolProgress {
+                    // Dropped when the consumer lags: see `EventSender`.
+                    sink.progress(Event::ToolProgress {
                         call_id: progress_id.clone(),
                         name: progress_name.clone(),
                         value,
@@ -573,6 +573,18 @@ async fn execute(
     token.cancel();
     if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
         task.abort();
+        // An abort takes effect when the task next yields; one that blocks its thread keeps
+        // running (and holding what it captured) until it does. The run does not wait for it.
+        let (stop_text, name) = (stop.to_string(), name.clone());
+        tokio::spawn(async move {
+            if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
+                tracing::warn!(
+                    tool = %name,
+                    "{stop_text}, but the call is still running: it blocks its thread, so it cannot be cancelled; \
+                     move blocking work into `tokio::task::spawn_blocking`"
+                );
+            }
+        });
     }
     Err(stop)
 }
@@ -731,7 +743,7 @@ pub(crate) async fn call_standalone(
     run_id: &str,
     call: ToolCallRequest,
     interrupt: CancellationToken,
-    events: UnboundedSender<Event>,
+    events: EventSender,
 ) -> Result<Value, ToolError> {
     let name = call.name.clone();
     let store: Arc<dyn crate::RunStore> = Arc::new(crate::stores::MemoryStore::new());

@@ -218,6 +218,35 @@ pub enum RunError {
     /// The runtime is misconfigured.
     #[error("runtime configuration: {0}")]
     Config(String),
+    /// An agent has two tools with one name: the model could not tell them apart, and the
+    /// later one would silently replace the earlier.
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, RunError, Runtime, testing::ScriptedModel, tool};
+    ///
+    /// /// Look an order up.
+    /// #[tool(name = "lookup")]
+    /// async fn lookup_order(id: u64) -> u64 { id }
+    /// /// Look a customer up.
+    /// #[tool(name = "lookup")]
+    /// async fn lookup_customer(id: u64) -> u64 { id }
+    ///
+    /// let agent = AgentDef::new("support", "Help.").tool(LookupOrder).tool(LookupCustomer);
+    /// let err = Runtime::builder().agent(agent).model(ScriptedModel::new([])).build().unwrap_err();
+    /// assert!(matches!(&err, RunError::DuplicateTool { tool, .. } if tool == "lookup"));
+    /// assert!(err.to_string().contains("LookupOrder") && err.to_string().contains("LookupCustomer"));
+    /// ```
+    #[error("agent `{agent}` has two tools named `{tool}`: `{first}` and `{second}`")]
+    DuplicateTool {
+        /// The agent id.
+        agent: String,
+        /// The shared tool name.
+        tool: String,
+        /// The type of the tool added first.
+        first: String,
+        /// The type of the tool added later (which replaced the first).
+        second: String,
+    },
     /// A decision was delivered for a run that is not waiting for it.
     #[error("run `{run_id}` is not waiting for a decision on `{request_id}`")]
     NotPending {

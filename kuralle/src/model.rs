@@ -169,6 +169,13 @@ pub enum ModelError {
     /// OpenAI strict mode cannot express). Not retried.
     #[error("the model request cannot be sent: {0}")]
     InvalidRequest(String),
+    /// The response passed the client's size limit; reading stopped there. Resuming asks
+    /// again.
+    #[error("the model response exceeds the limit of {limit} bytes")]
+    TooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
     /// A [`crate::testing::ScriptedModel`] ran out of turns.
     #[error("scripted model has no turn left (request {0})")]
     ScriptExhausted(usize),

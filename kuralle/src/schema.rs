@@ -283,3 +283,114 @@ fn make_nullable(prop: &mut Value) {
 fn escape(segment: &str) -> String {
     segment.replace('~', "~0").replace('/', "~1")
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::{Map, Value, json};
+
+    use super::*;
+
+    /// Schemas of the shapes `schemars` and hand-written tools produce.
+    fn schema() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(json!({"type": "string", "description": "d", "default": "x"})),
+            Just(json!({"type": "integer", "format": "int64", "minimum": 0})),
+            Just(json!({"type": ["number", "null"]})),
+            Just(json!({"type": "string", "format": "date-time"})),
+            Just(json!({"enum": ["a", "b"]})),
+            Just(json!({"const": 1})),
+            Just(json!({"$ref": "#/$defs/Thing", "description": "a thing"})),
+        ];
+        leaf.prop_recursive(4, 40, 5, |inner| {
+            prop_oneof![
+                (proptest::collection::vec(("[a-z/~]{1,5}", inner.clone(), any::<bool>()), 0..5)).prop_map(|props| {
+                    let required: Vec<Value> =
+                        props.iter().filter(|(_, _, r)| *r).map(|(k, _, _)| Value::String(k.clone())).collect();
+                    let properties: Map<String, Value> = props.into_iter().map(|(k, v, _)| (k, v)).collect();
+                    json!({"type": "object", "properties": properties, "required": required})
+                }),
+                inner.clone().prop_map(|items| json!({"type": "array", "items": items})),
+                proptest::collection::vec(inner, 1..3).prop_map(|branches| json!({"oneOf": branches})),
+            ]
+        })
+    }
+
+    /// Checks the strict-mode rules on every object schema reachable from `node`.
+    fn check(node: &Value) -> Result<(), TestCaseError> {
+        let Value::Object(map) = node else { return Ok(()) };
+        for key in DROPPED {
+            prop_assert!(!map.contains_key(*key), "{key} kept in {node}");
+        }
+        prop_assert!(!map.contains_key("oneOf"));
+        if map.contains_key("$ref") {
+            prop_assert_eq!(map.len(), 1, "siblings beside $ref: {}", node);
+        }
+        if let Some(Value::Object(props)) = map.get("properties") {
+            prop_assert_eq!(map.get("additionalProperties"), Some(&Value::Bool(false)));
+            let required: Vec<&str> = map["required"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+            let keys: Vec<&str> = props.keys().map(String::as_str).collect();
+            prop_assert_eq!(required, keys);
+            for prop in props.values() {
+                check(prop)?;
+            }
+        }
+        for key in ["items", "contains"] {
+            if let Some(child) = map.get(key) {
+                check(child)?;
+            }
+        }
+        if let Some(Value::Array(branches)) = map.get("anyOf") {
+            for b in branches {
+                check(b)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `schema` admits `null`.
+    fn admits_null(schema: &Value) -> bool {
+        let Value::Object(map) = schema else { return false };
+        is_nullable(map)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// The transform yields a schema obeying every strict-mode rule, with exactly the
+        /// optional properties made nullable, or (never for these shapes) an error.
+        #[test]
+        fn strict_transform_obeys_the_rules(props in proptest::collection::btree_map("[a-z]{1,5}", (schema(), any::<bool>()), 0..5)) {
+            let props: Vec<(String, Value, bool)> = props.into_iter().map(|(k, (v, r))| (k, v, r)).collect();
+            let required: Vec<Value> = props.iter().filter(|(_, _, r)| *r).map(|(k, _, _)| json!(k)).collect();
+            let was_nullable: Map<String, Value> =
+                props.iter().map(|(k, v, _)| (k.clone(), json!(admits_null(v)))).collect();
+            let optional: Vec<String> = props.iter().filter(|(_, _, r)| !*r).map(|(k, _, _)| k.clone()).collect();
+            let properties: Map<String, Value> = props.into_iter().map(|(k, v, _)| (k, v)).collect();
+            let root = json!({
+                "$schema": "https://json-schema.org/draft/2020-12/schema",
+                "type": "object", "properties": properties, "required": required,
+                "$defs": {"Thing": {"type": "object", "properties": {"id": {"type": "integer"}}}},
+            });
+            let strict = to_strict("t", &root).expect("these shapes are expressible");
+            check(&strict)?;
+            check(&strict["$defs"]["Thing"])?;
+            for (name, prop) in strict["properties"].as_object().unwrap() {
+                let should = optional.contains(name) || was_nullable[name] == json!(true);
+                prop_assert_eq!(admits_null(prop), should, "{}: {}", name, prop);
+            }
+            // Idempotent: a strict schema is already strict.
+            prop_assert_eq!(to_strict("t", &strict).unwrap(), strict);
+        }
+
+        /// Any JSON under `properties`: a schema or a typed error naming a JSON path, never a
+        /// panic.
+        #[test]
+        fn arbitrary_json_never_panics(v in crate::strategies::json_value()) {
+            let root = json!({"type": "object", "properties": {"x": v.clone()}, "items": v.clone(), "anyOf": [v]});
+            if let Err(e) = to_strict("t", &root) {
+                prop_assert!(e.path.is_empty() || e.path.starts_with('/'));
+            }
+        }
+    }
+}

@@ -10,6 +10,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Lifecycle of a run.
+///
+/// ```
+/// use kuralle::RunStatus;
+///
+/// let status = RunStatus::MaxSteps;
+/// assert_eq!(status.as_str(), "max_steps");
+/// assert_eq!(serde_json::to_value(status).unwrap(), "max_steps");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
@@ -29,6 +37,10 @@ pub enum RunStatus {
 
 impl RunStatus {
     /// The status as stored (`"running"`, `"max_steps"`, ...).
+    ///
+    /// ```
+    /// assert_eq!(kuralle::RunStatus::Paused.as_str(), "paused");
+    /// ```
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Running => "running",
@@ -41,6 +53,13 @@ impl RunStatus {
     }
 
     /// Parses [`as_str`](Self::as_str) output.
+    ///
+    /// ```
+    /// use kuralle::RunStatus;
+    ///
+    /// assert_eq!(RunStatus::parse("finished"), Some(RunStatus::Finished));
+    /// assert_eq!(RunStatus::parse("done"), None);
+    /// ```
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "running" => Self::Running,
@@ -56,6 +75,25 @@ impl RunStatus {
 
 /// A run's state row. `state` is owned by the runtime (transcript, current turn); stores
 /// keep it opaque.
+///
+/// ```
+/// # fn run(id: &str) -> kuralle::RunRecord {
+/// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// # }
+/// # fn step(key: &str) -> kuralle::NewStep {
+/// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+/// # }
+/// use kuralle::{RunStore, stores::MemoryStore};
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let store = MemoryStore::new();
+/// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+/// store.create_run(run("run-1"), lease.token).await?;
+/// let record = store.get_run("run-1").await?.expect("created");
+/// assert_eq!((record.agent_id.as_str(), record.version), ("support", 0));
+/// # Ok::<(), kuralle::StoreError>(())
+/// # }).unwrap();
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRecord {
     /// Run id.
@@ -77,6 +115,25 @@ pub struct RunRecord {
 }
 
 /// What [`RunStore::list_runs`] returns per run: no state, no journal.
+///
+/// ```
+/// # fn run(id: &str) -> kuralle::RunRecord {
+/// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// # }
+/// # fn step(key: &str) -> kuralle::NewStep {
+/// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+/// # }
+/// use kuralle::{RunStore, stores::MemoryStore};
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let store = MemoryStore::new();
+/// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+/// store.create_run(run("run-1"), lease.token).await?;
+/// let summaries = store.list_runs(kuralle::RunFilter::default()).await?;
+/// assert_eq!(summaries[0].run_id, "run-1");
+/// # Ok::<(), kuralle::StoreError>(())
+/// # }).unwrap();
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunSummary {
     /// Run id.
@@ -90,6 +147,27 @@ pub struct RunSummary {
 }
 
 /// Which runs [`RunStore::list_runs`] returns.
+///
+/// ```
+/// # fn run(id: &str) -> kuralle::RunRecord {
+/// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// # }
+/// # fn step(key: &str) -> kuralle::NewStep {
+/// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+/// # }
+/// use kuralle::{RunStore, stores::MemoryStore};
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use kuralle::{RunFilter, RunStatus};
+///
+/// let store = MemoryStore::new();
+/// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+/// store.create_run(run("run-1"), lease.token).await?;
+/// let paused = RunFilter { status: Some(RunStatus::Paused), limit: Some(10) };
+/// assert!(store.list_runs(paused).await?.is_empty());
+/// # Ok::<(), kuralle::StoreError>(())
+/// # }).unwrap();
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunFilter {
     /// Only runs with this status.
@@ -99,6 +177,13 @@ pub struct RunFilter {
 }
 
 /// What a journal step records.
+///
+/// ```
+/// use kuralle::StepKind;
+///
+/// assert_eq!(StepKind::Approval.as_str(), "approval");
+/// assert_eq!(StepKind::parse("model"), Some(StepKind::Model));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StepKind {
@@ -116,6 +201,10 @@ pub enum StepKind {
 
 impl StepKind {
     /// The kind as stored.
+    ///
+    /// ```
+    /// assert_eq!(kuralle::StepKind::Tool.as_str(), "tool");
+    /// ```
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Tool => "tool",
@@ -127,6 +216,13 @@ impl StepKind {
     }
 
     /// Parses [`as_str`](Self::as_str) output.
+    ///
+    /// ```
+    /// use kuralle::StepKind;
+    ///
+    /// assert_eq!(StepKind::parse("uuid"), Some(StepKind::Uuid));
+    /// assert_eq!(StepKind::parse("sleep"), None);
+    /// ```
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "tool" => Self::Tool,
@@ -140,6 +236,29 @@ impl StepKind {
 }
 
 /// Where a step is.
+///
+/// ```
+/// # fn run(id: &str) -> kuralle::RunRecord {
+/// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// # }
+/// # fn step(key: &str) -> kuralle::NewStep {
+/// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+/// # }
+/// use kuralle::{RunStore, stores::MemoryStore};
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use kuralle::{StepOutcome, StepStatus};
+///
+/// let store = MemoryStore::new();
+/// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+/// store.create_run(run("run-1"), lease.token).await?;
+/// store.append_steps("run-1", lease.token, vec![step("k1")]).await?;
+/// assert_eq!(store.steps("run-1").await?[0].status, StepStatus::Running);
+/// store.finish_step("run-1", lease.token, 0, StepOutcome::Finished(serde_json::json!(1)), 5).await?;
+/// assert_eq!(store.steps("run-1").await?[0].status, StepStatus::Finished);
+/// # Ok::<(), kuralle::StoreError>(())
+/// # }).unwrap();
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StepStatus {
@@ -153,6 +272,10 @@ pub enum StepStatus {
 
 impl StepStatus {
     /// The status as stored.
+    ///
+    /// ```
+    /// assert_eq!(kuralle::StepStatus::Failed.as_str(), "failed");
+    /// ```
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Running => "running",
@@ -162,6 +285,13 @@ impl StepStatus {
     }
 
     /// Parses [`as_str`](Self::as_str) output.
+    ///
+    /// ```
+    /// use kuralle::StepStatus;
+    ///
+    /// assert_eq!(StepStatus::parse("running"), Some(StepStatus::Running));
+    /// assert_eq!(StepStatus::parse("paused"), None);
+    /// ```
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "running" => Self::Running,
@@ -173,6 +303,27 @@ impl StepStatus {
 }
 
 /// An intent to append: the store assigns the ordinal.
+///
+/// ```
+/// # fn run(id: &str) -> kuralle::RunRecord {
+/// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// # }
+/// # fn step(key: &str) -> kuralle::NewStep {
+/// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+/// # }
+/// use kuralle::{RunStore, stores::MemoryStore};
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use kuralle::{NewStep, StepKind};
+///
+/// let store = MemoryStore::new();
+/// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+/// store.create_run(run("run-1"), lease.token).await?;
+/// let intent = NewStep { key: "k1".into(), kind: StepKind::Now, name: "now".into(), epoch: 0, started_at_ms: 1 };
+/// assert_eq!(store.append_steps("run-1", lease.token, vec![intent]).await?, vec![0]);
+/// # Ok::<(), kuralle::StoreError>(())
+/// # }).unwrap();
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NewStep {
     /// Effect key, unique within the run.
@@ -188,6 +339,29 @@ pub struct NewStep {
 }
 
 /// The outcome that finalizes a `Running` step.
+///
+/// ```
+/// # fn run(id: &str) -> kuralle::RunRecord {
+/// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// # }
+/// # fn step(key: &str) -> kuralle::NewStep {
+/// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+/// # }
+/// use kuralle::{RunStore, stores::MemoryStore};
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use kuralle::StepOutcome;
+///
+/// let store = MemoryStore::new();
+/// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+/// store.create_run(run("run-1"), lease.token).await?;
+/// store.append_steps("run-1", lease.token, vec![step("k1")]).await?;
+/// let error = serde_json::json!({"failed": {"tool": "charge", "message": "card declined"}});
+/// store.finish_step("run-1", lease.token, 0, StepOutcome::Failed(error.clone()), 9).await?;
+/// assert_eq!(store.steps("run-1").await?[0].error, Some(error));
+/// # Ok::<(), kuralle::StoreError>(())
+/// # }).unwrap();
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum StepOutcome {
     /// A result value.
@@ -197,6 +371,30 @@ pub enum StepOutcome {
 }
 
 /// One journal entry.
+///
+/// ```
+/// # fn run(id: &str) -> kuralle::RunRecord {
+/// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// # }
+/// # fn step(key: &str) -> kuralle::NewStep {
+/// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+/// # }
+/// use kuralle::{RunStore, stores::MemoryStore};
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use kuralle::StepOutcome;
+///
+/// let store = MemoryStore::new();
+/// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+/// store.create_run(run("run-1"), lease.token).await?;
+/// store.append_steps("run-1", lease.token, vec![step("k1")]).await?;
+/// store.finish_step("run-1", lease.token, 0, StepOutcome::Finished(serde_json::json!("ok")), 7).await?;
+/// let entry = &store.steps("run-1").await?[0];
+/// assert_eq!((entry.ordinal, entry.key.as_str(), entry.finished_at_ms), (0, "k1", Some(7)));
+/// assert_eq!(entry.result, Some(serde_json::json!("ok")));
+/// # Ok::<(), kuralle::StoreError>(())
+/// # }).unwrap();
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepRecord {
     /// Position in the run's journal: dense, from 0, in intent order.
@@ -222,6 +420,27 @@ pub struct StepRecord {
 }
 
 /// Why a store operation failed.
+///
+/// ```
+/// # fn run(id: &str) -> kuralle::RunRecord {
+/// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// # }
+/// # fn step(key: &str) -> kuralle::NewStep {
+/// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+/// # }
+/// use kuralle::{RunStore, stores::MemoryStore};
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use kuralle::StoreError;
+///
+/// let store = MemoryStore::new();
+/// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+/// store.create_run(run("run-1"), lease.token).await?;
+/// let again = store.create_run(run("run-1"), lease.token).await;
+/// assert_eq!(again, Err(StoreError::RunExists("run-1".into())));
+/// # Ok::<(), kuralle::StoreError>(())
+/// # }).unwrap();
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
@@ -290,6 +509,13 @@ pub enum StoreError {
 
 impl StoreError {
     /// Whether retrying the same operation later may succeed.
+    ///
+    /// ```
+    /// use kuralle::StoreError;
+    ///
+    /// assert!(StoreError::Unavailable("database is locked".into()).is_retryable());
+    /// assert!(!StoreError::RunNotFound("run-1".into()).is_retryable());
+    /// ```
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Unavailable(_))
     }
@@ -329,6 +555,17 @@ pub struct Lease {
 }
 
 /// Shorthand for store futures.
+///
+/// ```
+/// use kuralle::{RunStore, StoreFuture, stores::MemoryStore};
+///
+/// fn count_runs(store: &MemoryStore) -> StoreFuture<'_, usize> {
+///     Box::pin(async move { Ok(store.list_runs(Default::default()).await?.len()) })
+/// }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// assert_eq!(count_runs(&MemoryStore::new()).await, Ok(0));
+/// # });
+/// ```
 pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
 
 /// Durable storage of runs and their journals.
@@ -347,29 +584,197 @@ pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
 ///   Otherwise it fails with [`StoreError::Fenced`] and changes nothing. The fence check
 ///   comes before every other check. Lease expiry is computed from the store's own clock.
 ///   Reads and [`delete_run`](Self::delete_run) take no fence.
+///
+/// A run's life in a store, as the runtime drives it:
+///
+/// ```
+/// # fn run(id: &str) -> kuralle::RunRecord {
+/// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// # }
+/// # fn step(key: &str) -> kuralle::NewStep {
+/// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+/// # }
+/// use kuralle::{RunStore, stores::MemoryStore};
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use kuralle::{StepOutcome, StoreError};
+///
+/// let store = MemoryStore::new();
+/// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+/// store.create_run(run("run-1"), lease.token).await?;
+/// // Intent before execute: the step is journaled `Running` first...
+/// let ordinals = store.append_steps("run-1", lease.token, vec![step("charge:o-1")]).await?;
+/// // ...then finalized once with its outcome.
+/// store.finish_step("run-1", lease.token, ordinals[0], StepOutcome::Finished(serde_json::json!("charged")), 10).await?;
+/// let again = store.finish_step("run-1", lease.token, ordinals[0], StepOutcome::Finished(serde_json::json!("twice")), 11).await;
+/// assert!(matches!(again, Err(StoreError::StepNotRunning { .. })));
+/// // The run's row is replaced by compare-and-swap on its version.
+/// let mut record = store.get_run("run-1").await?.expect("created");
+/// record.status = kuralle::RunStatus::Finished;
+/// assert_eq!(store.put_run(record, lease.token).await?, 1);
+/// # Ok::<(), kuralle::StoreError>(())
+/// # }).unwrap();
+/// ```
 pub trait RunStore: Send + Sync + 'static {
     /// Creates a run (its `version` is stored as given, normally 0), under lease `fence`.
+    ///
+    /// ```
+    /// # fn run(id: &str) -> kuralle::RunRecord {
+    /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+    /// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+    /// # }
+    /// # fn step(key: &str) -> kuralle::NewStep {
+    /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+    /// # }
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(run("run-1"), lease.token).await?;
+    /// assert!(store.create_run(run("run-1"), lease.token).await.is_err()); // ids are unique
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
     fn create_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, ()>;
 
     /// The run, if it exists.
+    ///
+    /// ```
+    /// # fn run(id: &str) -> kuralle::RunRecord {
+    /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+    /// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+    /// # }
+    /// # fn step(key: &str) -> kuralle::NewStep {
+    /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+    /// # }
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(run("run-1"), lease.token).await?;
+    /// assert_eq!(store.get_run("run-1").await?.map(|r| r.agent_id), Some("support".into()));
+    /// assert_eq!(store.get_run("run-2").await?, None);
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
     fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunRecord>>;
 
     /// Replaces the run's row if its stored version is `run.version`; returns the new version
     /// (`run.version + 1`). Under lease `fence`.
+    ///
+    /// ```
+    /// # fn run(id: &str) -> kuralle::RunRecord {
+    /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+    /// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+    /// # }
+    /// # fn step(key: &str) -> kuralle::NewStep {
+    /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+    /// # }
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(run("run-1"), lease.token).await?;
+    /// let read = store.get_run("run-1").await?.expect("created");
+    /// assert_eq!(store.put_run(read.clone(), lease.token).await?, 1);
+    /// // A second writer that read the same version loses.
+    /// assert!(matches!(store.put_run(read, lease.token).await, Err(kuralle::StoreError::VersionConflict { .. })));
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
     fn put_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, u64>;
 
     /// Runs matching `filter`, most recently updated first.
+    ///
+    /// ```
+    /// # fn run(id: &str) -> kuralle::RunRecord {
+    /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+    /// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+    /// # }
+    /// # fn step(key: &str) -> kuralle::NewStep {
+    /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+    /// # }
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// let lease2 = store.acquire_lease("run-2", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(run("run-1"), lease.token).await?;
+    /// store.create_run(run("run-2"), lease2.token).await?;
+    /// let one = store.list_runs(kuralle::RunFilter { limit: Some(1), ..Default::default() }).await?;
+    /// assert_eq!(one.len(), 1);
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
     fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>>;
 
     /// Deletes a run and its journal; `false` if it did not exist. Administrative: takes no
     /// fence, and keeps the run's lease token so a reused id never reuses a token.
+    ///
+    /// ```
+    /// # fn run(id: &str) -> kuralle::RunRecord {
+    /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+    /// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+    /// # }
+    /// # fn step(key: &str) -> kuralle::NewStep {
+    /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+    /// # }
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(run("run-1"), lease.token).await?;
+    /// assert!(store.delete_run("run-1").await?);
+    /// assert!(!store.delete_run("run-1").await?);
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
     fn delete_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, bool>;
 
     /// Appends `Running` intents at the next ordinals, atomically, in one durable commit;
     /// returns their ordinals. Under lease `fence`.
+    ///
+    /// ```
+    /// # fn run(id: &str) -> kuralle::RunRecord {
+    /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+    /// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+    /// # }
+    /// # fn step(key: &str) -> kuralle::NewStep {
+    /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+    /// # }
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(run("run-1"), lease.token).await?;
+    /// assert_eq!(store.append_steps("run-1", lease.token, vec![step("a"), step("b")]).await?, vec![0, 1]);
+    /// assert_eq!(store.append_steps("run-1", lease.token, vec![step("c")]).await?, vec![2]);
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
     fn append_steps<'a>(&'a self, run_id: &'a str, fence: u64, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>>;
 
     /// Finalizes a `Running` step, under lease `fence`.
+    ///
+    /// ```
+    /// # fn run(id: &str) -> kuralle::RunRecord {
+    /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+    /// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+    /// # }
+    /// # fn step(key: &str) -> kuralle::NewStep {
+    /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+    /// # }
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(run("run-1"), lease.token).await?;
+    /// store.append_steps("run-1", lease.token, vec![step("a")]).await?;
+    /// store.finish_step("run-1", lease.token, 0, kuralle::StepOutcome::Finished(serde_json::json!(42)), 3).await?;
+    /// assert_eq!(store.steps("run-1").await?[0].result, Some(serde_json::json!(42)));
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
     fn finish_step<'a>(
         &'a self,
         run_id: &'a str,
@@ -411,6 +816,27 @@ pub trait RunStore: Send + Sync + 'static {
     }
 
     /// The run's journal in ordinal order (empty for an unknown run).
+    ///
+    /// ```
+    /// # fn run(id: &str) -> kuralle::RunRecord {
+    /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
+    /// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+    /// # }
+    /// # fn step(key: &str) -> kuralle::NewStep {
+    /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
+    /// # }
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(run("run-1"), lease.token).await?;
+    /// store.append_steps("run-1", lease.token, vec![step("a"), step("b")]).await?;
+    /// let keys: Vec<_> = store.steps("run-1").await?.into_iter().map(|s| s.key).collect();
+    /// assert_eq!(keys, ["a", "b"]);
+    /// assert!(store.steps("unknown").await?.is_empty());
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
     fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>>;
 
     /// Takes ownership of `run_id` (which need not exist yet) for `ttl` by the store's clock.

@@ -109,7 +109,15 @@ pub trait Tool: Send + Sync + 'static {
         false
     }
 
-    /// Upper bound on one call's duration.
+    /// Upper bound on one call's duration. When it passes, the call's
+    /// [`ToolContext::cancellation`](crate::ToolContext::cancellation) token fires, the model
+    /// gets [`ToolError::Timeout`], and a call that has not stopped 50 ms later is aborted.
+    ///
+    /// An abort takes effect at the call's next `.await`. Work that blocks its thread
+    /// (`std::thread::sleep`, synchronous I/O, a long computation) belongs in
+    /// `tokio::task::spawn_blocking`: a call stuck in it cannot be aborted, keeps its thread
+    /// until it returns, and is reported with a `tracing` warning. The run does not wait for it:
+    /// its result and the end of its event stream arrive on time either way.
     fn timeout(&self) -> Option<Duration> {
         None
     }
@@ -132,6 +140,12 @@ pub trait Tool: Send + Sync + 'static {
     /// Whether a call cut off by a crash must never be re-run.
     fn at_most_once(&self) -> bool {
         false
+    }
+
+    /// The implementing type's name, for error messages that must tell two tools apart (two
+    /// tools with one name on an agent). Rarely worth overriding.
+    fn type_name(&self) -> &'static str {
+        std::any::type_name::<Self>()
     }
 
     /// Validates raw arguments (exactly once) into a runnable call.
@@ -205,6 +219,16 @@ impl ToolSpec {
 #[derive(Clone, Default)]
 pub struct ToolSet {
     tools: Vec<Arc<dyn Tool>>,
+    /// Names added twice, with the type names of the replaced and the replacing tool.
+    replaced: Vec<Replaced>,
+}
+
+/// A tool that replaced another of the same name in a [`ToolSet`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Replaced {
+    pub(crate) name: String,
+    pub(crate) first: &'static str,
+    pub(crate) second: &'static str,
 }
 
 impl fmt::Debug for ToolSet {
@@ -219,16 +243,25 @@ impl ToolSet {
         Self::default()
     }
 
-    /// Adds a tool. A later tool with the same name replaces the earlier one.
+    /// Adds a tool. A later tool with the same name replaces the earlier one; an agent whose
+    /// tools had such a replacement is refused by
+    /// [`RuntimeBuilder::build`](crate::RuntimeBuilder::build) with
+    /// [`RunError::DuplicateTool`](crate::RunError::DuplicateTool).
     #[must_use]
     pub fn with(mut self, tool: impl Tool) -> Self {
         self.push(Arc::new(tool));
         self
     }
 
-    /// Adds a shared tool. A later tool with the same name replaces the earlier one.
+    /// Adds a shared tool. A later tool with the same name replaces the earlier one (see
+    /// [`ToolSet::with`]).
     pub fn push(&mut self, tool: Arc<dyn Tool>) {
         if let Some(slot) = self.tools.iter_mut().find(|t| t.name() == tool.name()) {
+            self.replaced.push(Replaced {
+                name: tool.name().to_owned(),
+                first: slot.type_name(),
+                second: tool.type_name(),
+            });
             *slot = tool;
         } else {
             self.tools.push(tool);
@@ -253,6 +286,11 @@ impl ToolSet {
     /// Whether the set is empty.
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
+    }
+
+    /// The first name that was added twice, if any.
+    pub(crate) fn first_replaced(&self) -> Option<&Replaced> {
+        self.replaced.first()
     }
 
     /// Comma-separated names, for error messages.
@@ -307,10 +345,10 @@ pub const MAX_TOOL_ARGS_BYTES: usize = 1 << 20;
 /// ```
 pub fn parse_args(tool: &str, raw: &str) -> Result<Value, ToolError> {
     if raw.len() > MAX_TOOL_ARGS_BYTES {
-        return Err(ToolError::invalid_input(
-            tool,
-            format!("the arguments are {} bytes; the limit is {MAX_TOOL_ARGS_BYTES} bytes", raw.len()),
-        ));
+        return Err(oversized(tool, raw.len(), MAX_TOOL_ARGS_BYTES));
+    }
+    if let Some((bytes, limit)) = oversized_marker_parts(raw) {
+        return Err(oversized(tool, bytes, limit));
     }
     if raw.trim().is_empty() {
         return Ok(Value::Object(serde_json::Map::new()));
@@ -326,6 +364,36 @@ pub fn parse_args(tool: &str, raw: &str) -> Result<Value, ToolError> {
     Ok(value)
 }
 
+fn oversized(tool: &str, bytes: usize, limit: usize) -> ToolError {
+    ToolError::invalid_input(
+        tool,
+        format!(
+            "the arguments are {bytes} bytes; the limit is {limit} bytes. Send smaller arguments (for example a reference instead of the content)"
+        ),
+    )
+}
+
+/// The key of the marker that stands in for arguments too large to keep.
+const OVERSIZED_KEY: &str = "__kuralle_oversized_arguments";
+
+/// What the runtime journals and sends back in place of arguments too large to keep: a small
+/// JSON object that [`parse_args`] answers with the same [`ToolError::InvalidInput`] the
+/// original arguments got, so a replayed run gives the model the same answer.
+pub(crate) fn oversized_marker(bytes: usize, limit: usize) -> String {
+    format!("{{\"{OVERSIZED_KEY}\":{{\"bytes\":{bytes},\"limit\":{limit}}}}}")
+}
+
+/// `(bytes, limit)` of an [`oversized_marker`].
+pub(crate) fn oversized_marker_parts(raw: &str) -> Option<(usize, usize)> {
+    if !raw.starts_with("{\"__kuralle_oversized") || raw.len() > 128 {
+        return None;
+    }
+    let value: Value = serde_json::from_str(raw).ok()?;
+    let marker = value.get(OVERSIZED_KEY)?;
+    let number = |k: &str| marker.get(k)?.as_u64().and_then(|n| usize::try_from(n).ok());
+    Some((number("bytes")?, number("limit")?))
+}
+
 /// "a string", "an array", ... for error messages.
 pub(crate) fn kind(value: &Value) -> &'static str {
     match value {
@@ -335,5 +403,54 @@ pub(crate) fn kind(value: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::{Map, Value};
+
+    use super::*;
+    use crate::strategies::json_value;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+        /// Any text: a value exactly when it is blank or a JSON object, else a clear
+        /// `InvalidInput` naming the tool; never a panic.
+        #[test]
+        fn any_text_parses_or_gets_a_clear_error(raw in "(?s).{0,64}") {
+            match parse_args("t", &raw) {
+                Ok(v) => {
+                    prop_assert!(v.is_object());
+                    prop_assert!(raw.trim().is_empty() || serde_json::from_str::<Value>(&raw).is_ok_and(|p| p == v));
+                }
+                Err(ToolError::InvalidInput { tool, message }) => {
+                    prop_assert_eq!(tool, "t");
+                    prop_assert!(!message.is_empty());
+                    prop_assert!(!serde_json::from_str::<Value>(&raw).is_ok_and(|v| v.is_object()));
+                }
+                Err(other) => prop_assert!(false, "unexpected {other:?}"),
+            }
+        }
+
+        /// Every JSON object round-trips through its text (compact and pretty).
+        #[test]
+        fn json_objects_round_trip(entries in proptest::collection::vec(("(?s).{0,6}", json_value()), 0..6)) {
+            let object = Value::Object(entries.into_iter().collect::<Map<_, _>>());
+            prop_assert_eq!(parse_args("t", &object.to_string()).unwrap(), object.clone());
+            prop_assert_eq!(parse_args("t", &serde_json::to_string_pretty(&object).unwrap()).unwrap(), object);
+        }
+
+        /// Hostile shapes: deep nesting, truncation at any point, a marker look-alike.
+        #[test]
+        fn hostile_shapes_never_panic(depth in 0usize..2000, cut in any::<prop::sample::Index>(), open in "[\\[{\"]") {
+            let nested = format!("{{\"a\":{}{}", open.repeat(depth), "]".repeat(depth / 2));
+            let _ = parse_args("t", &nested);
+            let text = format!("{{\"__kuralle_oversized_arguments\":{{\"bytes\":{depth},\"limit\":1}}}}");
+            let _ = parse_args("t", &text[..cut.index(text.len() + 1)]);
+            prop_assert!(parse_args("t", &text).is_err());
+        }
     }
 }

@@ -140,3 +140,71 @@ mod tests {
         assert_eq!(out["value"], MARKER);
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// `shown` split at the marker that follows the head of a `max_tokens` cut (the text itself
+    /// may contain the marker's characters).
+    fn head_and_tail(shown: &str, max_tokens: usize) -> (&str, &str) {
+        let budget = (max_tokens * 4).saturating_sub(MARKER.chars().count());
+        let head_end = shown.char_indices().nth(budget / 2).map_or(shown.len(), |(i, _)| i);
+        let (head, rest) = shown.split_at(head_end);
+        (head, rest.strip_prefix(MARKER).expect("the marker follows the head"))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+        /// Within budget a value is unchanged; over it, what is shown is a character-exact head
+        /// and tail of the text around the marker, within the budget, and its token count is
+        /// reported truthfully.
+        #[test]
+        fn middle_out_keeps_head_and_tail_within_the_limit(
+            // One to four UTF-8 bytes per character, newlines, and the marker's own ellipsis.
+            text in proptest::collection::vec(proptest::sample::select(&['a', 'é', '日', '🎉', '\n', '\u{2026}', '\u{0}'][..]), 0..400)
+                .prop_map(String::from_iter),
+            max_tokens in 0usize..120,
+        ) {
+            let value = Value::String(text.clone());
+            let out = truncate_middle_out(&value, max_tokens);
+            if estimate_tokens(&text) <= max_tokens {
+                prop_assert_eq!(out, value);
+                return Ok(());
+            }
+            let shown = out["value"].as_str().unwrap();
+            let shown_tokens = out["__truncated"]["shownTokens"].as_u64().unwrap() as usize;
+            prop_assert_eq!(shown_tokens, estimate_tokens(shown));
+            // The marker alone is one token: the smallest possible answer.
+            prop_assert!(shown_tokens <= max_tokens.max(1), "{} > {}", shown_tokens, max_tokens);
+            prop_assert_eq!(out["__truncated"]["originalTokens"].as_u64().unwrap() as usize, estimate_tokens(&text));
+            let (head, tail) = head_and_tail(shown, max_tokens);
+            // Head and tail are whole characters of the original: a prefix and a suffix.
+            prop_assert!(text.starts_with(head));
+            prop_assert!(text.ends_with(tail));
+            let budget = (max_tokens * 4).saturating_sub(MARKER.chars().count());
+            prop_assert_eq!(head.chars().count(), budget / 2);
+            prop_assert_eq!(tail.chars().count(), budget - budget / 2);
+        }
+
+        /// Strings are cut as themselves, other values as their compact JSON.
+        #[test]
+        fn json_values_are_cut_as_their_text(v in crate::strategies::json_value(), max_tokens in 1usize..40) {
+            let text = match &v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let out = truncate_middle_out(&v, max_tokens);
+            if estimate_tokens(&text) > max_tokens {
+                let shown = out["value"].as_str().unwrap();
+                let (head, tail) = head_and_tail(shown, max_tokens);
+                prop_assert!(text.starts_with(head) && text.ends_with(tail));
+            } else {
+                prop_assert_eq!(out, v);
+            }
+        }
+    }
+}

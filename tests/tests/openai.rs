@@ -4,7 +4,7 @@
 use std::{
     collections::VecDeque,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use futures::StreamExt;
@@ -17,6 +17,9 @@ use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
     sync::mpsc,
+    // Tokio's clock: the timing tests run on a paused clock, so what they measure is the
+    // client's own waits, exactly, whatever the machine's load.
+    time::Instant,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -574,7 +577,7 @@ async fn error_object_mid_stream_is_a_provider_error() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn rate_limited_then_success_honours_retry_after() {
     let server = Server::start(vec![
         Reply::Status {
@@ -597,12 +600,12 @@ async fn rate_limited_then_success_honours_retry_after() {
     let requests = server.requests();
     assert_eq!(requests.len(), 2, "exactly one retry");
     let waited = requests[1].at - requests[0].at;
-    assert!(waited >= Duration::from_millis(950), "waited only {waited:?}");
-    assert!(waited < Duration::from_secs(4), "waited {waited:?}");
+    assert!(waited >= Duration::from_secs(1), "waited only {waited:?}");
+    assert!(waited < Duration::from_secs(2), "waited {waited:?}");
     assert_eq!(requests[0].body, requests[1].body);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn persistent_5xx_fails_after_the_retry_budget() {
     let server_error = || {
         Reply::Status {
@@ -627,8 +630,9 @@ async fn persistent_5xx_fails_after_the_retry_budget() {
     }
     let requests = server.requests();
     assert_eq!(requests.len(), 3);
-    assert!(requests[1].at - requests[0].at >= Duration::from_millis(20));
-    assert!(requests[2].at - requests[1].at >= Duration::from_millis(40));
+    // Jittered backoff: each wait is between half and all of 20 ms, then 40 ms.
+    assert!(requests[1].at - requests[0].at >= Duration::from_millis(10));
+    assert!(requests[2].at - requests[1].at >= Duration::from_millis(20));
 }
 
 #[tokio::test]
@@ -650,7 +654,7 @@ async fn persistent_429_is_rate_limited() {
     assert_eq!(server.requests().len(), 2);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn unauthorized_is_auth_without_retry() {
     let server = Server::start(vec![Reply::Status {
         status: 401,
@@ -726,7 +730,7 @@ async fn malformed_chunk_json_is_a_protocol_error() {
     assert!(matches!(&events[..], [Err(ModelError::Protocol(m))] if m.contains("invalid chunk")), "{events:?}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn request_timeout_applies() {
     let server = Server::start(vec![Reply::Hang]).await;
     let model = client(&server).timeout(Duration::from_millis(300)).build().unwrap();

@@ -1,10 +1,10 @@
 //! `SqliteStore`-specific behaviour: durability across reopen, corrupt and foreign files,
 //! locks held by other processes, write failures (read-only file, full disk), group commit.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kuralle::stores::{SqliteOptions, SqliteStore};
 use kuralle::{RunFilter, RunRecord, RunStatus, RunStore, StepOutcome, StepStatus, StoreError};
@@ -161,10 +161,11 @@ async fn a_lock_held_by_another_process_gives_unavailable_after_busy_timeout() {
              c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
              c.execute('BEGIN EXCLUSIVE')\n\
              print('locked', flush=True)\n\
-             time.sleep(2)\n\
+             sys.stdin.readline()\n\
              c.execute('COMMIT')\n",
         )
         .arg(&path)
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .expect("python3 runs");
@@ -172,16 +173,15 @@ async fn a_lock_held_by_another_process_gives_unavailable_after_busy_timeout() {
     BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "locked");
 
-    let started = Instant::now();
+    // The holder keeps the lock until told to let go, so the write can only end by giving up
+    // after `busy_timeout` (how long that takes is SQLite's business, not timed here).
     let error = store.append_steps("run-1", 1, vec![step("a")]).await.unwrap_err();
-    let waited = started.elapsed();
     assert_unavailable(&error, "locked by another process");
     assert!(error.to_string().contains("300 ms"), "{error}");
-    assert!(waited >= Duration::from_millis(250), "waited only {waited:?}");
-    assert!(waited < Duration::from_millis(1900), "waited {waited:?}, longer than busy_timeout");
     // WAL readers are not blocked by the writer lock.
     assert!(store.get_run("run-1").await.unwrap().is_some());
 
+    holder.stdin.take().unwrap().write_all(b"release\n").unwrap();
     assert!(holder.wait().unwrap().success());
     // Once the lock is gone the same write succeeds, and the failed attempt used no ordinal.
     assert_eq!(store.append_steps("run-1", 1, vec![step("a")]).await.unwrap(), [0]);
@@ -329,9 +329,8 @@ fn dropping_the_last_clone_stops_the_writer_after_queued_writes() {
     runtime.block_on(async {
         clone.append_steps("run-1", 1, vec![step("a")]).await.unwrap();
     });
-    let started = Instant::now();
+    // Dropping the last clone joins the writer thread (a hang here is the failure).
     drop(clone);
-    assert!(started.elapsed() < Duration::from_secs(2), "drop joins the writer promptly");
     // The file is closed cleanly: no WAL left behind after the last connection closed.
     let wal = PathBuf::from(format!("{}-wal", path.display()));
     assert!(!wal.exists() || std::fs::metadata(&wal).unwrap().len() == 0, "WAL was checkpointed at close");

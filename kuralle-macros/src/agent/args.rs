@@ -1,9 +1,11 @@
 //! `#[agent(...)]` arguments → [`AgentArgs`], parsed with `syn::meta::parser`.
+//!
+//! To add a key: list it in [`VALID`], add a field, and add an arm to `parse_one`.
 
 use proc_macro2::TokenStream;
 use syn::{Expr, ExprArray, ExprPath, LitStr, meta::ParseNestedMeta, parse::Parser};
 
-use crate::ctxt::Ctxt;
+use crate::{args::Keys, ctxt::Ctxt};
 
 /// Every argument `#[agent]` accepts, in the order the error message lists them.
 const VALID: &[&str] = &["id", "tools", "max_steps", "max_tool_concurrency", "max_tool_result_tokens", "model"];
@@ -23,17 +25,18 @@ pub(crate) struct AgentArgs {
 impl AgentArgs {
     pub(crate) fn parse(cx: &Ctxt, tokens: TokenStream) -> Self {
         let mut args = Self::default();
-        let parser = syn::meta::parser(|meta| args.parse_one(cx, &meta));
+        let mut keys = Keys::new(cx, "agent", VALID);
+        let parser = syn::meta::parser(|meta| args.parse_one(cx, &mut keys, &meta));
         if let Err(e) = parser.parse2(tokens) {
             cx.syn_error(e);
         }
         args
     }
 
-    fn parse_one(&mut self, cx: &Ctxt, meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
-        let key = meta.path.get_ident().map(ToString::to_string).unwrap_or_default();
+    fn parse_one(&mut self, cx: &Ctxt, keys: &mut Keys<'_>, meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
+        let Some(key) = keys.key(meta)? else { return Ok(()) };
         match key.as_str() {
-            "id" => set(cx, meta, &mut self.id, meta.value()?.parse()?),
+            "id" => keys.set(&mut self.id, meta.value()?.parse()?, meta),
             "tools" => {
                 let list: ExprArray = meta.value()?.parse()?;
                 let mut tools = Vec::new();
@@ -46,33 +49,16 @@ impl AgentArgs {
                         ),
                     }
                 }
-                set(cx, meta, &mut self.tools, tools);
+                keys.set(&mut self.tools, tools, meta);
             }
-            "max_steps" => set(cx, meta, &mut self.max_steps, meta.value()?.parse()?),
-            "max_tool_concurrency" => set(cx, meta, &mut self.max_tool_concurrency, meta.value()?.parse()?),
-            "max_tool_result_tokens" => set(cx, meta, &mut self.max_tool_result_tokens, meta.value()?.parse()?),
-            "model" => set(cx, meta, &mut self.model, meta.value()?.parse()?),
-            _ => {
-                let valid = VALID.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
-                let shown = quote::ToTokens::to_token_stream(&meta.path).to_string().replace(' ', "");
-                cx.error_spanned_by(
-                    &meta.path,
-                    format!("unknown `#[agent]` argument `{shown}`; expected one of {valid}"),
-                );
-                if meta.input.peek(syn::Token![=]) {
-                    let _: Expr = meta.value()?.parse()?;
-                }
-            }
+            "max_steps" => keys.set(&mut self.max_steps, meta.value()?.parse()?, meta),
+            "max_tool_concurrency" => keys.set(&mut self.max_tool_concurrency, meta.value()?.parse()?, meta),
+            "max_tool_result_tokens" => keys.set(&mut self.max_tool_result_tokens, meta.value()?.parse()?, meta),
+            "model" => keys.set(&mut self.model, meta.value()?.parse()?, meta),
+            // `Keys::key` returns only keys listed in `VALID`; a key listed there without an arm
+            // here is a bug in this crate, reported rather than panicking.
+            other => cx.error_spanned_by(&meta.path, format!("`#[agent]` argument `{other}` is not implemented")),
         }
         Ok(())
-    }
-}
-
-fn set<T>(cx: &Ctxt, meta: &ParseNestedMeta<'_>, slot: &mut Option<T>, value: T) {
-    if slot.is_some() {
-        let key = quote::ToTokens::to_token_stream(&meta.path).to_string();
-        cx.error_spanned_by(&meta.path, format!("duplicate `#[agent]` argument `{key}`"));
-    } else {
-        *slot = Some(value);
     }
 }

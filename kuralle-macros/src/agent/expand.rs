@@ -5,7 +5,7 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 
 use super::model::AgentStruct;
-use crate::path::{allowed_lints, private};
+use crate::path::{allowed_lints, private, private_at};
 
 pub(crate) fn agent(agent: &AgentStruct<'_>) -> TokenStream {
     let p = private();
@@ -15,9 +15,11 @@ pub(crate) fn agent(agent: &AgentStruct<'_>) -> TokenStream {
     let id = &agent.id;
     let instructions = &agent.instructions;
     let tools = agent.tools.iter().map(|path| {
-        let checked = quote_spanned!(path.span()=> #p::assert_tool(#path));
-        quote!(.tool(#checked))
+        // Every token at the entry's span: a non-tool is then one error, on the entry.
+        let at = private_at(path.span());
+        quote_spanned!(path.span()=> __kuralle_tools.push(#at::assert_tool(#path));)
     });
+    let mutable = (!agent.tools.is_empty()).then(|| quote!(mut));
     let args = agent.args;
     let limit = |method: &str, expr: Option<&syn::Expr>| {
         let method = syn::Ident::new(method, proc_macro2::Span::call_site());
@@ -48,13 +50,15 @@ pub(crate) fn agent(agent: &AgentStruct<'_>) -> TokenStream {
     quote! {
         #item
         #[doc(hidden)]
+        #allowed
         const _: () = {
-            #allowed
             #[automatically_derived]
             impl #p::Agent for #ident {
                 fn definition(&self) -> #p::AgentDef {
+                    let #mutable __kuralle_tools = #p::ToolSet::new();
+                    #(#tools)*
                     #p::AgentDef::new(#id, #instructions)
-                        #(#tools)*
+                        .tools(__kuralle_tools)
                         #max_steps
                         #max_tool_concurrency
                         #max_tool_result_tokens
@@ -74,8 +78,8 @@ pub(crate) fn fallback(item: &syn::ItemStruct, errors: TokenStream) -> TokenStre
     let stub = item.generics.params.is_empty().then(|| {
         quote! {
             #[doc(hidden)]
+            #allowed
             const _: () = {
-                #allowed
                 impl #p::Agent for #ident {
                     fn definition(&self) -> #p::AgentDef {
                         ::core::unreachable!()

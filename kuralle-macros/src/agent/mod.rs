@@ -16,10 +16,12 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let item_struct = match syn::parse2::<ItemStruct>(item.clone()) {
         Ok(s) => s,
         Err(e) => {
-            let message =
-                syn::Error::new(e.span(), "`#[agent]` applies to a unit struct, for example `struct Support;`");
+            cx.syn_error(syn::Error::new(
+                e.span(),
+                "`#[agent]` applies to a unit struct, for example `struct Support;`",
+            ));
             let mut out = item;
-            out.extend(message.to_compile_error());
+            out.extend(cx.into_compile_errors());
             return out;
         }
     };

@@ -1,9 +1,13 @@
 //! `#[tool(...)]` arguments → [`ToolArgs`], parsed with `syn::meta::parser`.
 
 use proc_macro2::{Span, TokenStream};
-use syn::{Expr, LitBool, LitStr, Path, meta::ParseNestedMeta, parse::Parser};
+use syn::{Expr, LitStr, Path, meta::ParseNestedMeta, parse::Parser};
 
-use crate::ctxt::Ctxt;
+pub(crate) use crate::args::Spanned;
+use crate::{
+    args::{Keys, flag},
+    ctxt::Ctxt,
+};
 
 /// Every argument `#[tool]` accepts, in the order the error message lists them.
 const VALID: &[&str] = &[
@@ -18,12 +22,6 @@ const VALID: &[&str] = &[
     "at_most_once",
     "on_error",
 ];
-
-/// A value with the span of the argument that set it.
-pub(crate) struct Spanned<T> {
-    pub(crate) value: T,
-    pub(crate) span: Span,
-}
 
 /// `parallel_safe` alone, or `parallel_safe = expr`.
 pub(crate) enum ParallelSafe {
@@ -45,90 +43,63 @@ pub(crate) struct ToolArgs {
     pub(crate) needs_approval: Option<Spanned<bool>>,
     pub(crate) at_most_once: Option<Spanned<bool>>,
     pub(crate) on_error: Option<Path>,
+    /// The keys as written, in order, for checks that point at the later of two arguments.
+    pub(crate) order: Vec<(String, Span)>,
 }
 
 impl ToolArgs {
     /// Parses the argument tokens, recording every mistake in `cx`.
     pub(crate) fn parse(cx: &Ctxt, tokens: TokenStream) -> Self {
         let mut args = Self::default();
-        let parser = syn::meta::parser(|meta| {
-            args.parse_one(cx, &meta)?;
-            Ok(())
-        });
+        let mut keys = Keys::new(cx, "tool", VALID);
+        let parser = syn::meta::parser(|meta| args.parse_one(cx, &mut keys, &meta));
         if let Err(e) = parser.parse2(tokens) {
             cx.syn_error(e);
         }
+        args.order = keys.into_order();
         args
     }
 
-    fn parse_one(&mut self, cx: &Ctxt, meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
-        let Some(key) = meta.path.get_ident().map(ToString::to_string) else {
-            let shown = quote::ToTokens::to_token_stream(&meta.path).to_string().replace(' ', "");
-            return unknown(cx, meta, &shown);
-        };
-        let span = meta.path.get_ident().map_or_else(Span::call_site, syn::Ident::span);
+    fn parse_one(&mut self, cx: &Ctxt, keys: &mut Keys<'_>, meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
+        let Some(key) = keys.key(meta)? else { return Ok(()) };
+        let span = crate::args::span_of(meta);
         match key.as_str() {
-            "name" => set(cx, &mut self.name, meta.value()?.parse()?, &key, span),
-            "description" => set(cx, &mut self.description, meta.value()?.parse()?, &key, span),
+            "name" => keys.set(&mut self.name, meta.value()?.parse()?, meta),
+            "description" => keys.set(&mut self.description, meta.value()?.parse()?, meta),
             "parallel_safe" => {
                 let value = if meta.input.peek(syn::Token![=]) {
                     ParallelSafe::Predicate(meta.value()?.parse()?)
                 } else {
                     ParallelSafe::Always
                 };
-                set(cx, &mut self.parallel_safe, Spanned { value, span }, &key, span);
+                keys.set(&mut self.parallel_safe, Spanned { value, span }, meta);
             }
-            "idempotency_key" => set(cx, &mut self.idempotency_key, meta.value()?.parse()?, &key, span),
+            "idempotency_key" => keys.set(&mut self.idempotency_key, meta.value()?.parse()?, meta),
             "timeout" => {
                 let lit: LitStr = meta.value()?.parse()?;
                 match parse_duration_ms(&lit.value()) {
-                    Ok(ms) => set(cx, &mut self.timeout_ms, Spanned { value: ms, span: lit.span() }, &key, span),
+                    Ok(ms) => keys.set(&mut self.timeout_ms, Spanned { value: ms, span: lit.span() }, meta),
                     Err(why) => cx.error_spanned_by(&lit, why),
                 }
             }
-            "interruptible" => set(cx, &mut self.interruptible, flag(meta, span)?, &key, span),
-            "replay" => set(cx, &mut self.replay, flag(meta, span)?, &key, span),
-            "needs_approval" => set(cx, &mut self.needs_approval, flag(meta, span)?, &key, span),
-            "at_most_once" => set(cx, &mut self.at_most_once, flag(meta, span)?, &key, span),
-            "on_error" => set(cx, &mut self.on_error, meta.value()?.parse()?, &key, span),
-            other => return unknown(cx, meta, other),
+            "interruptible" => keys.set(&mut self.interruptible, flag(meta)?, meta),
+            "replay" => keys.set(&mut self.replay, flag(meta)?, meta),
+            "needs_approval" => keys.set(&mut self.needs_approval, flag(meta)?, meta),
+            "at_most_once" => keys.set(&mut self.at_most_once, flag(meta)?, meta),
+            "on_error" => keys.set(&mut self.on_error, meta.value()?.parse()?, meta),
+            // `Keys::key` returns only keys listed in `VALID`; a key listed there without an arm
+            // here is a bug in this crate, reported rather than panicking.
+            other => cx.error_spanned_by(&meta.path, format!("`#[tool]` argument `{other}` is not implemented")),
         }
         Ok(())
     }
-}
 
-/// Stores `value` in `slot`, or reports a duplicate on the second occurrence.
-fn set<T>(cx: &Ctxt, slot: &mut Option<T>, value: T, key: &str, span: Span) {
-    if slot.is_some() {
-        cx.error_at(span, format!("duplicate `#[tool]` argument `{key}`"));
-    } else {
-        *slot = Some(value);
+    /// The span of whichever of `a` and `b` was written second (both must be present).
+    pub(crate) fn later_of(&self, a: &str, b: &str) -> Option<Span> {
+        let position = |key: &str| self.order.iter().position(|(k, _)| k == key);
+        let (pa, pb) = (position(a)?, position(b)?);
+        Some(self.order[pa.max(pb)].1)
     }
-}
-
-/// `key` alone means `true`; `key = true` / `key = false` are explicit.
-fn flag(meta: &ParseNestedMeta<'_>, span: Span) -> syn::Result<Spanned<bool>> {
-    if meta.input.peek(syn::Token![=]) {
-        let lit: LitBool = meta.value()?.parse()?;
-        Ok(Spanned { value: lit.value, span })
-    } else {
-        Ok(Spanned { value: true, span })
-    }
-}
-
-/// Reports an unknown argument and skips its value, so the arguments after it are still checked.
-fn unknown(cx: &Ctxt, meta: &ParseNestedMeta<'_>, key: &str) -> syn::Result<()> {
-    let valid = VALID.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
-    cx.error_spanned_by(&meta.path, format!("unknown `#[tool]` argument `{key}`; expected one of {valid}"));
-    if meta.input.peek(syn::Token![=]) {
-        let _: Expr = meta.value()?.parse()?;
-    } else if meta.input.peek(syn::token::Paren) {
-        meta.parse_nested_meta(|nested| {
-            let _: TokenStream = nested.input.parse()?;
-            Ok(())
-        })?;
-    }
-    Ok(())
 }
 
 /// `"250ms"`, `"5s"`, `"2m"` → milliseconds.

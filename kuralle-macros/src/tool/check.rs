@@ -32,4 +32,50 @@ pub(crate) fn tool(cx: &Ctxt, tool: &ToolFn<'_>) {
             "`#[tool(on_error = ...)]` needs a tool that returns `Result<T, E>`: there is no error to recover from",
         );
     }
+
+    // DESIGN §8: guards come first. A non-replayed call gets a fresh journal key each time,
+    // so after a crash its unfinished intent cannot be matched to the retry.
+    let never_replayed = tool.args.replay.as_ref().is_some_and(|r| !r.value);
+    let at_most_once = tool.args.at_most_once.as_ref().is_some_and(|a| a.value);
+    if never_replayed
+        && at_most_once
+        && let Some(span) = tool.args.later_of("replay", "at_most_once")
+    {
+        cx.error_at(
+            span,
+            "`#[tool(replay = false)]` cannot be combined with `at_most_once`: a call cut off by a crash \
+             could not be told apart from a fresh one (a call that is never replayed gets a new journal \
+             key each time), so it could run twice; drop `replay = false` to keep the at-most-once guarantee",
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+    use syn::{ItemFn, parse_quote};
+
+    use super::*;
+    use crate::tool::args::ToolArgs;
+
+    fn errors(args: proc_macro2::TokenStream) -> String {
+        let cx = Ctxt::new();
+        let args = ToolArgs::parse(&cx, args);
+        let func: ItemFn = parse_quote! {
+            /// Charge.
+            async fn charge(cents: u64) -> u64 { cents }
+        };
+        let tool = ToolFn::from_syn(&cx, &args, &func);
+        super::tool(&cx, &tool);
+        cx.into_compile_errors().to_string()
+    }
+
+    #[test]
+    fn replay_false_excludes_at_most_once_in_either_order() {
+        for args in [quote!(replay = false, at_most_once), quote!(at_most_once, replay = false)] {
+            assert!(errors(args).contains("could run twice"));
+        }
+        assert!(errors(quote!(replay = false, at_most_once = false)).is_empty());
+        assert!(errors(quote!(replay = true, at_most_once)).is_empty());
+    }
 }

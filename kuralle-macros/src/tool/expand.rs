@@ -1,8 +1,8 @@
 //! Model → tokens. Pure: no validation happens here.
 //!
 //! Emitted in source order: the user's fn (param attributes moved to the input struct; a
-//! generator's `yield`s rewritten), the tool struct, the input struct, then the impls inside
-//! `const _: () = { ... };`.
+//! generator's progress points rewritten), the tool struct, the input struct, then everything
+//! else inside one `const _: () = { ... };` that carries the lint allow-list once.
 
 use proc_macro2::TokenStream;
 use quote::{ToTokens, quote, quote_spanned};
@@ -10,39 +10,30 @@ use syn::{ItemFn, LitStr, Type, spanned::Spanned};
 
 use super::{
     args::{ParallelSafe, Spanned as WithSpan},
-    model::{Kind, Output, Param, ToolFn, is_field_attr},
+    model::{Kind, Output, Param, ToolFn, strip_param_attrs},
     yields,
 };
-use crate::path::{allowed_lints, private};
+use crate::path::{SCHEMARS, SERDE, allowed_lints, allowed_on_structs, private, private_at};
 
-pub(crate) fn tool(tool: &ToolFn<'_>) -> TokenStream {
+pub(crate) fn tool(tool: ToolFn<'_>) -> TokenStream {
+    let structs = structs(&tool);
+    let impls = impls(&tool);
     let user_fn = user_fn(tool);
-    let structs = structs(tool);
-    let impls = impls(tool);
+    let allowed = allowed_lints();
     quote! {
         #user_fn
         #structs
         #[doc(hidden)]
+        #allowed
         const _: () = {
             #impls
         };
     }
 }
 
-/// The user's fn with its param attributes removed (rustc rejects doc comments on params) and,
-/// for a generator, the body turned into a stream.
-pub(crate) fn strip_param_attrs(func: &ItemFn) -> ItemFn {
-    let mut func = func.clone();
-    for input in &mut func.sig.inputs {
-        if let syn::FnArg::Typed(pat_ty) = input {
-            pat_ty.attrs.retain(|a| !is_field_attr(a));
-        }
-    }
-    func
-}
-
-fn user_fn(tool: &ToolFn<'_>) -> TokenStream {
-    let mut func = strip_param_attrs(tool.func);
+fn user_fn(tool: ToolFn<'_>) -> TokenStream {
+    let has_context = tool.params.iter().any(|p| matches!(p, Param::Context));
+    let mut func = tool.emitted;
     if matches!(tool.kind, Kind::Async) {
         // `#[tool]` requires `async` even for bodies that never await.
         func.attrs.push(syn::parse_quote!(#[allow(clippy::unused_async)]));
@@ -50,14 +41,12 @@ fn user_fn(tool: &ToolFn<'_>) -> TokenStream {
     let Kind::Generator { ret } = tool.kind else { return func.into_token_stream() };
     let p = private();
     let ret = ret.map_or_else(|| quote!(()), ToTokens::to_token_stream);
-    let has_context = tool.params.iter().any(|p| matches!(p, Param::Context));
     // Edition 2021 callers: the stream borrows the context, so say so.
     let capture = has_context.then(|| quote!(+ '_));
-    yields::rewrite(&mut func.block);
     let block = &func.block;
     func.sig.asyncness = None;
     func.sig.output = syn::parse_quote! {
-        -> impl #p::Stream<Item = ::kuralle::Yielded<impl #p::Serialize + #p::Send, #ret>> + #p::Send #capture
+        -> impl #p::Stream<Item = #p::Yielded<impl #p::Serialize + #p::Send, #ret>> + #p::Send #capture
     };
     func.block = syn::parse_quote!({
         let (__kuralle_emit, __kuralle_slot) = #p::emitter();
@@ -81,11 +70,11 @@ fn structs(tool: &ToolFn<'_>) -> TokenStream {
         ident.span(),
     );
     let input_doc = LitStr::new(&format!(" The arguments of the `{}` tool.", tool.name), input.span());
-    let allowed = allowed_lints();
+    let allowed = allowed_on_structs();
     let fields = tool.args().map(|(ident, ty, attrs)| quote!(#(#attrs)* pub #ident: #ty,));
+    let serde_bound = serde_bound(tool);
     quote! {
         #[doc = #struct_doc]
-        #[derive(Clone, Copy, Debug, Default)]
         #allowed
         #vis struct #ident;
 
@@ -96,13 +85,39 @@ fn structs(tool: &ToolFn<'_>) -> TokenStream {
 
         #[doc = #input_doc]
         #[derive(#p::Deserialize, #p::JsonSchema)]
-        #[serde(crate = "::kuralle::__private::serde", deny_unknown_fields)]
-        #[schemars(crate = "::kuralle::__private::schemars")]
+        #[serde(crate = #SERDE, deny_unknown_fields #serde_bound)]
+        #[schemars(crate = #SCHEMARS)]
         #allowed
         #vis struct #input {
             #(#fields)*
         }
     }
+}
+
+/// serde's impl holds only where every param type is `Deserialize`. A param type without it
+/// then makes the impl inapplicable instead of an error inside the derive's code (which
+/// reported one missing `Deserialize` three times); the one error is the spanned check in
+/// [`param_checks`]. (schemars ignores `bound` on a non-generic struct, so a missing
+/// `JsonSchema` is reported by its derive: once, on the param's type.)
+fn serde_bound(tool: &ToolFn<'_>) -> Option<TokenStream> {
+    let bound = tool
+        .args()
+        .map(|(_, ty, _)| format!("{}: {SERDE}::Deserialize<'de>", ty.to_token_stream()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    (!bound.is_empty()).then(|| quote!(, bound(deserialize = #bound)))
+}
+
+/// One check per param type, spanned on the type, so a missing `Deserialize` is one error on
+/// the param that needs it (the trait carries `#[diagnostic::on_unimplemented]`).
+fn param_checks(tool: &ToolFn<'_>) -> TokenStream {
+    tool.args()
+        .map(|(_, ty, _)| {
+            let span = ty.span();
+            let p = private_at(span);
+            quote_spanned!(span=> let _ = #p::param_is_deserialize::<#ty>;)
+        })
+        .collect()
 }
 
 /// The result type `T` of the tool, when it can be named.
@@ -116,7 +131,6 @@ fn ok_type(tool: &ToolFn<'_>) -> Option<TokenStream> {
 
 fn impls(tool: &ToolFn<'_>) -> TokenStream {
     let p = private();
-    let allowed = allowed_lints();
     let ident = &tool.struct_ident;
     let input = &tool.input_ident;
     let name = &tool.name;
@@ -139,7 +153,8 @@ fn impls(tool: &ToolFn<'_>) -> TokenStream {
     let parallel_safe = args.parallel_safe.as_ref().map(|ps| match &ps.value {
         ParallelSafe::Always => quote!(fn parallel_safe(&self, _: &#p::Value) -> bool { true }),
         ParallelSafe::Predicate(expr) => {
-            let check = quote_spanned!(expr.span()=> #p::parallel_safe(&(#expr), __kuralle_raw_args));
+            let at = private_at(expr.span());
+            let check = quote_spanned!(expr.span()=> #at::parallel_safe(&(#expr), __kuralle_raw_args));
             quote!(fn parallel_safe(&self, __kuralle_raw_args: &#p::Value) -> bool { #check })
         }
     });
@@ -166,20 +181,46 @@ fn impls(tool: &ToolFn<'_>) -> TokenStream {
     let raw_init = keeps_raw.then(|| quote!(raw: #p::Value::clone(__kuralle_args),));
 
     let idempotency_key = args.idempotency_key.as_ref().map(|expr| {
-        let key = quote_spanned!(expr.span()=> #p::idempotency_key::<#input, _>(&(#expr), &self.input));
+        let at = private_at(expr.span());
+        let key = quote_spanned!(expr.span()=> #at::idempotency_key::<#input, _>(&(#expr), &self.input));
         quote!(fn idempotency_key(&self) -> #p::Option<#p::String> { #p::Option::Some(#key) })
     });
 
+    let checks = param_checks(tool);
     let execute = execute(tool);
+    let debug_name = ident.to_string();
 
     quote! {
-        #allowed
+        #checks
+
+        // Chosen by autoref: the real parse and schema when the input struct derives hold,
+        // a stand-in otherwise (then `#checks` has already reported why).
+        #[allow(unused_imports)]
+        use #p::{InvalidInput as _, ValidInput as _};
+
+        // The unit struct's trivial impls, written out: cheaper to compile than derives.
+        impl ::core::clone::Clone for #ident {
+            fn clone(&self) -> Self {
+                *self
+            }
+        }
+        impl ::core::marker::Copy for #ident {}
+        impl ::core::default::Default for #ident {
+            fn default() -> Self {
+                #ident
+            }
+        }
+        impl ::core::fmt::Debug for #ident {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                f.write_str(#debug_name)
+            }
+        }
+
         #[automatically_derived]
         impl #p::ToolName for #ident {
             const NAME: &'static str = #name;
         }
 
-        #allowed
         #[automatically_derived]
         impl #p::Tool for #ident {
             fn name(&self) -> &str {
@@ -192,7 +233,7 @@ fn impls(tool: &ToolFn<'_>) -> TokenStream {
 
             fn input_schema(&self) -> &#p::Value {
                 static __KURALLE_INPUT_SCHEMA: #p::OnceLock<#p::Value> = #p::OnceLock::new();
-                #p::input_schema::<#input>(&__KURALLE_INPUT_SCHEMA)
+                (&&#p::InputOf::<#input>::new()).schema(&__KURALLE_INPUT_SCHEMA)
             }
 
             #output_schema
@@ -207,18 +248,17 @@ fn impls(tool: &ToolFn<'_>) -> TokenStream {
                 &self,
                 __kuralle_args: &#p::Value,
             ) -> #p::Result<#p::Box<dyn #p::PreparedCall>, #p::ToolError> {
-                let __kuralle_input = #p::parse_input::<#input>(<Self as #p::ToolName>::NAME, __kuralle_args)?;
+                let __kuralle_input =
+                    (&&#p::InputOf::<#input>::new()).parse(<Self as #p::ToolName>::NAME, __kuralle_args)?;
                 #p::Result::Ok(#p::boxed_call(__KuralleCall { input: __kuralle_input, #raw_init }))
             }
         }
 
-        #allowed
         struct __KuralleCall {
             input: #input,
             #raw_field
         }
 
-        #allowed
         #[automatically_derived]
         impl #p::PreparedCall for __KuralleCall {
             #idempotency_key
@@ -267,22 +307,44 @@ fn execute(tool: &ToolFn<'_>) -> TokenStream {
     }
 }
 
+/// `ok_outcome` for a value of type `ty`, spanned on `ty` (with the type named when it can
+/// be, so the `ToolOutput` bound is reported on it and nowhere else).
+fn ok_outcome(ty: Option<&Type>, name: &TokenStream, value: &TokenStream) -> TokenStream {
+    match ty {
+        Some(Type::ImplTrait(_)) | None => {
+            let p = private();
+            quote!(#p::ok_outcome(#name, &#value))
+        }
+        Some(ty) => {
+            let p = private_at(ty.span());
+            quote_spanned!(ty.span()=> #p::ok_outcome::<#ty>(#name, &#value))
+        }
+    }
+}
+
 /// Maps `__kuralle_out` (the fn's result) to the call's outcome event.
 fn outcome(tool: &ToolFn<'_>, name: &TokenStream) -> TokenStream {
     let p = private();
     match tool.output {
-        Output::Unit => quote!(#p::ok_outcome(#name, &__kuralle_out)),
-        Output::Value(ty) => quote_spanned!(ty.span()=> #p::ok_outcome(#name, &__kuralle_out)),
-        Output::Result { ok, err } => {
-            let ok_outcome = quote_spanned!(ok.span()=> #p::ok_outcome(#name, &__kuralle_value));
-            let err_outcome = quote_spanned!(err.span()=> #p::err_outcome(#name, &__kuralle_error));
+        Output::Unit => ok_outcome(None, name, &quote!(__kuralle_out)),
+        Output::Value(ty) => ok_outcome(Some(ty), name, &quote!(__kuralle_out)),
+        Output::Result { ok, err, .. } => {
+            let ok_outcome = ok_outcome(Some(ok), name, &quote!(__kuralle_value));
+            let err_span = tool.output.err_span().unwrap_or_else(proc_macro2::Span::call_site);
+            let at = private_at(err_span);
+            let err_outcome = match err {
+                Some(err) => quote_spanned!(err_span=> #at::err_outcome::<#err>(#name, &__kuralle_error)),
+                None => quote_spanned!(err_span=> #at::err_outcome(#name, &__kuralle_error)),
+            };
             let input = &tool.input_ident;
             let on_error = tool.args.on_error.as_ref().map(|path| {
-                let recover = quote_spanned!(path.span()=> #p::on_error::<#ok, #err, #input>(#path));
+                let err = err.map_or_else(|| quote!(_), ToTokens::to_token_stream);
+                let at = private_at(path.span());
+                let recover = quote_spanned!(path.span()=> #at::on_error::<#ok, #err, #input>(#path));
                 quote! {
                     if !#p::is_cancelled(&__kuralle_ctx) {
                         let __kuralle_recover = #recover;
-                        let __kuralle_input = match #p::parse_input::<#input>(#name, &__kuralle_raw) {
+                        let __kuralle_input = match (&&#p::InputOf::<#input>::new()).parse(#name, &__kuralle_raw) {
                             #p::Result::Ok(__kuralle_input) => __kuralle_input,
                             #p::Result::Err(_) => return #err_outcome,
                         };
@@ -311,7 +373,7 @@ fn outcome(tool: &ToolFn<'_>, name: &TokenStream) -> TokenStream {
 pub(crate) fn fallback(func: &ItemFn, errors: TokenStream) -> TokenStream {
     let p = private();
     let mut func = strip_param_attrs(func);
-    yields::neutralize(&mut func.block);
+    yields::rewrite(&mut func.block, yields::Mode::Neutralize);
     if matches!(func.sig.inputs.first(), Some(syn::FnArg::Receiver(_))) {
         // A method: the fn sits in an `impl`, where structs and `const _` cannot go.
         return quote!(#func #errors);
@@ -322,19 +384,31 @@ pub(crate) fn fallback(func: &ItemFn, errors: TokenStream) -> TokenStream {
     let ident = syn::Ident::new(&pascal, func.sig.ident.span());
     let input = syn::Ident::new(&format!("{pascal}Input"), func.sig.ident.span());
     let vis = &func.vis;
+    // The input struct keeps the fields that can be read off the signature, so code naming
+    // them (an `on_error` fn, an `idempotency_key`) does not add errors to the real ones.
+    let fields = func.sig.inputs.iter().filter_map(|input| {
+        let syn::FnArg::Typed(pat_ty) = input else { return None };
+        let syn::Pat::Ident(binding) = &*pat_ty.pat else { return None };
+        match &*pat_ty.ty {
+            Type::Reference(_) | Type::ImplTrait(_) => return None,
+            Type::Path(p) if p.path.segments.last().is_some_and(|s| s.ident == "ToolContext") => return None,
+            _ => {}
+        }
+        let (ident, ty) = (&binding.ident, &pat_ty.ty);
+        Some(quote!(pub #ident: #ty,))
+    });
     quote! {
         #func
         #allowed
         #vis struct #ident;
         #allowed
-        #vis struct #input {}
+        #vis struct #input { #(#fields)* }
         #[doc(hidden)]
+        #allowed
         const _: () = {
-            #allowed
             impl #p::ToolName for #ident {
                 const NAME: &'static str = #fn_name;
             }
-            #allowed
             impl #p::Tool for #ident {
                 fn name(&self) -> &str { #fn_name }
                 fn description(&self) -> &str { "" }

@@ -18,9 +18,9 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         Ok(func) => func,
         Err(e) => {
             // Not a fn at all: keep the item, add the error.
-            let message = syn::Error::new(e.span(), "`#[tool]` applies to an `async fn`");
+            cx.syn_error(syn::Error::new(e.span(), "`#[tool]` applies to an `async fn`"));
             let mut out = item;
-            out.extend(message.to_compile_error());
+            out.extend(cx.into_compile_errors());
             return out;
         }
     };
@@ -29,5 +29,5 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     if cx.has_errors() {
         return expand::fallback(&func, cx.into_compile_errors());
     }
-    expand::tool(&tool)
+    expand::tool(tool)
 }

@@ -13,6 +13,9 @@ use crate::{ctxt::Ctxt, docs};
 pub(crate) struct ToolFn<'a> {
     /// The user's fn as written.
     pub(crate) func: &'a ItemFn,
+    /// The user's fn as it is emitted: param attributes removed (they move to the input
+    /// struct; rustc rejects doc comments on params) and progress points rewritten.
+    pub(crate) emitted: ItemFn,
     /// The `#[tool(...)]` arguments.
     pub(crate) args: &'a ToolArgs,
     /// The model-facing name (`name = "..."` or the fn name).
@@ -65,8 +68,25 @@ pub(crate) enum Output<'a> {
     Unit,
     /// `T`.
     Value(&'a Type),
-    /// `Result<T, E>`.
-    Result { ok: &'a Type, err: &'a Type },
+    /// `Result<T, E>`, or a one-argument alias such as `std::io::Result<T>` (`err: None`).
+    Result {
+        ok: &'a Type,
+        err: Option<&'a Type>,
+        /// The whole return type: where an alias's error type is reported.
+        ret: &'a Type,
+    },
+}
+
+impl Output<'_> {
+    /// Where a problem with the error type is reported: the `E` of `Result<T, E>`, else the
+    /// alias as a whole.
+    pub(crate) fn err_span(&self) -> Option<proc_macro2::Span> {
+        match self {
+            Output::Result { err: Some(err), .. } => Some(syn::spanned::Spanned::span(err)),
+            Output::Result { ret, .. } => Some(syn::spanned::Spanned::span(ret)),
+            _ => None,
+        }
+    }
 }
 
 /// Attributes on params that belong to the input field, not the fn.
@@ -100,7 +120,8 @@ impl<'a> ToolFn<'a> {
 
         let params = params(cx, func);
 
-        let has_yield = yields::contains_yield(&func.block);
+        let mut emitted = strip_param_attrs(func);
+        let has_yield = yields::rewrite(&mut emitted.block, yields::Mode::Emit);
         let explicit = explicit_stream_item(cx, &sig.output);
         let (kind, output) = match (&sig.asyncness, explicit, has_yield) {
             (Some(_), _, true) => {
@@ -133,7 +154,7 @@ impl<'a> ToolFn<'a> {
             None => docs::first_paragraph(&func.attrs),
         };
 
-        ToolFn { func, args, name, description, struct_ident, input_ident, params, kind, output }
+        ToolFn { func, emitted, args, name, description, struct_ident, input_ident, params, kind, output }
     }
 
     /// The model-facing args (params other than the context).
@@ -143,6 +164,17 @@ impl<'a> ToolFn<'a> {
             Param::Arg { ident, ty, field_attrs } => Some((*ident, *ty, field_attrs.as_slice())),
         })
     }
+}
+
+/// The fn with the param attributes that belong to the input struct removed.
+pub(crate) fn strip_param_attrs(func: &ItemFn) -> ItemFn {
+    let mut func = func.clone();
+    for input in &mut func.sig.inputs {
+        if let FnArg::Typed(pat_ty) = input {
+            pat_ty.attrs.retain(|a| !is_field_attr(a));
+        }
+    }
+    func
 }
 
 fn params<'a>(cx: &Ctxt, func: &'a ItemFn) -> Vec<Param<'a>> {
@@ -162,6 +194,10 @@ fn params<'a>(cx: &Ctxt, func: &'a ItemFn) -> Vec<Param<'a>> {
             }
             context_seen = true;
             out.push(Param::Context);
+            continue;
+        }
+        if let Some(how) = misused_context(&pat_ty.ty) {
+            cx.error_spanned_by(&pat_ty.ty, format!("{how}: take `&ToolContext`"));
             continue;
         }
         let ident = match &*pat_ty.pat {
@@ -199,11 +235,29 @@ fn is_context(ty: &Type) -> bool {
     matches!(&*r.elem, Type::Path(p) if p.qself.is_none() && p.path.segments.last().is_some_and(|s| s.ident == "ToolContext"))
 }
 
-/// `Result<T, E>` (by its last path segment) or `T`.
+/// `ToolContext` by value or `&mut ToolContext`: what is wrong with it, for the message.
+/// (Without this, a by-value context is taken for a model-facing argument and reported as
+/// "`ToolContext: Deserialize` is not satisfied" from inside serde.)
+fn misused_context(ty: &Type) -> Option<&'static str> {
+    let names_context = |ty: &Type| matches!(ty, Type::Path(p) if p.qself.is_none() && p.path.segments.last().is_some_and(|s| s.ident == "ToolContext"));
+    match ty {
+        Type::Path(_) if names_context(ty) => {
+            Some("a tool borrows its context; `ToolContext` is not an argument the model sends")
+        }
+        Type::Reference(r) if r.mutability.is_some() && names_context(&r.elem) => {
+            Some("a tool's context is shared, not exclusive")
+        }
+        _ => None,
+    }
+}
+
+/// `Result<T, E>` or a one-argument `Result<T>` alias (by the last path segment), or `T`.
 fn output_of(ret: Option<&Type>) -> Output<'_> {
     let Some(ty) = ret else { return Output::Unit };
-    if let Some([ok, err]) = last_segment_args(ty, "Result").as_deref() {
-        return Output::Result { ok, err };
+    match last_segment_args(ty, "Result").as_deref() {
+        Some([ok, err]) => return Output::Result { ok, err: Some(err), ret: ty },
+        Some([ok]) => return Output::Result { ok, err: None, ret: ty },
+        _ => {}
     }
     if matches!(ty, Type::Tuple(t) if t.elems.is_empty()) {
         return Output::Unit;
@@ -335,5 +389,31 @@ mod tests {
         assert!(errors.contains("cannot take `self`"));
         assert!(errors.contains("at most one `&ToolContext`"));
         assert!(errors.contains("plain names"));
+    }
+
+    #[test]
+    fn one_argument_result_aliases_are_fallible() {
+        let (cx, args) = (Ctxt::new(), ToolArgs::default());
+        for func in [
+            parse_quote! { async fn f() -> std::io::Result<String> { todo!() } },
+            parse_quote! { async fn f() -> anyhow::Result<String> { todo!() } },
+        ] {
+            let func: ItemFn = func;
+            let tool = ToolFn::from_syn(&cx, &args, &func);
+            assert!(matches!(tool.output, Output::Result { err: None, .. }));
+        }
+        let func: ItemFn = parse_quote! { async fn f() -> Result<u8, E> { todo!() } };
+        assert!(matches!(ToolFn::from_syn(&cx, &args, &func).output, Output::Result { err: Some(_), .. }));
+        assert!(!cx.has_errors());
+    }
+
+    #[test]
+    fn a_context_by_value_or_mut_says_take_a_reference() {
+        let func: ItemFn = parse_quote! { async fn f(a: ToolContext, b: &mut kuralle::ToolContext) -> u8 { 1 } };
+        let (cx, args) = (Ctxt::new(), ToolArgs::default());
+        let tool = ToolFn::from_syn(&cx, &args, &func);
+        assert_eq!(tool.args().count(), 0, "neither becomes a model-facing argument");
+        let errors = cx.into_compile_errors().to_string();
+        assert_eq!(errors.matches("take `&ToolContext`").count(), 2, "{errors}");
     }
 }

@@ -1,11 +1,12 @@
-//! Effect keys: SHA-256 over canonical JSON, identical to the TypeScript original's.
+//! Effect keys: SHA-256 over canonical JSON (RFC 8785, JCS), identical to the TypeScript
+//! original's.
 
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 /// The journal key of a model-issued or nested tool call.
 ///
-/// Lowercase hex SHA-256 of the canonical JSON (keys sorted, no whitespace) of
+/// Lowercase hex SHA-256 of the canonical JSON (RFC 8785 / JCS, see [`canonical_json`]) of
 /// `{"callsite":"<callsite>","payload":{"args":…,"name":…},"runId":"<run>#<epoch>"}`.
 ///
 /// ```
@@ -106,9 +107,36 @@ trait Sink: std::io::Write + Sized {
         let _ = self.write_all(bytes);
     }
 
-    /// A JSON string literal, escaped as `JSON.stringify` (and `serde_json`) escape it.
+    /// A JSON string literal, escaped as `JSON.stringify` (and RFC 8785) escape it: `"` and
+    /// `\\`, the short forms `\\b \\t \\n \\f \\r`, other controls as lowercase `\\u00xx`,
+    /// everything else (including U+2028, U+2029 and DEL) as itself.
     fn string(&mut self, s: &str) {
-        let _ = serde_json::to_writer(&mut *self, s);
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        self.raw(b"\"");
+        let bytes = s.as_bytes();
+        let mut start = 0;
+        for (i, &b) in bytes.iter().enumerate() {
+            let short: &[u8] = match b {
+                b'"' => b"\\\"",
+                b'\\' => b"\\\\",
+                0x08 => b"\\b",
+                b'\t' => b"\\t",
+                b'\n' => b"\\n",
+                0x0c => b"\\f",
+                b'\r' => b"\\r",
+                0x00..=0x1f => b"",
+                _ => continue,
+            };
+            self.raw(&bytes[start..i]);
+            if short.is_empty() {
+                self.raw(&[b'\\', b'u', b'0', b'0', HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]);
+            } else {
+                self.raw(short);
+            }
+            start = i + 1;
+        }
+        self.raw(&bytes[start..]);
+        self.raw(b"\"");
     }
 }
 
@@ -135,12 +163,33 @@ impl Sink for HashWriter {}
 
 impl Sink for Vec<u8> {}
 
-/// Canonical JSON as JavaScript's `JSON.stringify` writes it after sorting object keys:
-/// keys in UTF-16 code-unit order, no whitespace, integral floats without a fraction.
+/// The canonical JSON that every journal key hashes: the JSON Canonicalization Scheme,
+/// [RFC 8785] (JCS), which is what JavaScript's `JSON.stringify` writes after sorting object
+/// keys, so keys match the TypeScript original's.
+///
+/// - Object members sorted by key in UTF-16 code-unit order (not UTF-8 byte order); arrays keep
+///   their order; no whitespace.
+/// - Strings: `"` and `\` escaped, the controls U+0008, U+0009, U+000A, U+000C, U+000D as
+///   `\b \t \n \f \r`, every other control below U+0020 as `\u00xx` (lowercase hex), and every
+///   other character as itself (UTF-8), including `/`, U+007F, U+2028 and U+2029.
+/// - Numbers in ECMAScript's `Number.prototype.toString` form (RFC 8785 §3.2.2.3): the shortest
+///   digits that round-trip; plain notation for magnitudes in [1e-6, 1e21), else `d.ddde±x`;
+///   `-0` is `0`; integral floats have no fraction (`1.0` is `1`). Written by [`ryu_js`], an
+///   exact implementation of that algorithm, never by `serde_json`'s `Display`, so an upgrade
+///   of a dependency cannot change a key.
+/// - One deliberate extension: an integer that `serde_json` holds exactly as `i64`/`u64` but a
+///   double cannot (beyond ±2^53) keeps all its digits. JCS would round it to the nearest double,
+///   so two different ids (say `9007199254740993` and `9007199254740992`) would share a key and
+///   the second call would be answered with the first one's result.
+///
+/// [RFC 8785]: https://www.rfc-editor.org/rfc/rfc8785
 ///
 /// ```
-/// let v = serde_json::json!({"b": [1.0, 2.5], "a": {"y": null, "x": "é"}});
-/// assert_eq!(kuralle::journal::canonical_json(&v), r#"{"a":{"x":"é","y":null},"b":[1,2.5]}"#);
+/// let v = serde_json::json!({"b": [1.0, 2.5, -0.0, 0.000001, 1e21], "a": {"y": null, "x": "é\u{1}"}});
+/// assert_eq!(
+///     kuralle::journal::canonical_json(&v),
+///     r#"{"a":{"x":"é\u0001","y":null},"b":[1,2.5,0,0.000001,1e+21]}"#
+/// );
 /// ```
 pub fn canonical_json(value: &Value) -> String {
     let mut out = Vec::new();
@@ -161,15 +210,7 @@ fn write_canonical(value: &Value, out: &mut impl Sink) {
         Value::Bool(true) => out.raw(b"true"),
         Value::Bool(false) => out.raw(b"false"),
         Value::String(s) => out.string(s),
-        Value::Number(n) => match n.as_f64() {
-            // JSON.stringify(1.0) is "1": an integral float prints without its fraction.
-            Some(f) if !n.is_i64() && !n.is_u64() && f.fract() == 0.0 && f.abs() < 1e21 => {
-                let _ = write!(out, "{f:.0}");
-            }
-            _ => {
-                let _ = write!(out, "{n}");
-            }
-        },
+        Value::Number(n) => write_number(n, out),
         Value::Array(items) => {
             out.raw(b"[");
             for (i, item) in items.iter().enumerate() {
@@ -193,6 +234,24 @@ fn write_canonical(value: &Value, out: &mut impl Sink) {
                 write_canonical(v, out);
             }
             out.raw(b"}");
+        }
+    }
+}
+
+/// A number as RFC 8785 (ECMAScript `Number.prototype.toString`) writes it; exact integers
+/// keep all their digits (see [`canonical_json`]).
+fn write_number(n: &serde_json::Number, out: &mut impl Sink) {
+    if let Some(i) = n.as_i64() {
+        let _ = write!(out, "{i}");
+    } else if let Some(u) = n.as_u64() {
+        let _ = write!(out, "{u}");
+    } else if let Some(f) = n.as_f64() {
+        if f == 0.0 {
+            // Both zeros print as `0`; ryu-js would keep the sign of -0.
+            out.raw(b"0");
+        } else {
+            // A `Value` never holds NaN or an infinity, so the value is finite.
+            out.raw(ryu_js::Buffer::new().format_finite(f).as_bytes());
         }
     }
 }
@@ -225,9 +284,129 @@ mod tests {
         assert_eq!(canonical_json(&v), "{\"\u{1F600}\":1,\"\u{FF5E}\":2}");
     }
 
+    /// Vectors computed by the TypeScript original's form (`JSON.stringify` with sorted keys,
+    /// then SHA-256) in Node.js, from the same raw argument text.
+    #[test]
+    fn jcs_key_vectors_for_floats_big_and_negative_zero_numbers_and_escaped_unicode() {
+        let cases = [
+            (
+                r#"{"amount":0.000001}"#,
+                r#"{"amount":0.000001}"#,
+                "795d6978c5f3e5377bf65c45e561ec7d2088c33e1689a59be59366cacc654c06",
+            ),
+            (
+                r#"{"amount":123456789012345680000}"#,
+                r#"{"amount":123456789012345680000}"#,
+                "6b0ce55da041e436abbdcc470da3c14f66dbfb23261a8aa66d3f780d06b611e3",
+            ),
+            (
+                r#"{"amount":-0.0}"#,
+                r#"{"amount":0}"#,
+                "a419bad0baf1b85a3ffdc8fd87f61d6f35ca1ff47fb2d18b7502ed71a0019059",
+            ),
+            (
+                r#"{"x":1e21,"y":1.5e-7,"z":0.30000000000000004,"w":1.0,"v":-1e-7,"u":5e-324,"t":1.7976931348623157e308}"#,
+                r#"{"t":1.7976931348623157e+308,"u":5e-324,"v":-1e-7,"w":1,"x":1e+21,"y":1.5e-7,"z":0.30000000000000004}"#,
+                "e80fc9786b2c77a13c59d3d8ec33be6583199721b7a44cbac1677d105c1b1b1d",
+            ),
+            (
+                r#"{"text":"é\u0001\u001f\u2028\ud83d\ude00\"\\/\u007f","\uff5a":1,"\ud83d\ude00":2,"a\u0000":3}"#,
+                "{\"a\\u0000\":3,\"text\":\"é\\u0001\\u001f\u{2028}😀\\\"\\\\/\u{7f}\",\"😀\":2,\"ｚ\":1}",
+                "8c245364c4cccb1f83f9898949d383b0111c1ac144f91281952809f82cfd841c",
+            ),
+        ];
+        for (raw, canonical, key) in cases {
+            let args: Value = serde_json::from_str(raw).unwrap();
+            assert_eq!(canonical_json(&args), canonical, "{raw}");
+            assert_eq!(tool_key("run-1", 0, 0, "charge", &args), key, "{raw}");
+        }
+    }
+
+    #[test]
+    fn exact_integers_beyond_two_to_the_53_keep_their_digits() {
+        let a = json!({"id": 9_007_199_254_740_993_u64});
+        let b = json!({"id": 9_007_199_254_740_992_u64});
+        assert_eq!(canonical_json(&a), r#"{"id":9007199254740993}"#);
+        assert_ne!(tool_key("r", 0, 0, "t", &a), tool_key("r", 0, 0, "t", &b));
+        assert_eq!(canonical_json(&json!([i64::MIN, u64::MAX])), "[-9223372036854775808,18446744073709551615]");
+    }
+
     #[test]
     fn override_keys_are_scoped_by_run_and_tool() {
         assert_ne!(override_key("r", 0, "a", "k"), override_key("r", 0, "b", "k"));
         assert_ne!(override_key("r", 0, "a", "k"), override_key("s", 0, "a", "k"));
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::{Map, Number, Value};
+
+    use super::*;
+    use crate::strategies::json_value;
+
+    /// The value JCS means: doubles compared by value (so -0 equals 0).
+    fn same(a: &Value, b: &Value) -> bool {
+        match (a, b) {
+            (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64(), x.as_u64(), y.as_u64()) {
+                (Some(x), Some(y), ..) => x == y,
+                (.., Some(x), Some(y)) => x == y,
+                _ => x.as_f64() == y.as_f64(),
+            },
+            (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same(a, b)),
+            (Value::Object(x), Value::Object(y)) => {
+                x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w)))
+            }
+            _ => a == b,
+        }
+    }
+
+    fn keys_sorted(v: &Value) -> bool {
+        match v {
+            Value::Array(items) => items.iter().all(keys_sorted),
+            Value::Object(map) => map.values().all(keys_sorted),
+            _ => true,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+        /// Canonical text is valid JSON for the same value, a fixed point, without whitespace
+        /// outside strings, and the key hashes exactly that text.
+        #[test]
+        fn canonical_json_round_trips_and_is_a_fixed_point(v in json_value()) {
+            let text = canonical_json(&v);
+            let back: Value = serde_json::from_str(&text).expect("canonical JSON parses");
+            prop_assert!(same(&v, &back), "{} -> {}", v, text);
+            prop_assert_eq!(canonical_json(&back), text.clone());
+            prop_assert!(keys_sorted(&back));
+            let material = format!("{{\"callsite\":\"0\",\"payload\":{{\"args\":{text},\"name\":\"t\"}},\"runId\":\"r#0\"}}");
+            let expected = hex(&Sha256::digest(material.as_bytes()));
+            prop_assert_eq!(tool_key("r", 0, 0, "t", &v), expected);
+        }
+
+        /// Members come out in UTF-16 code-unit order of their keys.
+        #[test]
+        fn members_are_in_utf16_order(keys in proptest::collection::vec("(?s).{0,4}", 0..8)) {
+            let map: Map<String, Value> = keys.iter().map(|k| (k.clone(), Value::Null)).collect();
+            let text = canonical_json(&Value::Object(map.clone()));
+            let mut sorted: Vec<&String> = map.keys().collect();
+            sorted.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16()));
+            let expected: Vec<String> = sorted.iter().map(|k| format!("{}:null", canonical_json(&Value::String((*k).clone())))).collect();
+            prop_assert_eq!(text, format!("{{{}}}", expected.join(",")));
+        }
+
+        /// Every finite double prints in ECMAScript form and reads back as the same double.
+        #[test]
+        fn doubles_print_shortest_round_trip(f in any::<f64>().prop_filter("finite", |f| f.is_finite())) {
+            let text = canonical_json(&Value::Number(Number::from_f64(f).unwrap()));
+            prop_assert_eq!(text.parse::<f64>().unwrap(), if f == 0.0 { 0.0 } else { f });
+            prop_assert!(!text.contains('E') && !text.starts_with('+') && text != "-0");
+            if (1e-6..1e21).contains(&f.abs()) {
+                prop_assert!(!text.contains('e'), "{} printed as {}", f, text);
+            }
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! The durable effect journal: every tool call, model response, `ctx.now()`, `ctx.uuid()` and
 //! nested `ctx.tool()` is a step, written as an intent before it runs and finalized after.
 //!
-//! [`Journal`] is the one seam between the runtime and a [`RunStore`]: it loads a run's steps
+//! `Journal` is the one seam between the runtime and a [`RunStore`]: it loads a run's steps
 //! once, answers replay lookups from memory, and writes intents (a whole batch in one append,
 //! so one commit) and outcomes.
 

@@ -8,4 +8,7 @@
 mod openai;
 
 #[cfg(feature = "openai")]
-pub use openai::{ConfigError, DEFAULT_BASE_URL, DEFAULT_MODEL, OpenAi, OpenAiBuilder};
+pub use openai::{
+    ConfigError, DEFAULT_BASE_URL, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_MODEL, OpenAi, OpenAiBuilder, assemble_events,
+    sse,
+};

@@ -119,3 +119,35 @@ pub struct RunOutput {
     /// Tokens used in this turn.
     pub usage: Usage,
 }
+
+/// The sending side of a run's event channel: bounded, so a consumer that lags cannot make a
+/// run buffer events without limit.
+///
+/// When the buffer is full, [`EventSender::send`] waits for the consumer (the run slows to the
+/// consumer's pace). [`Event::ToolProgress`] never waits and never takes more than half the
+/// buffer: it is dropped instead ([`EventSender::progress`]), because progress is advisory and
+/// never journaled, and a chatty tool must neither stall on a slow reader nor crowd out the
+/// events that matter. Once the handle is dropped or awaited, sends return at once.
+#[derive(Debug, Clone)]
+pub(crate) struct EventSender(tokio::sync::mpsc::Sender<Event>);
+
+impl EventSender {
+    /// A bounded channel holding up to `capacity` events (at least 1).
+    pub(crate) fn channel(capacity: usize) -> (Self, tokio::sync::mpsc::Receiver<Event>) {
+        let (tx, rx) = tokio::sync::mpsc::channel(capacity.max(1));
+        (Self(tx), rx)
+    }
+
+    /// Sends `event`, waiting while the buffer is full. A closed channel (the caller dropped or
+    /// awaited the handle) is not an error: the run still completes and journals.
+    pub(crate) async fn send(&self, event: Event) {
+        let _ = self.0.send(event).await;
+    }
+
+    /// Sends a progress event if less than half the buffer is in use; returns whether it was
+    /// sent.
+    pub(crate) fn progress(&self, event: Event) -> bool {
+        let (free, max) = (self.0.capacity(), self.0.max_capacity());
+        free > max / 2 && self.0.try_send(event).is_ok()
+    }
+}

@@ -3,6 +3,7 @@
 pub(crate) mod event;
 mod handle;
 pub(crate) mod lease;
+mod response;
 mod run;
 mod worker;
 
@@ -16,10 +17,20 @@ pub use worker::{ServeReport, WorkerOptions};
 
 use crate::{Agent, AgentDef, Model, RunError, RunRecord, RunStore, StepRecord, stores::MemoryStore};
 
+/// Default [`RuntimeBuilder::event_buffer`]: events a run buffers for a consumer that lags.
+pub const DEFAULT_EVENT_BUFFER: usize = 1024;
 /// Default [`RuntimeBuilder::max_steps_per_run`].
 pub const DEFAULT_MAX_STEPS_PER_RUN: u64 = 10_000;
-/// Default [`RuntimeBuilder::max_result_bytes`]: 4 MiB.
-pub const DEFAULT_MAX_RESULT_BYTES: usize = 4 << 20;
+/// Default [`RuntimeBuilder::max_result_bytes`]: 16 MiB, the value limit every store accepts
+/// ([`DEFAULT_MAX_VALUE_BYTES`](crate::stores::DEFAULT_MAX_VALUE_BYTES)).
+///
+/// This is the journal's per-value cap, not what the model reads: a result is journaled
+/// whole (so a replay returns exactly what the call returned, and `ctx.tool()` gets the full
+/// value), and only its copy in the transcript is truncated middle-out to
+/// `max_tool_result_tokens`. The cap exists because a journaled value is read back on every
+/// resume and stored in one row; past it the call's result is
+/// [`ToolError::InvalidOutput`](crate::ToolError::InvalidOutput), and the model is told so.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = crate::stores::DEFAULT_MAX_VALUE_BYTES;
 
 /// What to run: input text plus optional agent, session, run id and inbound idempotency key.
 ///
@@ -149,6 +160,7 @@ pub(crate) struct Inner {
     pub(crate) lease_ttl: Duration,
     /// Wakes this process's idle workers when `submit` recorded a run.
     pub(crate) wake: tokio::sync::Notify,
+    pub(crate) event_buffer: usize,
 }
 
 /// Runs agents. Cheap to clone; clones share agents, model and store.
@@ -205,7 +217,7 @@ impl Runtime {
     pub fn run(&self, request: impl Into<RunRequest>) -> RunHandle {
         let request = request.into();
         let interrupt = CancellationToken::new();
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, rx) = event::EventSender::channel(self.inner.event_buffer);
         let inner = Arc::clone(&self.inner);
         let token = interrupt.clone();
         let task = tokio::spawn(async move { run::run(inner, request, tx, token, None).await });
@@ -230,7 +242,7 @@ impl Runtime {
     pub fn deliver(&self, run_id: impl Into<String>, decision: Decision) -> RunHandle {
         let request = RunRequest { run_id: Some(run_id.into()), ..RunRequest::default() };
         let interrupt = CancellationToken::new();
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, rx) = event::EventSender::channel(self.inner.event_buffer);
         let inner = Arc::clone(&self.inner);
         let token = interrupt.clone();
         let task = tokio::spawn(async move { run::run(inner, request, tx, token, Some(decision)).await });
@@ -268,6 +280,7 @@ pub struct RuntimeBuilder {
     max_steps_per_run: Option<u64>,
     max_result_bytes: Option<usize>,
     lease_ttl: Option<Duration>,
+    event_buffer: Option<usize>,
 }
 
 impl fmt::Debug for RuntimeBuilder {
@@ -318,9 +331,13 @@ impl RuntimeBuilder {
         self
     }
 
-    /// The largest tool result or model response journaled (default
-    /// [`DEFAULT_MAX_RESULT_BYTES`]); a larger tool result is a
-    /// [`ToolError::InvalidOutput`](crate::ToolError::InvalidOutput) for the model.
+    /// The journal's per-value cap: the largest tool result or model response journaled
+    /// (default [`DEFAULT_MAX_RESULT_BYTES`], see there why). A larger tool result is a
+    /// [`ToolError::InvalidOutput`](crate::ToolError::InvalidOutput) for the model; the
+    /// arguments of a model response that would exceed it are replaced by a marker that answers
+    /// those calls with [`ToolError::InvalidInput`](crate::ToolError::InvalidInput). Keep it at
+    /// or below the store's own value limit. What the model reads is bounded separately, by
+    /// [`AgentDef::max_tool_result_tokens`](crate::AgentDef::max_tool_result_tokens).
     #[must_use]
     pub fn max_result_bytes(mut self, n: usize) -> Self {
         self.max_result_bytes = Some(n);
@@ -343,6 +360,19 @@ impl RuntimeBuilder {
         self
     }
 
+    /// How many events a run buffers for its [`RunHandle`] (default [`DEFAULT_EVENT_BUFFER`],
+    /// at least 1). When a consumer lags and the buffer is full, the run waits for it, except
+    /// that [`Event::ToolProgress`](crate::Event::ToolProgress) values are dropped rather than
+    /// waited for, and never fill more than half the buffer (progress is advisory and never
+    /// journaled). A handle that is dropped or
+    /// awaited stops receiving, so it never holds a run up; one that is kept but never read
+    /// does, once the buffer is full.
+    #[must_use]
+    pub fn event_buffer(mut self, n: usize) -> Self {
+        self.event_buffer = Some(n.max(1));
+        self
+    }
+
     /// Checks the configuration and builds the runtime.
     ///
     /// # Errors
@@ -350,7 +380,8 @@ impl RuntimeBuilder {
     /// zero lease TTL, or a tool that is `at_most_once` with `replay() == false` (a call
     /// that is never answered from the journal cannot be held to at most once: after a crash
     /// it would run again; `#[tool]` rejects that combination at compile time, and this check
-    /// covers hand-written [`Tool`](crate::Tool) impls).
+    /// covers hand-written [`Tool`](crate::Tool) impls);
+    /// [`RunError::DuplicateTool`]: an agent with two tools of one name.
     pub fn build(self) -> Result<Runtime, RunError> {
         if self.agents.is_empty() {
             return Err(RunError::Config("register at least one agent with `.agent(..)`".into()));
@@ -372,6 +403,14 @@ impl RuntimeBuilder {
             if self.agents[..i].iter().any(|b| b.id == a.id) {
                 return Err(RunError::Config(format!("two agents have the id `{}`", a.id)));
             }
+            if let Some(dup) = a.tools.first_replaced() {
+                return Err(RunError::DuplicateTool {
+                    agent: a.id.clone(),
+                    tool: dup.name.clone(),
+                    first: dup.first.to_owned(),
+                    second: dup.second.to_owned(),
+                });
+            }
             if a.model.is_none() && self.model.is_none() {
                 return Err(RunError::Config(format!(
                     "agent `{}` has no model and the runtime has no default: call `.model(..)`",
@@ -388,6 +427,7 @@ impl RuntimeBuilder {
                 max_result_bytes: self.max_result_bytes.unwrap_or(DEFAULT_MAX_RESULT_BYTES),
                 lease_ttl: self.lease_ttl.unwrap_or(DEFAULT_LEASE_TTL),
                 wake: tokio::sync::Notify::new(),
+                event_buffer: self.event_buffer.unwrap_or(DEFAULT_EVENT_BUFFER),
             }),
         })
     }

@@ -6,13 +6,12 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::{
     Decision, Inner, RunRequest,
-    event::RunOutput,
+    event::{EventSender, RunOutput},
     lease::{self, Fence, Held},
 };
 use crate::{
@@ -66,7 +65,7 @@ enum Opened {
 pub(super) async fn run(
     rt: Arc<Inner>,
     req: RunRequest,
-    events: UnboundedSender<Event>,
+    events: EventSender,
     interrupt: CancellationToken,
     decision: Option<Decision>,
 ) -> Result<RunOutput, RunError> {
@@ -78,7 +77,7 @@ pub(super) async fn run(
 pub(super) async fn run_leased(
     rt: Arc<Inner>,
     req: RunRequest,
-    events: UnboundedSender<Event>,
+    events: EventSender,
     interrupt: CancellationToken,
     decision: Option<Decision>,
     claimed: Option<crate::Lease>,
@@ -108,7 +107,7 @@ pub(super) async fn run_leased(
     .instrument(span)
     .await;
     if let Err(e) = &result {
-        let _ = events.send(Event::Error { message: e.to_string() });
+        events.send(Event::Error { message: e.to_string() }).await;
     }
     result
 }
@@ -213,14 +212,14 @@ async fn turn(
     rt: &Arc<Inner>,
     req: &RunRequest,
     run_id: &str,
-    events: &UnboundedSender<Event>,
+    events: &EventSender,
     interrupt: CancellationToken,
     fence: &Arc<Fence>,
 ) -> Result<RunOutput, RunError> {
     let (record, state) = match open(rt, req, run_id, fence.token()).await? {
         Opened::Done(out) => {
-            let _ = events.send(Event::RunStarted { run_id: run_id.to_owned() });
-            let _ = events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage });
+            events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
+            events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
             return Ok(out);
         }
         Opened::Turn { record, state } => (*record, *state),
@@ -262,7 +261,7 @@ async fn drive(
     run_id: &str,
     record: RunRecord,
     state: RunState,
-    events: &UnboundedSender<Event>,
+    events: &EventSender,
     interrupt: CancellationToken,
     fence: &Arc<Fence>,
 ) -> Result<RunOutput, RunError> {
@@ -271,7 +270,7 @@ async fn drive(
         (Some(m), _) | (None, Some(m)) => Arc::clone(m),
         (None, None) => return Err(RunError::Config(format!("agent `{}` has no model", agent.id))),
     };
-    let _ = events.send(Event::RunStarted { run_id: run_id.to_owned() });
+    events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
 
     let journal =
         Journal::open(Arc::clone(&rt.store), Arc::clone(fence), run_id, record.epoch, rt.max_steps_per_run).await?;
@@ -342,10 +341,12 @@ async fn drive(
     }
 
     if status == RunStatus::Paused {
-        let _ = events.send(Event::Paused {
-            run_id: run_id.to_owned(),
-            pending: pending.iter().map(|p: &Pending| p.request.clone()).collect(),
-        });
+        events
+            .send(Event::Paused {
+                run_id: run_id.to_owned(),
+                pending: pending.iter().map(|p: &Pending| p.request.clone()).collect(),
+            })
+            .await;
         // The transcript of a paused turn is rebuilt by replay on resume; keep the one
         // before the turn.
         transcript = state.messages.clone();
@@ -361,7 +362,7 @@ async fn drive(
     }
     let closing = Closing { transcript, status, text, usage, pending };
     let out = close(rt.store.as_ref(), fence.token(), record, state, closing).await?;
-    let _ = events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage });
+    events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
     Ok(out)
 }
 
@@ -381,7 +382,7 @@ async fn model_step(
             RunError::Store(StoreError::Corrupt(format!("journaled model response is unreadable: {e}")))
         })?;
         if !response.text.is_empty() {
-            ctx.events.send(Event::TextDelta { delta: response.text.clone() }).ok();
+            ctx.events.send(Event::TextDelta { delta: response.text.clone() }).await;
         }
         return Ok(Some(response));
     }
@@ -414,7 +415,7 @@ async fn model_step(
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(ModelEvent::TextDelta { delta })) => {
                 response.text.push_str(&delta);
-                ctx.events.send(Event::TextDelta { delta }).ok();
+                ctx.events.send(Event::TextDelta { delta }).await;
             }
             Some(Ok(ModelEvent::ToolCall(call))) => response.tool_calls.push(call),
             Some(Ok(ModelEvent::Finish { reason, usage })) => {
@@ -427,6 +428,9 @@ async fn model_step(
     if !finished {
         return Err(ModelError::Protocol("the model stream ended without a finish reason".into()).into());
     }
+    // Before journaling, so a replay gives the model the same answers.
+    super::response::dedupe_call_ids(&mut response.tool_calls);
+    super::response::cap_arguments(&mut response.tool_calls, rt.max_result_bytes.saturating_sub(response.text.len()));
     let value = serde_json::to_value(&response).unwrap_or(Value::Null);
     let size = crate::stores::json_len(&value);
     if size > rt.max_result_bytes {
@@ -530,7 +534,8 @@ async fn record_under(store: &dyn RunStore, fence: &Fence, run_id: &str, decisio
     let record = store.get_run(run_id).await?.ok_or_else(|| RunError::RunNotFound(run_id.to_owned()))?;
     let state = decode_state(&record)?;
     let request_id = || decision.request_id.clone().unwrap_or_else(|| "*".to_owned());
-    let recorded: std::collections::HashSet<String> = store.steps(run_id).await?.into_iter().map(|s| s.key).collect();
+    let recorded: std::collections::HashMap<String, (u64, crate::StepStatus)> =
+        store.steps(run_id).await?.into_iter().map(|s| (s.key, (s.ordinal, s.status))).collect();
     let targets: Vec<&Pending> = state
         .pending
         .iter()
@@ -545,7 +550,7 @@ async fn record_under(store: &dyn RunStore, fence: &Fence, run_id: &str, decisio
         // the journal after the run moved on.
         let decided = match &decision.request_id {
             Some(id) => {
-                id.strip_prefix("approval-").is_some_and(|prefix| recorded.iter().any(|k| k.starts_with(prefix)))
+                id.strip_prefix("approval-").is_some_and(|prefix| recorded.keys().any(|k| k.starts_with(prefix)))
             }
             None => false,
         };
@@ -555,8 +560,20 @@ async fn record_under(store: &dyn RunStore, fence: &Fence, run_id: &str, decisio
             RunError::NotPending { run_id: run_id.to_owned(), request_id: request_id() }
         });
     }
-    let undecided: Vec<&Pending> = targets.into_iter().filter(|p| !recorded.contains(&p.decision_key)).collect();
+    // A decision whose intent was written but not its value (the process died in between) is
+    // finished now; without that, the run would pause on it again forever.
+    let undecided: Vec<&Pending> = targets
+        .into_iter()
+        .filter(|p| recorded.get(&p.decision_key).is_none_or(|&(_, status)| status == crate::StepStatus::Running))
+        .collect();
     if undecided.is_empty() {
+        // Decided before, and the run is still paused: the process that recorded the decisions
+        // died before it made the run runnable. Make it runnable now (a resume or a worker
+        // carries the decisions out), and tell this caller its decision came second.
+        if record.status == RunStatus::Paused && state.pending.iter().all(|p| recorded.contains_key(&p.decision_key)) {
+            let runnable = RunRecord { status: RunStatus::Running, updated_at_ms: now_ms(), ..record };
+            fence.watch(store.put_run(runnable, fence.token()).await)?;
+        }
         return Err(RunError::AlreadyDecided { run_id: run_id.to_owned(), request_id: request_id() });
     }
     let value = serde_json::to_value(RecordedDecision {
@@ -566,6 +583,11 @@ async fn record_under(store: &dyn RunStore, fence: &Fence, run_id: &str, decisio
     })
     .unwrap_or(Value::Null);
     for p in undecided {
+        if let Some(&(ordinal, _)) = recorded.get(&p.decision_key) {
+            let outcome = StepOutcome::Finished(value.clone());
+            fence.watch(store.finish_step(run_id, fence.token(), ordinal, outcome, now_ms()).await)?;
+            continue;
+        }
         let step = crate::NewStep {
             key: p.decision_key.clone(),
             kind: StepKind::Approval,
@@ -580,7 +602,7 @@ async fn record_under(store: &dyn RunStore, fence: &Fence, run_id: &str, decisio
     // Every pending call decided: the run is runnable again, so a worker of any process picks
     // it up (`Runtime::serve`) if nobody resumes it here.
     let decided: std::collections::HashSet<&str> = recorded
-        .iter()
+        .keys()
         .map(String::as_str)
         .chain(
             state

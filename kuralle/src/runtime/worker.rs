@@ -232,7 +232,7 @@ impl Worker {
         let inner = Arc::clone(&self.inner);
         let request = RunRequest { run_id: Some(lease.run_id.clone()), ..RunRequest::default() };
         // Events go nowhere: a worker's output is the journal and the run record.
-        let (events, _) = tokio::sync::mpsc::unbounded_channel();
+        let (events, _) = crate::runtime::event::EventSender::channel(1);
         let claimed = lease.clone();
         let task = self.tasks.spawn(async move {
             run::run_leased(inner, request, events, CancellationToken::new(), None, Some(claimed)).await

@@ -28,7 +28,6 @@ fn charge_key(input: &ChargeCardInput) -> String {
     idempotency_key = charge_key,
     timeout = "1500ms",
     interruptible = false,
-    replay = false,
     needs_approval,
     at_most_once,
     on_error = recover
@@ -38,7 +37,15 @@ async fn charge_card(order_id: String, amount: u64) -> Result<String, ChargeErro
     if amount == 0 { Err(ChargeError("zero".into())) } else { Ok(format!("charged {amount}")) }
 }
 
+/// Read the clock. (`replay = false` is the one argument `charge_card` cannot take: it
+/// excludes `at_most_once`.)
+#[kuralle::tool(replay = false)]
+async fn clock() -> u64 {
+    7
+}
+
 fn main() {
+    assert!(!Clock.replay());
     let tool = ChargeCard;
     assert_eq!(tool.name(), "charge");
     assert_eq!(tool.description(), "Charge the customer's card.");
@@ -46,7 +53,7 @@ fn main() {
     assert!(!tool.parallel_safe(&serde_json::json!({"amount": 500})));
     assert_eq!(tool.timeout(), Some(Duration::from_millis(1500)));
     assert!(!tool.interruptible());
-    assert!(!tool.replay());
+    assert!(tool.replay());
     assert!(tool.needs_approval());
     assert!(tool.at_most_once());
     let call = tool.prepare(&serde_json::json!({"order_id": "o-1", "amount": 0})).unwrap();

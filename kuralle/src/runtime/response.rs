@@ -1,0 +1,99 @@
+//! What a model response must satisfy before it is journaled and sent back to the model: one
+//! call per call id, and no arguments too large to keep.
+//!
+//! Both fixes are applied before the response is journaled, so a replayed run sees exactly
+//! what the live run saw and gives the model the same answers.
+
+use std::collections::HashSet;
+
+use crate::{
+    MAX_TOOL_ARGS_BYTES, ToolCallRequest,
+    tool::{oversized_marker, oversized_marker_parts},
+};
+
+/// Gives every call a distinct, non-empty id. A repeated id becomes `<id>~<n>` (the first free
+/// `n` from 2), in the assistant message and in its result alike, so the transcript answers
+/// each call exactly once and OpenAI-compatible servers accept it on the next request.
+pub(super) fn dedupe_call_ids(calls: &mut [ToolCallRequest]) {
+    let mut seen: HashSet<String> = HashSet::with_capacity(calls.len());
+    for (index, call) in calls.iter_mut().enumerate() {
+        if call.call_id.is_empty() {
+            call.call_id = format!("call_{index}");
+        }
+        if !seen.contains(&call.call_id) {
+            seen.insert(call.call_id.clone());
+            continue;
+        }
+        let original = call.call_id.clone();
+        let renamed = (2u64..)
+            .map(|n| format!("{original}~{n}"))
+            .find(|id| !seen.contains(id))
+            .unwrap_or_else(|| format!("{original}~{index}"));
+        tracing::warn!(call_id = %original, renamed = %renamed, "the model repeated a call id in one response; renamed");
+        seen.insert(renamed.clone());
+        call.call_id = renamed;
+    }
+}
+
+/// Replaces arguments that cannot be kept with a small marker that answers the call with
+/// [`ToolError::InvalidInput`](crate::ToolError::InvalidInput): first every argument text over
+/// [`MAX_TOOL_ARGS_BYTES`] (the per-call limit), then, while the calls' arguments together
+/// still exceed `budget` bytes, the largest remaining ones. The other calls are unaffected.
+pub(super) fn cap_arguments(calls: &mut [ToolCallRequest], budget: usize) {
+    for call in calls.iter_mut() {
+        if call.arguments.len() > MAX_TOOL_ARGS_BYTES {
+            call.arguments = oversized_marker(call.arguments.len(), MAX_TOOL_ARGS_BYTES);
+        }
+    }
+    let mut total: usize = calls.iter().map(|c| c.arguments.len()).sum();
+    while total > budget {
+        let Some(largest) = calls
+            .iter_mut()
+            .filter(|c| oversized_marker_parts(&c.arguments).is_none())
+            .max_by_key(|c| c.arguments.len())
+        else {
+            return;
+        };
+        let bytes = largest.arguments.len();
+        largest.arguments = oversized_marker(bytes, budget);
+        total = total - bytes + largest.arguments.len();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse_args;
+
+    fn call(id: &str, args: &str) -> ToolCallRequest {
+        ToolCallRequest { call_id: id.into(), name: "t".into(), arguments: args.into() }
+    }
+
+    #[test]
+    fn repeated_and_empty_ids_are_made_unique() {
+        let mut calls = vec![call("a", "{}"), call("a", "{}"), call("a~2", "{}"), call("a", "{}"), call("", "{}")];
+        dedupe_call_ids(&mut calls);
+        let ids: Vec<_> = calls.iter().map(|c| c.call_id.as_str()).collect();
+        assert_eq!(ids, ["a", "a~2", "a~2~2", "a~3", "call_4"]);
+    }
+
+    #[test]
+    fn oversized_arguments_become_a_marker_with_the_same_answer() {
+        let big = format!("{{\"text\":\"{}\"}}", "x".repeat(MAX_TOOL_ARGS_BYTES));
+        let live = parse_args("t", &big).unwrap_err();
+        let mut calls = vec![call("a", &big), call("b", r#"{"ok":1}"#)];
+        cap_arguments(&mut calls, usize::MAX);
+        assert!(calls[0].arguments.len() < 100, "{}", calls[0].arguments);
+        assert_eq!(parse_args("t", &calls[0].arguments).unwrap_err(), live);
+        assert_eq!(calls[1].arguments, r#"{"ok":1}"#);
+    }
+
+    #[test]
+    fn arguments_over_the_response_budget_are_replaced_largest_first() {
+        let mut calls = vec![call("a", &"1".repeat(300)), call("b", &"2".repeat(500)), call("c", &"3".repeat(100))];
+        cap_arguments(&mut calls, 600);
+        assert!(oversized_marker_parts(&calls[1].arguments).is_some());
+        assert_eq!(calls[0].arguments.len(), 300);
+        assert_eq!(calls[2].arguments.len(), 100);
+    }
+}
