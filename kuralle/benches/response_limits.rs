@@ -83,8 +83,11 @@ async fn scenario(name: &str, json: bool) {
     reset_peak();
     let before = status_kib("VmRSS:");
     let started = Instant::now();
-    let request =
-        ModelRequest { system: String::new(), messages: vec![Message::User { content: "hi".into() }], tools: vec![] };
+    let request = ModelRequest {
+        system: String::new(),
+        messages: vec![Message::User { content: "hi".into() }].into(),
+        tools: Vec::new().into(),
+    };
     let mut stream = model.stream(request);
     let mut outcome = String::from("accepted (!)");
     while let Some(item) = stream.next().await {

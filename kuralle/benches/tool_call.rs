@@ -1,17 +1,62 @@
-//! The cost of calling a trivial 3-field tool through `Tool` (validation from a raw
-//! `serde_json::Value`, the call, serializing the result, collecting the outcome) versus
-//! calling the fn directly.
+//! The cost of invoking a trivial 3-field tool, next to what the same work costs written by
+//! hand with serde_json (the floor), in the same run.
+//!
+//! - `direct_fn`: the fn alone.
+//! - `serde_floor`: raw argument text → the typed arguments (`serde_json::from_str` into a
+//!   derived struct) → the fn → the result as a `serde_json::Value`.
+//! - `from_raw_json`: what the runtime does with a model's call: `parse_args` (raw text →
+//!   `Value`, which the journal key and events need), `Tool::prepare` (validation into the
+//!   typed arguments), the call, the result serialized, the outcome collected.
+//! - `through_tool_execute`: the same from an already-parsed `Value`.
+//!
+//! `cargo bench -p kuralle --bench tool_call` prints criterion's times and, at the end, the
+//! ratio `from_raw_json / serde_floor` measured interleaved in the same run.
+//! `KURALLE_TOOL_CALL_ONLY=floor|raw cargo bench -p kuralle --bench tool_call` runs 100,000
+//! iterations of one of them and exits, for `valgrind --tool=callgrind`.
 
-use std::hint::black_box;
+use std::{
+    hint::black_box,
+    time::{Duration, Instant},
+};
 
-use criterion::{Criterion, criterion_group, criterion_main};
-use futures::StreamExt;
-use kuralle::{Tool, ToolContext, ToolEvent, tool};
+use criterion::{Criterion, criterion_group};
+use futures::{FutureExt, StreamExt};
+use kuralle::{Tool, ToolContext, ToolError, ToolEvent, parse_args, tool};
+use serde::Deserialize;
+use serde_json::Value;
 
 /// Add three numbers.
 #[tool]
 async fn add3(a: i64, b: i64, label: String) -> String {
     format!("{label}: {}", a + b)
+}
+
+/// The hand-written equivalent of the generated argument struct.
+#[derive(Deserialize)]
+struct Add3Args {
+    a: i64,
+    b: i64,
+    label: String,
+}
+
+const RAW: &str = r#"{"a": 1, "b": 2, "label": "sum"}"#;
+
+fn serde_floor(raw: &str) -> Value {
+    let args: Add3Args = serde_json::from_str(raw).unwrap();
+    let out = add3(args.a, args.b, args.label).now_or_never().unwrap();
+    serde_json::to_value(out).unwrap()
+}
+
+fn from_raw_json(raw: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
+    let args = parse_args("add3", raw)?;
+    let mut events = Add3.prepare(&args)?.execute(ctx.clone());
+    loop {
+        match events.next().now_or_never().flatten() {
+            Some(ToolEvent::Outcome(out)) => return out,
+            Some(ToolEvent::Progress(_)) => {}
+            None => return Err(ToolError::failed("add3", "no outcome")),
+        }
+    }
 }
 
 fn bench(c: &mut Criterion) {
@@ -24,6 +69,8 @@ fn bench(c: &mut Criterion) {
             black_box(out)
         });
     });
+    group.bench_function("serde_floor", |b| b.iter(|| black_box(serde_floor(black_box(RAW)))));
+    group.bench_function("from_raw_json", |b| b.iter(|| black_box(from_raw_json(black_box(RAW), &ctx))));
     group.bench_function("through_tool_execute", |b| {
         b.iter(|| {
             let stream = Add3.execute(black_box(&args), ctx.clone());
@@ -34,5 +81,47 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
-criterion_main!(benches);
+/// `from_raw_json / serde_floor`, from interleaved batches in one run (medians), so machine
+/// load affects both sides alike.
+fn ratio_summary(_: &mut Criterion) {
+    let ctx = ToolContext::detached();
+    let (mut floor, mut raw) = (Vec::new(), Vec::new());
+    for _ in 0..200 {
+        let start = Instant::now();
+        for _ in 0..200 {
+            black_box(serde_floor(black_box(RAW)));
+        }
+        floor.push(start.elapsed());
+        let start = Instant::now();
+        for _ in 0..200 {
+            let _ = black_box(from_raw_json(black_box(RAW), &ctx));
+        }
+        raw.push(start.elapsed());
+    }
+    let median = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2] / 200
+    };
+    let (floor, raw) = (median(&mut floor), median(&mut raw));
+    println!(
+        "ratio (200 interleaved batches of 200, medians): from_raw_json {raw:?} / serde_floor {floor:?} = {:.2}x",
+        raw.as_secs_f64() / floor.as_secs_f64()
+    );
+}
+
+criterion_group!(benches, bench, ratio_summary);
+
+fn main() {
+    if let Ok(which) = std::env::var("KURALLE_TOOL_CALL_ONLY") {
+        let ctx = ToolContext::detached();
+        for _ in 0..100_000 {
+            match which.as_str() {
+                "floor" => drop(black_box(serde_floor(black_box(RAW)))),
+                _ => drop(black_box(from_raw_json(black_box(RAW), &ctx))),
+            }
+        }
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

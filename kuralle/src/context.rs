@@ -126,7 +126,7 @@ impl ToolContext {
     /// [`ToolError::Failed`] when the journal cannot record it (the run then stops, resumable).
     pub async fn now(&self) -> Result<SystemTime, ToolError> {
         let ms = match &self.inner.scope {
-            Some(scope) => scope.recorded("now", crate::dispatch::now_value).await?,
+            Some(scope) => scope.recorded(crate::StepKind::Now, crate::dispatch::now_value).await?,
             None => crate::dispatch::now_value(),
         };
         Ok(UNIX_EPOCH + Duration::from_millis(ms.as_u64().unwrap_or(0)))
@@ -139,7 +139,7 @@ impl ToolContext {
     pub async fn uuid(&self) -> Result<String, ToolError> {
         let make = || Value::String(uuid::Uuid::new_v4().to_string());
         let v = match &self.inner.scope {
-            Some(scope) => scope.recorded("uuid", make).await?,
+            Some(scope) => scope.recorded(crate::StepKind::Uuid, make).await?,
             None => make(),
         };
         Ok(v.as_str().unwrap_or_default().to_owned())

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use futures::{StreamExt, stream};
+use futures::{FutureExt, StreamExt, stream};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -106,8 +106,8 @@ pub(crate) fn error_value(e: &ToolError) -> Value {
 struct Planned {
     req: ToolCallRequest,
     callsite: String,
-    args: Result<Value, ToolError>,
-    tool: Option<Arc<dyn Tool>>,
+    /// The tool and its parsed arguments, or why the call cannot run (unknown tool, bad JSON).
+    parsed: Result<(Arc<dyn Tool>, Value), ToolError>,
     parallel: bool,
 }
 
@@ -128,16 +128,12 @@ pub(crate) async fn dispatch(
         .into_iter()
         .enumerate()
         .map(|(i, req)| {
-            let tool = turn.tools.get(&req.name).cloned();
-            let args = match &tool {
+            let parsed = match turn.tools.get(&req.name) {
                 None => Err(ToolError::UnknownTool { tool: req.name.clone(), available: turn.tools.names() }),
-                Some(_) => parse_args(&req.name, &req.arguments),
+                Some(tool) => parse_args(&req.name, &req.arguments).map(|args| (Arc::clone(tool), args)),
             };
-            let parallel = match (&tool, &args) {
-                (Some(t), Ok(a)) => is_parallel_safe(t.as_ref(), a),
-                _ => false,
-            };
-            Planned { req, callsite: (first_callsite + i as u64).to_string(), args, tool, parallel }
+            let parallel = parsed.as_ref().is_ok_and(|(tool, args)| is_parallel_safe(tool.as_ref(), args));
+            Planned { req, callsite: (first_callsite + i as u64).to_string(), parsed, parallel }
         })
         .collect();
 
@@ -180,17 +176,27 @@ struct Ready {
     call: Box<dyn PreparedCall>,
     key: String,
     ordinal: Option<u64>,
+    /// Whether the key is the user's idempotency key, which another call of this turn may
+    /// share (and then replays this one's result).
+    reused: bool,
 }
 
 enum Plan {
     /// Answered without running: a validation error, or a replay (`true`).
     Done(Result<Value, ToolError>, bool),
-    /// To run (its intent is written first unless it has an ordinal already).
-    Run(Ready),
-    /// An `at_most_once` call whose earlier attempt was cut off: never re-run.
-    Indeterminate { key: String, ordinal: u64 },
     /// A `needs_approval` call without a recorded decision: the run pauses for it.
     Pending(Pending),
+    /// Answered by work in the batch's pool.
+    Job(Job),
+}
+
+/// A call's work in its batch.
+enum Job {
+    /// To run (its intent is written first unless it has an ordinal already).
+    Run(Ready),
+    /// An `at_most_once` call whose earlier attempt was cut off: never re-run, its outcome
+    /// journaled as indeterminate.
+    Indeterminate { key: String, ordinal: u64 },
 }
 
 /// A call waiting for a human decision, and the journal key its decision is recorded under.
@@ -210,17 +216,18 @@ pub(crate) struct RecordedDecision {
 
 /// Decides, without running anything, how a call is answered.
 fn plan(turn: &TurnCtx, p: &Planned) -> Plan {
-    let (tool, args) = match (&p.tool, &p.args) {
-        (Some(t), Ok(a)) => (t, a),
-        (_, Err(e)) => return Plan::Done(Err(e.clone()), false),
-        (None, Ok(_)) => unreachable!("an unknown tool has an error in place of its arguments"),
+    let (tool, args) = match &p.parsed {
+        Ok((tool, args)) => (tool, args),
+        Err(e) => return Plan::Done(Err(e.clone()), false),
     };
     let call = match tool.prepare(args) {
         Ok(c) => c,
         Err(e) => return Plan::Done(Err(e), false),
     };
     let j = &turn.journal;
-    let key = match call.idempotency_key() {
+    let user_key = call.idempotency_key();
+    let reused = user_key.is_some();
+    let key = match user_key {
         Some(user_key) => override_key(j.run_id(), j.epoch(), tool.name(), &user_key),
         None => j.tool_key(&p.callsite, tool.name(), args),
     };
@@ -268,21 +275,27 @@ fn plan(turn: &TurnCtx, p: &Planned) -> Plan {
         }
     }
     match lookup {
-        Lookup::Fresh => Plan::Run(Ready { tool: tool.clone(), call, key, ordinal: None }),
+        Lookup::Fresh => Plan::Job(Job::Run(Ready { tool: tool.clone(), call, key, ordinal: None, reused })),
         Lookup::Finished(v) => Plan::Done(Ok(v), true),
         Lookup::Failed(e) => Plan::Done(Err(replayed_error(tool.name(), e)), true),
-        Lookup::Running(ordinal) if tool.at_most_once() => Plan::Indeterminate { key, ordinal },
-        Lookup::Running(ordinal) => Plan::Run(Ready { tool: tool.clone(), call, key, ordinal: Some(ordinal) }),
+        Lookup::Running(ordinal) if tool.at_most_once() => Plan::Job(Job::Indeterminate { key, ordinal }),
+        Lookup::Running(ordinal) => {
+            Plan::Job(Job::Run(Ready { tool: tool.clone(), call, key, ordinal: Some(ordinal), reused }))
+        }
     }
 }
 
 /// The key of the next execution of a `replay = false` call: the first `<key>:nonreplay:<n>`
 /// the journal does not hold.
 fn nonreplay_key(j: &Journal, key: &str) -> String {
-    (0u64..)
-        .map(|n| format!("{key}:nonreplay:{n}"))
-        .find(|k| matches!(j.lookup(k), Lookup::Fresh))
-        .unwrap_or_else(|| unreachable!("a journal holds fewer than u64::MAX steps"))
+    let mut n = 0u64;
+    loop {
+        let candidate = format!("{key}:nonreplay:{n}");
+        if matches!(j.lookup(&candidate), Lookup::Fresh) {
+            return candidate;
+        }
+        n += 1;
+    }
 }
 
 fn replayed_error(tool: &str, e: Value) -> ToolError {
@@ -299,49 +312,45 @@ async fn run_batch(turn: &Arc<TurnCtx>, batch: Vec<Planned>) -> Result<(Vec<Call
     })
     .await;
     for p in &batch {
-        let args = p.args.clone().unwrap_or_else(|_| Value::String(p.req.arguments.clone()));
+        let args = match &p.parsed {
+            Ok((_, args)) => args.clone(),
+            Err(_) => Value::String(p.req.arguments.clone()),
+        };
         turn.emit(Event::ToolCall { call_id: p.req.call_id.clone(), name: p.req.name.clone(), args }).await;
     }
 
     let interrupted = turn.interrupt.is_cancelled();
     let mut plans: Vec<Plan> = batch
         .iter()
-        .map(|p| match (&p.tool, interrupted) {
+        .map(|p| match (&p.parsed, interrupted) {
             // An interrupt before the batch started: nothing in it runs, but every call
             // still gets a result so the transcript never holds a dangling call.
-            (Some(t), true) if p.args.is_ok() => {
-                Plan::Done(Err(ToolError::Cancelled { tool: t.name().to_owned() }), false)
-            }
+            (Ok((t, _)), true) => Plan::Done(Err(ToolError::Cancelled { tool: t.name().to_owned() }), false),
             _ => plan(turn, p),
         })
         .collect();
 
     // Intents for every fresh call of the batch, in source order, in one append.
-    let fresh: Vec<usize> = plans
-        .iter()
-        .enumerate()
-        .filter_map(|(i, pl)| matches!(pl, Plan::Run(r) if r.ordinal.is_none()).then_some(i))
-        .collect();
-    let intents = fresh
-        .iter()
-        .map(|&i| match &plans[i] {
-            Plan::Run(r) => (r.key.clone(), StepKind::Tool, r.tool.name().to_owned()),
-            Plan::Done(..) | Plan::Indeterminate { .. } | Plan::Pending(_) => {
-                unreachable!("filtered to runnable plans")
-            }
+    let fresh: Vec<&mut Ready> = plans
+        .iter_mut()
+        .filter_map(|pl| match pl {
+            Plan::Job(Job::Run(r)) if r.ordinal.is_none() => Some(r),
+            _ => None,
         })
         .collect();
+    let intents = fresh.iter().map(|r| (r.key.clone(), StepKind::Tool, r.tool.name().to_owned())).collect();
     let ordinals = turn.journal.begin(intents).await?;
-    for (&i, ordinal) in fresh.iter().zip(ordinals) {
-        if let Plan::Run(r) = &mut plans[i] {
-            r.ordinal = Some(ordinal);
-        }
+    for (r, ordinal) in fresh.into_iter().zip(ordinals) {
+        r.ordinal = Some(ordinal);
     }
 
     // Answers known without running (replays, validation errors, pending approvals) fill
     // their slot at once; only calls that run go through the bounded pool.
     let mut slots: Vec<Option<Slot>> = Vec::with_capacity(batch.len());
     let mut jobs = Vec::new();
+    let runs = plans.iter().filter(|pl| matches!(pl, Plan::Job(_))).count();
+    // A lone call (every serial call) runs without a task of its own; see `execute`.
+    let alone = runs == 1;
     for (i, (p, plan)) in batch.iter().zip(plans).enumerate() {
         let span = trace::tool_span(turn.journal.run_id(), &p.req.call_id, &p.req.name);
         let started = Instant::now();
@@ -354,23 +363,27 @@ async fn run_batch(turn: &Arc<TurnCtx>, batch: Vec<Planned>) -> Result<(Vec<Call
                 trace::tool_pending(&span, started);
                 slots.push(Some(Err(pending)));
             }
-            plan => {
+            Plan::Job(job) => {
                 slots.push(None);
                 let turn = Arc::clone(turn);
                 let call_id = p.req.call_id.clone();
                 let callsite = p.callsite.clone();
                 let name = p.req.name.clone();
                 jobs.push(async move {
-                    let result = match plan {
-                        Plan::Run(ready) => {
-                            execute_journaled(&turn, ready, &call_id, &callsite, None, true)
-                                .instrument(span.clone())
-                                .await
+                    let result = match job {
+                        Job::Run(ready) => {
+                            let call = CallSite {
+                                call_id: &call_id,
+                                callsite: &callsite,
+                                parent: None,
+                                top_level: true,
+                                alone,
+                            };
+                            execute_journaled(&turn, ready, call).instrument(span.clone()).await
                         }
-                        Plan::Indeterminate { key, ordinal } => {
+                        Job::Indeterminate { key, ordinal } => {
                             indeterminate(&turn, &name, key, ordinal).instrument(span.clone()).await
                         }
-                        Plan::Done(..) | Plan::Pending(_) => unreachable!("answered without running"),
                     };
                     trace::tool_done(&span, &result, false, started);
                     (i, result)
@@ -378,7 +391,12 @@ async fn run_batch(turn: &Arc<TurnCtx>, batch: Vec<Planned>) -> Result<(Vec<Call
             }
         }
     }
-    let ran: Vec<_> = stream::iter(jobs).buffer_unordered(turn.max_concurrency.max(1)).collect().await;
+    let ran: Vec<_> = if jobs.len() == 1 {
+        let mut jobs = jobs;
+        vec![jobs.remove(0).await]
+    } else {
+        stream::iter(jobs).buffer_unordered(turn.max_concurrency.max(1)).collect().await
+    };
     for (i, result) in ran {
         slots[i] = Some(Ok((result, false)));
     }
@@ -408,16 +426,9 @@ async fn run_batch(turn: &Arc<TurnCtx>, batch: Vec<Planned>) -> Result<(Vec<Call
 
 /// Runs a ready call and journals its outcome. A journal failure is recorded as fatal for the
 /// turn (the run stops after the batch, resumable) and reported to the call as a failure.
-async fn execute_journaled(
-    turn: &Arc<TurnCtx>,
-    ready: Ready,
-    call_id: &str,
-    callsite: &str,
-    parent: Option<&CancellationToken>,
-    emit_progress: bool,
-) -> Result<Value, ToolError> {
-    let Ready { tool, call, key, ordinal } = ready;
-    let result = execute(turn, &tool, call, call_id, &key, callsite, parent, emit_progress).await;
+async fn execute_journaled(turn: &Arc<TurnCtx>, ready: Ready, site: CallSite<'_>) -> Result<Value, ToolError> {
+    let Ready { tool, call, key, ordinal, reused } = ready;
+    let result = execute(turn, &tool, call, &key, site).await;
     let outcome = match &result {
         Ok(v) => Some(StepOutcome::Finished(v.clone())),
         // A cancellation is not an outcome of the call, only of this attempt: the step
@@ -426,7 +437,7 @@ async fn execute_journaled(
         Err(e) => Some(StepOutcome::Failed(serde_json::to_value(e).unwrap_or(Value::Null))),
     };
     if let (Some(outcome), Some(ordinal)) = (outcome, ordinal)
-        && let Err(e) = turn.journal.finish(&key, ordinal, outcome).await
+        && let Err(e) = turn.journal.finish(&key, ordinal, outcome, reused).await
     {
         return Err(journal_failure(turn, tool.name(), "record the outcome", e));
     }
@@ -438,7 +449,7 @@ async fn execute_journaled(
 async fn indeterminate(turn: &TurnCtx, name: &str, key: String, ordinal: u64) -> Result<Value, ToolError> {
     let error = ToolError::Indeterminate { tool: name.to_owned(), key: key.clone() };
     let outcome = StepOutcome::Failed(serde_json::to_value(&error).unwrap_or(Value::Null));
-    if let Err(e) = turn.journal.finish(&key, ordinal, outcome).await {
+    if let Err(e) = turn.journal.finish(&key, ordinal, outcome, false).await {
         return Err(journal_failure(turn, name, "record the outcome", e));
     }
     Err(error)
@@ -451,23 +462,74 @@ fn journal_failure(turn: &TurnCtx, name: &str, doing: &str, e: RunError) -> Tool
     ToolError::failed(name, message)
 }
 
+/// Where a call runs: its ids, its parent (for a nested call), and how it is reported.
+struct CallSite<'a> {
+    call_id: &'a str,
+    /// Its callsite; nested effects get `"<callsite>.<n>"`.
+    callsite: &'a str,
+    /// The parent call's token, for a nested call: cancelling the parent cancels it.
+    parent: Option<&'a CancellationToken>,
+    /// A call the model issued (its progress is reported), not a nested `ctx.tool()`.
+    top_level: bool,
+    /// Nothing else of the batch runs beside it (a lone or serial call).
+    alone: bool,
+}
+
+/// The tool's stream driven to its outcome: in a task of its own, or inline.
+enum Running {
+    Task(tokio::task::JoinHandle<Option<Result<Value, ToolError>>>),
+    Inline(futures::future::BoxFuture<'static, std::thread::Result<Option<Result<Value, ToolError>>>>),
+}
+
+/// How driving a tool's stream ended.
+enum Joined {
+    Done(Option<Result<Value, ToolError>>),
+    Panicked(Box<dyn std::any::Any + Send>),
+    Aborted,
+}
+
+impl std::future::Future for Running {
+    type Output = Joined;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Joined> {
+        match self.get_mut() {
+            Self::Task(handle) => std::pin::Pin::new(handle).poll(cx).map(|joined| match joined {
+                Ok(out) => Joined::Done(out),
+                Err(e) if e.is_panic() => Joined::Panicked(e.into_panic()),
+                Err(_) => Joined::Aborted,
+            }),
+            Self::Inline(future) => future.as_mut().poll(cx).map(|polled| match polled {
+                Ok(out) => Joined::Done(out),
+                Err(payload) => Joined::Panicked(payload),
+            }),
+        }
+    }
+}
+
+impl Running {
+    /// Stops a call that ignored its token past the grace period (an inline one stops when
+    /// dropped, which follows).
+    fn abort(&self) {
+        if let Self::Task(handle) = self {
+            handle.abort();
+        }
+    }
+}
+
 /// Runs one call to its outcome under its timeout and the turn's interrupt.
-#[allow(clippy::too_many_arguments)]
 async fn execute(
     turn: &Arc<TurnCtx>,
     tool: &Arc<dyn Tool>,
     call: Box<dyn PreparedCall>,
-    call_id: &str,
     key: &str,
-    callsite: &str,
-    parent: Option<&CancellationToken>,
-    emit_progress: bool,
+    site: CallSite<'_>,
 ) -> Result<Value, ToolError> {
     let name = tool.name().to_owned();
     if turn.journal.lease_lost() {
         // Another owner took the run over: nothing more starts here.
         return Err(ToolError::Cancelled { tool: name });
     }
+    let CallSite { call_id, callsite, parent, top_level, alone } = site;
     let token = parent.map_or_else(CancellationToken::new, CancellationToken::child_token);
     let scope = Scope {
         turn: Arc::clone(turn),
@@ -479,12 +541,10 @@ async fn execute(
     let mut events = call.execute(ctx);
     let sink = turn.events.clone();
     let (progress_id, progress_name) = (call_id.to_owned(), name.clone());
-    // Each call is a task of its own: a tool that blocks its thread, or burns CPU, cannot
-    // stall the timer and interrupt that watch it below, and parallel calls use every core.
-    let mut task = tokio::spawn(async move {
+    let drive = async move {
         while let Some(ev) = events.next().await {
             match ev {
-                ToolEvent::Progress(value) if emit_progress => {
+                ToolEvent::Progress(value) if top_level => {
                     // Dropped when the consumer lags: see `EventSender`.
                     sink.progress(Event::ToolProgress {
                         call_id: progress_id.clone(),
@@ -497,9 +557,22 @@ async fn execute(
             }
         }
         None
-    });
+    };
 
     let timeout = tool.timeout();
+    // Parallel calls, and any call with a timeout, are tasks of their own: parallel calls use
+    // every core, and a tool that blocks its thread or burns CPU cannot stall the timer that
+    // watches it. A lone call without a timeout has no timer to stall and nothing beside it
+    // to share a core with, so it is polled right here: that saves a spawn, a cross-thread
+    // wake-up and a join per serial call (about a fifth of a serial turn's instructions in
+    // the `runtime` bench). Its interrupt is noticed at its next await, which is all a
+    // cancellation token can promise a task anyway.
+    let mut task = if alone && timeout.is_none() {
+        Running::Inline(AssertUnwindSafe(drive).catch_unwind().boxed())
+    } else {
+        Running::Task(tokio::spawn(drive))
+    };
+
     let interrupt = if tool.interruptible() { Some(turn.interrupt.clone()) } else { None };
     let timer = async {
         match timeout {
@@ -548,13 +621,9 @@ async fn cancelled_opt(token: Option<&CancellationToken>) {
     }
 }
 
-fn finish_join(
-    name: &str,
-    joined: Result<Option<Result<Value, ToolError>>, tokio::task::JoinError>,
-    max_bytes: usize,
-) -> Result<Value, ToolError> {
+fn finish_join(name: &str, joined: Joined, max_bytes: usize) -> Result<Value, ToolError> {
     match joined {
-        Ok(Some(Ok(value))) => {
+        Joined::Done(Some(Ok(value))) => {
             let size = crate::stores::json_len(&value);
             if size > max_bytes {
                 Err(ToolError::InvalidOutput {
@@ -565,12 +634,11 @@ fn finish_join(
                 Ok(value)
             }
         }
-        Ok(Some(Err(e))) => Err(e),
-        Ok(None) => {
+        Joined::Done(Some(Err(e))) => Err(e),
+        Joined::Done(None) => {
             Err(ToolError::InvalidOutput { tool: name.to_owned(), message: "the tool ended without a result".into() })
         }
-        Err(e) if e.is_panic() => {
-            let payload = e.into_panic();
+        Joined::Panicked(payload) => {
             let message = payload
                 .downcast_ref::<&str>()
                 .map(|s| (*s).to_owned())
@@ -578,7 +646,7 @@ fn finish_join(
                 .unwrap_or_else(|| "a non-string panic payload".to_owned());
             Err(ToolError::Panicked { tool: name.to_owned(), message })
         }
-        Err(_) => Err(ToolError::Cancelled { tool: name.to_owned() }),
+        Joined::Aborted => Err(ToolError::Cancelled { tool: name.to_owned() }),
     }
 }
 
@@ -631,13 +699,12 @@ impl Scope {
                 arguments: String::new(),
             },
             callsite,
-            args: Ok(args),
-            tool: Some(tool),
+            parsed: Ok((tool, args)),
             parallel: false,
         };
         match plan(turn, &planned) {
             Plan::Done(result, replayed) => (result, replayed),
-            Plan::Indeterminate { key, ordinal } => (indeterminate(turn, name, key, ordinal).await, false),
+            Plan::Job(Job::Indeterminate { key, ordinal }) => (indeterminate(turn, name, key, ordinal).await, false),
             // A nested call cannot suspend its parent mid-execution; the caller decides.
             Plan::Pending(_) => {
                 let reason = "a tool that needs approval cannot be called from inside another tool";
@@ -650,7 +717,7 @@ impl Scope {
                     false,
                 )
             }
-            Plan::Run(mut ready) => {
+            Plan::Job(Job::Run(mut ready)) => {
                 if ready.ordinal.is_none() {
                     match turn.journal.begin(vec![(ready.key.clone(), StepKind::Tool, name.to_owned())]).await {
                         Ok(o) => ready.ordinal = o.first().copied(),
@@ -658,17 +725,27 @@ impl Scope {
                     }
                 }
                 let call_id = planned.req.call_id;
-                (execute_journaled(turn, ready, &call_id, &planned.callsite, Some(&self.token), false).await, false)
+                let site = CallSite {
+                    call_id: &call_id,
+                    callsite: &planned.callsite,
+                    parent: Some(&self.token),
+                    top_level: false,
+                    alone: true,
+                };
+                // Inline like a lone call: the parent waits for it, nothing runs beside it here.
+                (execute_journaled(turn, ready, site).await, false)
             }
         }
     }
 
-    /// A journaled value: replayed if recorded at this callsite, else produced and recorded.
-    pub(crate) async fn recorded(&self, what: &'static str, make: impl FnOnce() -> Value) -> Result<Value, ToolError> {
+    /// A journaled value of step kind `kind` (`ctx.now()`, `ctx.uuid()`): replayed if recorded
+    /// at this callsite, else produced and recorded. The key's payload is the kind's stored
+    /// name, so journals written before keep replaying.
+    pub(crate) async fn recorded(&self, kind: StepKind, make: impl FnOnce() -> Value) -> Result<Value, ToolError> {
+        let what = kind.as_str();
         let callsite = self.next_callsite();
         let turn = &self.turn;
         let key = turn.journal.key(&callsite, &Value::String(what.to_owned()));
-        let kind = if what == "now" { StepKind::Now } else { StepKind::Uuid };
         let ordinal = match turn.journal.lookup(&key) {
             Lookup::Finished(v) => return Ok(v),
             Lookup::Failed(e) => return Err(replayed_error(what, e)),
@@ -679,7 +756,7 @@ impl Scope {
             },
         };
         let value = make();
-        if let Err(e) = turn.journal.finish(&key, ordinal, StepOutcome::Finished(value.clone())).await {
+        if let Err(e) = turn.journal.finish(&key, ordinal, StepOutcome::Finished(value.clone()), false).await {
             return Err(journal_failure(turn, what, "record the step", e));
         }
         Ok(value)

@@ -196,6 +196,7 @@ mod strategies;
 pub mod testing;
 mod tool;
 mod trace;
+pub mod transcript;
 pub mod truncate;
 
 pub use agent::{Agent, AgentDef, DEFAULT_MAX_STEPS, DEFAULT_MAX_TOOL_CONCURRENCY, DEFAULT_MAX_TOOL_RESULT_TOKENS};
@@ -220,6 +221,7 @@ pub use store::{
 pub use tool::{
     MAX_TOOL_ARGS_BYTES, PreparedCall, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded, parse_args,
 };
+pub use transcript::Transcript;
 
 /// Emits a progress value from a streaming `#[tool]` fn: the value is sent at once as a
 /// [`ToolEvent::Progress`] (never journaled), and the fn's return value stays the call's result.

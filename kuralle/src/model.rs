@@ -1,11 +1,13 @@
 //! The `Model` contract: a request (system text, transcript, tool specs) in, a stream of text
 //! deltas, tool calls with raw argument text, and a finish reason with usage out.
 
+use std::sync::Arc;
+
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::ToolSpec;
+use crate::{ToolSpec, Transcript};
 
 /// Token usage of one or more model responses.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,14 +81,29 @@ pub enum Message {
 }
 
 /// What the runtime sends a model.
+///
+/// Cloning is cheap and so is building one per step: the transcript is a shared
+/// append-only [`Transcript`] and the tool specs an `Arc<[ToolSpec]>`, so a request costs the
+/// same at step 5,000 of a run as at step 1.
+///
+/// ```
+/// use kuralle::{Message, ModelRequest};
+/// let request = ModelRequest {
+///     system: "Be brief.".into(),
+///     messages: vec![Message::User { content: "hi".into() }].into(),
+///     tools: vec![].into(),
+/// };
+/// assert_eq!(request.messages.len(), 1);
+/// assert!(request.tools.is_empty());
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelRequest {
     /// System text (the agent's instructions).
     pub system: String,
     /// The transcript so far.
-    pub messages: Vec<Message>,
+    pub messages: Transcript,
     /// The tools the model may call.
-    pub tools: Vec<ToolSpec>,
+    pub tools: Arc<[ToolSpec]>,
 }
 
 /// One item of a model's response stream.
@@ -171,7 +188,7 @@ pub enum ModelError {
 /// use kuralle::{Model, ModelEvent, ModelRequest, testing::{ScriptedModel, Turn}};
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let model = ScriptedModel::new([Turn::text("hello")]);
-/// let req = ModelRequest { system: String::new(), messages: vec![], tools: vec![] };
+/// let req = ModelRequest { system: String::new(), messages: Default::default(), tools: Default::default() };
 /// let events: Vec<_> = model.stream(req).collect().await;
 /// assert_eq!(events[0], Ok(ModelEvent::TextDelta { delta: "hello".into() }));
 /// # });

@@ -784,6 +784,37 @@ pub trait RunStore: Send + Sync + 'static {
         finished_at_ms: i64,
     ) -> StoreFuture<'a, ()>;
 
+    /// Appends `finished` already finished with `outcome`, then the `Running` intents
+    /// `intents`, atomically, under lease `fence`; returns their ordinals (`finished`'s
+    /// first). The runtime journals a model response together with the intents of the calls it
+    /// asks for, so a one-call turn is two durable commits (this, then the call's outcome).
+    ///
+    /// The provided implementation is [`append_steps`](Self::append_steps) then
+    /// [`finish_step`](Self::finish_step): correct (a crash between them leaves the response
+    /// `Running`, which the runtime asks for again) but two commits; a store that can do both
+    /// in one transaction should.
+    fn append_finished_with_intents<'a>(
+        &'a self,
+        run_id: &'a str,
+        fence: u64,
+        finished: NewStep,
+        outcome: StepOutcome,
+        finished_at_ms: i64,
+        intents: Vec<NewStep>,
+    ) -> StoreFuture<'a, Vec<u64>> {
+        Box::pin(async move {
+            let mut steps = Vec::with_capacity(intents.len() + 1);
+            steps.push(finished);
+            steps.extend(intents);
+            let ordinals = self.append_steps(run_id, fence, steps).await?;
+            let first = *ordinals
+                .first()
+                .ok_or_else(|| StoreError::Corrupt("the store assigned no ordinal to an appended step".to_owned()))?;
+            self.finish_step(run_id, fence, first, outcome, finished_at_ms).await?;
+            Ok(ordinals)
+        })
+    }
+
     /// The run's journal in ordinal order (empty for an unknown run).
     ///
     /// ```

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::stream::{self, BoxStream, StreamExt};
 
 use crate::{
-    Model,
+    Model, Transcript,
     model::{FinishReason, ModelError, ModelEvent, ModelRequest, ToolCallRequest, Usage},
 };
 
@@ -56,8 +56,43 @@ impl Turn {
 struct Script {
     turns: Vec<Turn>,
     next: usize,
+    /// Every request, as received: each shares its transcript and tool specs with the
+    /// runtime, so recording costs a few words per request, not a copy of the conversation.
     requests: Vec<ModelRequest>,
     by_transcript: bool,
+    /// What the last request's transcript came to, so the next one (usually the same log,
+    /// longer) is measured from where it ended instead of from the start.
+    seen: Option<Seen>,
+}
+
+#[derive(Debug)]
+struct Seen {
+    transcript: Transcript,
+    /// Σ compact-JSON characters of its messages.
+    chars: usize,
+    /// Assistant messages in it.
+    assistants: usize,
+}
+
+impl Seen {
+    /// Measures `transcript`, reusing `earlier` when `transcript` extends it.
+    fn measure(earlier: Option<&Self>, transcript: &Transcript) -> Self {
+        let (from, chars, assistants) = match earlier {
+            Some(e) if transcript.extends(&e.transcript) => (e.transcript.len(), e.chars, e.assistants),
+            _ => (0, 0, 0),
+        };
+        let mut seen = Self { transcript: transcript.clone(), chars, assistants };
+        for m in transcript.iter().skip(from) {
+            seen.chars += crate::truncate::json_chars(m);
+            seen.assistants += usize::from(matches!(m, crate::Message::Assistant { .. }));
+        }
+        seen
+    }
+
+    /// The compact JSON length of the whole transcript as an array.
+    fn array_chars(&self) -> usize {
+        2 + self.transcript.len().saturating_sub(1) + self.chars
+    }
 }
 
 /// Replays scripted [`Turn`]s in order, one per request, and records every request.
@@ -133,12 +168,10 @@ impl Model for ScriptedModel {
 
     fn stream(&self, request: ModelRequest) -> BoxStream<'static, Result<ModelEvent, ModelError>> {
         let mut script = self.lock();
-        let input_tokens = (crate::truncate::json_chars(&request.messages) as u64).div_ceil(4);
-        let index = if script.by_transcript {
-            request.messages.iter().filter(|m| matches!(m, crate::Message::Assistant { .. })).count()
-        } else {
-            script.next
-        };
+        let seen = Seen::measure(script.seen.as_ref(), &request.messages);
+        let input_tokens = (seen.array_chars() as u64).div_ceil(4);
+        let index = if script.by_transcript { seen.assistants } else { script.next };
+        script.seen = Some(seen);
         script.requests.push(request);
         let Some(turn) = script.turns.get(index).cloned() else {
             return stream::iter([Err(ModelError::ScriptExhausted(index))]).boxed();

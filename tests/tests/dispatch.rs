@@ -140,7 +140,7 @@ async fn three_calls(delays_ms: [u64; 3]) -> (Vec<Event>, Vec<Message>) {
         Turn::text("ok"),
     ]);
     let (events, _) = run_collect(&runtime(AgentDef::new("a", "x").tool(tool), &model), "go").await;
-    (events, model.requests()[1].messages.clone())
+    (events, model.requests()[1].messages.to_vec())
 }
 
 #[tokio::test]

@@ -303,8 +303,8 @@ fn client(server: &Server) -> kuralle::models::OpenAiBuilder {
 fn user_request(text: &str) -> ModelRequest {
     ModelRequest {
         system: "You are terse.".into(),
-        messages: vec![Message::User { content: text.into() }],
-        tools: vec![],
+        messages: vec![Message::User { content: text.into() }].into(),
+        tools: Vec::new().into(),
     }
 }
 
@@ -416,8 +416,9 @@ async fn one_tool_call_and_the_full_transcript_encoding() {
             Message::Tool { call_id: "call_rome".into(), name: "get_weather".into(), content: json!("sunny, 18°C") },
             Message::Assistant { content: "Oslo -3°C, Rome 18°C.".into(), tool_calls: vec![] },
             Message::User { content: "And Paris?".into() },
-        ],
-        tools: vec![weather_spec()],
+        ]
+        .into(),
+        tools: vec![weather_spec()].into(),
     };
     let events = collect(&model, request).await;
     assert_eq!(
@@ -497,7 +498,7 @@ async fn three_parallel_tool_calls_with_interleaved_fragments() {
     .await;
     let model = client(&server).build().unwrap();
     let mut request = user_request("Weather in Oslo and Rome, and the time in Rome?");
-    request.tools = vec![weather_spec()];
+    request.tools = vec![weather_spec()].into();
 
     let events = collect(&model, request).await;
     assert_eq!(
@@ -531,7 +532,7 @@ async fn strict_tools_can_be_switched_off() {
     let server = Server::start(vec![sse(&[role(), text("ok"), finish("stop")])]).await;
     let model = client(&server).strict_tools(false).build().unwrap();
     let mut request = user_request("hi");
-    request.tools = vec![weather_spec()];
+    request.tools = vec![weather_spec()].into();
     collect(&model, request).await;
     let tools = &server.requests()[0].body["tools"];
     assert_eq!(
@@ -788,7 +789,7 @@ async fn schema_strict_mode_cannot_express_is_an_invalid_request() {
     let mut request = user_request("hi");
     let mut spec = weather_spec();
     spec.input_schema["properties"]["tags"] = json!({"type": "object", "additionalProperties": {"type": "string"}});
-    request.tools = vec![spec];
+    request.tools = vec![spec].into();
     let events = collect(&model, request).await;
     assert!(
         matches!(&events[..], [Err(ModelError::InvalidRequest(m))] if m.contains("/properties/tags")),

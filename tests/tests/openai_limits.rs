@@ -95,7 +95,11 @@ async fn server(body: Body) -> (String, Arc<AtomicUsize>) {
 }
 
 fn request() -> ModelRequest {
-    ModelRequest { system: String::new(), messages: vec![Message::User { content: "hi".into() }], tools: vec![] }
+    ModelRequest {
+        system: String::new(),
+        messages: vec![Message::User { content: "hi".into() }].into(),
+        tools: Vec::new().into(),
+    }
 }
 
 /// Reads the stream to its end; returns the error it ended with.

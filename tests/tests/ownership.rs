@@ -51,7 +51,12 @@ fn runtime(store: Arc<dyn RunStore>, tool: FnTool, model: ScriptedModel) -> Runt
 }
 
 fn pay_then_done() -> ScriptedModel {
-    ScriptedModel::by_transcript([Turn::tool_calls([("c1", "charge", r#"{"amount":100}"#)]), Turn::text("Paid.")])
+    // A caller that comes after the run finished starts a new turn, which the model answers
+    // with text (one answer per such turn: up to eight callers race in these tests).
+    let again = std::iter::repeat_n(Turn::text("Already paid."), 8);
+    ScriptedModel::by_transcript(
+        [Turn::tool_calls([("c1", "charge", r#"{"amount":100}"#)]), Turn::text("Paid.")].into_iter().chain(again),
+    )
 }
 
 async fn drain(mut handle: kuralle::RunHandle) -> (Vec<Event>, Result<kuralle::RunOutput, RunError>) {

@@ -50,6 +50,7 @@ async fn events_of(mut handle: kuralle::RunHandle) -> (Vec<Event>, kuralle::RunO
 fn tool_message(model: &ScriptedModel, call_id: &str) -> Value {
     let last = model.requests().pop().expect("the model was asked");
     last.messages
+        .to_vec()
         .into_iter()
         .find_map(|m| match m {
             Message::Tool { call_id: id, content, .. } if id == call_id => Some(content),

@@ -38,8 +38,38 @@ pub(crate) struct Journal {
 
 #[derive(Default)]
 struct State {
-    by_key: HashMap<String, StepRecord>,
+    by_key: HashMap<String, Cached>,
     len: u64,
+    /// A finished step not yet written: journaled with the next intents (one commit).
+    deferred: Option<Deferred>,
+}
+
+/// What replay needs of a step: a journal of 10,000 steps is held in memory for the whole
+/// turn, so the cache keeps this, not the store's full record.
+enum Cached {
+    Running(u64),
+    /// `None` when the turn cannot look the step up again and its result stays in the store.
+    Finished(Option<Value>),
+    Failed(Value),
+}
+
+impl From<StepRecord> for Cached {
+    fn from(s: StepRecord) -> Self {
+        match s.status {
+            StepStatus::Running => Self::Running(s.ordinal),
+            StepStatus::Finished => Self::Finished(Some(s.result.unwrap_or(Value::Null))),
+            StepStatus::Failed => Self::Failed(s.error.unwrap_or(Value::Null)),
+        }
+    }
+}
+
+/// A finished step waiting to be written with the intents that follow it.
+struct Deferred {
+    key: String,
+    kind: StepKind,
+    name: String,
+    value: Value,
+    started_at_ms: i64,
 }
 
 /// What the journal knows about a key.
@@ -66,7 +96,7 @@ impl Journal {
         let steps = store.steps(run_id).await?;
         let len = steps.len() as u64;
         // The key moves into the map; the cached record's own copy is never read.
-        let by_key = steps.into_iter().map(|mut s| (std::mem::take(&mut s.key), s)).collect();
+        let by_key = steps.into_iter().map(|mut s| (std::mem::take(&mut s.key), Cached::from(s))).collect();
         Ok(Self {
             store,
             fence,
@@ -74,7 +104,7 @@ impl Journal {
             epoch,
             namespace: format!("{run_id}#{epoch}"),
             limit,
-            state: Mutex::new(State { by_key, len }),
+            state: Mutex::new(State { by_key, len, deferred: None }),
         })
     }
 
@@ -110,91 +140,131 @@ impl Journal {
     /// Reads a finished step's result in place, without copying it.
     pub(crate) fn with_result<T>(&self, key: &str, f: impl FnOnce(&Value) -> T) -> Option<T> {
         let state = self.state();
-        let step = state.by_key.get(key).filter(|s| s.status == StepStatus::Finished)?;
-        Some(f(step.result.as_ref().unwrap_or(&Value::Null)))
+        match state.by_key.get(key)? {
+            Cached::Finished(result) => Some(f(result.as_ref().unwrap_or(&Value::Null))),
+            Cached::Running(_) | Cached::Failed(_) => None,
+        }
     }
 
     pub(crate) fn lookup(&self, key: &str) -> Lookup {
         match self.state().by_key.get(key) {
             None => Lookup::Fresh,
-            Some(s) => match s.status {
-                StepStatus::Running => Lookup::Running(s.ordinal),
-                StepStatus::Finished => Lookup::Finished(s.result.clone().unwrap_or(Value::Null)),
-                StepStatus::Failed => Lookup::Failed(s.error.clone().unwrap_or(Value::Null)),
-            },
+            Some(Cached::Running(ordinal)) => Lookup::Running(*ordinal),
+            Some(Cached::Finished(result)) => Lookup::Finished(result.clone().unwrap_or(Value::Null)),
+            Some(Cached::Failed(error)) => Lookup::Failed(error.clone()),
         }
     }
 
-    /// Writes intents for `(key, kind, name)` in order, in one append; returns their ordinals.
+    /// Reserves `n` steps under the limit before any await, so concurrent writers cannot
+    /// overshoot it together.
+    fn reserve(&self, n: u64) -> Result<(), RunError> {
+        let mut st = self.state();
+        if st.len + n > self.limit {
+            return Err(RunError::StepLimit { run_id: self.run_id.clone(), limit: self.limit });
+        }
+        st.len += n;
+        Ok(())
+    }
+
+    /// Journals a finished step (a model response) with the next write instead of on its
+    /// own: [`begin`](Self::begin) writes it together with the intents of the calls the
+    /// response asks for, one commit for both. Nothing runs in between, so a crash before that
+    /// write loses only the response, which a resumed run asks for again; the run must
+    /// [`flush`](Self::flush) before it ends.
+    pub(crate) async fn defer_finished(
+        &self,
+        key: String,
+        kind: StepKind,
+        name: &str,
+        value: Value,
+    ) -> Result<(), RunError> {
+        self.flush().await?;
+        self.reserve(1)?;
+        let deferred = Deferred { key, kind, name: name.to_owned(), value, started_at_ms: now_ms() };
+        self.state().deferred = Some(deferred);
+        Ok(())
+    }
+
+    /// Writes a deferred finished step, if any, on its own.
+    pub(crate) async fn flush(&self) -> Result<(), RunError> {
+        self.begin(Vec::new()).await.map(drop)
+    }
+
+    /// Writes intents for `(key, kind, name)` in order, in one append (preceded by a deferred
+    /// finished step, if any, in the same commit); returns the intents' ordinals.
     pub(crate) async fn begin(&self, intents: Vec<(String, StepKind, String)>) -> Result<Vec<u64>, RunError> {
-        if intents.is_empty() {
+        let mut deferred = self.state().deferred.take();
+        if intents.is_empty() && deferred.is_none() {
             return Ok(Vec::new());
         }
         let n = intents.len() as u64;
-        {
-            // Reserve room under the limit before the await, so concurrent begins cannot
-            // overshoot it together.
-            let mut st = self.state();
-            if st.len + n > self.limit {
-                return Err(RunError::StepLimit { run_id: self.run_id.clone(), limit: self.limit });
-            }
-            st.len += n;
-        }
+        self.reserve(n)?;
         let started_at_ms = now_ms();
-        let new: Vec<NewStep> = intents
-            .iter()
-            .map(|(key, kind, name)| NewStep {
-                key: key.clone(),
-                kind: *kind,
-                name: name.clone(),
-                epoch: self.epoch,
-                started_at_ms,
-            })
-            .collect();
-        let appended = self.store.append_steps(&self.run_id, self.fence.token(), new).await;
-        let ordinals = match self.fence.watch(appended) {
+        let step = |key: &str, kind: StepKind, name: &str, started_at_ms: i64| NewStep {
+            key: key.to_owned(),
+            kind,
+            name: name.to_owned(),
+            epoch: self.epoch,
+            started_at_ms,
+        };
+        let new: Vec<NewStep> = intents.iter().map(|(key, kind, name)| step(key, *kind, name, started_at_ms)).collect();
+        let token = self.fence.token();
+        let appended = match &mut deferred {
+            None => self.store.append_steps(&self.run_id, token, new).await,
+            Some(d) => {
+                let done = step(&d.key, d.kind, &d.name, d.started_at_ms);
+                // The value moves into the store: this turn never reads a finished model
+                // response again (its callsite is behind it), so the cache keeps none.
+                let outcome = StepOutcome::Finished(std::mem::take(&mut d.value));
+                self.store.append_finished_with_intents(&self.run_id, token, done, outcome, now_ms(), new).await
+            }
+        };
+        let mut ordinals = match self.fence.watch(appended) {
             Ok(o) => o,
             Err(e) => {
-                self.state().len -= n;
+                self.state().len -= n + u64::from(deferred.is_some());
                 return Err(e.into());
             }
         };
         let mut st = self.state();
-        for ((key, kind, name), ordinal) in intents.into_iter().zip(&ordinals) {
-            let record = StepRecord {
-                ordinal: *ordinal,
-                key: String::new(),
-                kind,
-                name,
-                epoch: self.epoch,
-                status: StepStatus::Running,
-                result: None,
-                error: None,
-                started_at_ms,
-                finished_at_ms: None,
-            };
-            st.by_key.insert(key, record);
+        if let Some(d) = deferred {
+            ordinals.remove(0);
+            // This turn never reads a finished model response again (its callsite is behind
+            // it): the cache notes only that it finished.
+            st.by_key.insert(d.key, Cached::Finished(None));
+        }
+        for ((key, _, _), ordinal) in intents.into_iter().zip(&ordinals) {
+            st.by_key.insert(key, Cached::Running(*ordinal));
         }
         Ok(ordinals)
     }
 
-    /// Records the outcome of the step at `ordinal` (whose key is `key`).
-    pub(crate) async fn finish(&self, key: &str, ordinal: u64, outcome: StepOutcome) -> Result<(), RunError> {
+    /// Records the outcome of the step at `ordinal` (whose key is `key`). `reused` says whether
+    /// this turn may look the key up again (a user-chosen idempotency key two calls can share);
+    /// otherwise the cache keeps only that the step finished, not a second copy of its result.
+    pub(crate) async fn finish(
+        &self,
+        key: &str,
+        ordinal: u64,
+        outcome: StepOutcome,
+        reused: bool,
+    ) -> Result<(), RunError> {
         let at = now_ms();
-        let finished = self.store.finish_step(&self.run_id, self.fence.token(), ordinal, outcome.clone(), at).await;
+        let cached = match &outcome {
+            StepOutcome::Finished(v) if reused => Some(v.clone()),
+            _ => None,
+        };
+        let failed = match &outcome {
+            StepOutcome::Failed(e) => Some(e.clone()),
+            StepOutcome::Finished(_) => None,
+        };
+        let finished = self.store.finish_step(&self.run_id, self.fence.token(), ordinal, outcome, at).await;
         self.fence.watch(finished)?;
-        if let Some(s) = self.state().by_key.get_mut(key) {
-            s.finished_at_ms = Some(at);
-            match outcome {
-                StepOutcome::Finished(v) => {
-                    s.status = StepStatus::Finished;
-                    s.result = Some(v);
-                }
-                StepOutcome::Failed(e) => {
-                    s.status = StepStatus::Failed;
-                    s.error = Some(e);
-                }
-            }
+        if let Some(entry) = self.state().by_key.get_mut(key) {
+            *entry = match failed {
+                None => Cached::Finished(cached),
+                Some(e) => Cached::Failed(e),
+            };
         }
         Ok(())
     }

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     AgentDef, Event, FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, RunError, RunRecord,
-    RunStatus, RunStore, StepKind, StepOutcome, StoreError, ToolCallRequest, Usage,
+    RunStatus, RunStore, StepKind, StepOutcome, StoreError, ToolCallRequest, ToolSpec, Transcript, Usage,
     dispatch::{self, Pending, RecordedDecision, TurnCtx},
     journal::{Journal, Lookup, now_ms},
     truncate::truncate_owned,
@@ -31,7 +31,7 @@ const CLOSE_ATTEMPTS: usize = 16;
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct RunState {
     /// The transcript before the current turn.
-    messages: Vec<Message>,
+    messages: Transcript,
     /// The current (or last) turn's input.
     turn_input: Option<String>,
     /// The last finished turn's text.
@@ -297,11 +297,13 @@ async fn drive(
         fatal: Mutex::new(None),
     });
 
+    // Shared with every request (never copied per step): a step costs the same at step 5,000
+    // as at step 1.
     let mut transcript = state.messages.clone();
     if let Some(input) = &state.turn_input {
         transcript.push(Message::User { content: input.clone() });
     }
-    let specs = agent.tools.specs();
+    let specs: Arc<[ToolSpec]> = agent.tools.specs().into();
     let mut usage = Usage::default();
     let mut callsite: u64 = 0;
     let mut status = RunStatus::MaxSteps;
@@ -309,12 +311,19 @@ async fn drive(
     let mut pending = Vec::new();
 
     for _ in 0..agent.max_steps {
+        // On an in-memory store with quick tools nothing here waits, and a lone call runs in
+        // this task: spend the task's cooperative budget so a long run still yields its
+        // thread to others now and then.
+        tokio::task::coop::consume_budget().await;
         if interrupt.is_cancelled() {
             status = RunStatus::Interrupted;
             break;
         }
-        let request =
-            ModelRequest { system: agent.instructions.clone(), messages: transcript.clone(), tools: specs.clone() };
+        let request = ModelRequest {
+            system: agent.instructions.clone(),
+            messages: transcript.clone(),
+            tools: Arc::clone(&specs),
+        };
         let span = crate::trace::model_span(run_id, callsite);
         let started = std::time::Instant::now();
         let step = model_step(rt, &ctx, model.as_ref(), request, callsite).instrument(span.clone()).await;
@@ -349,7 +358,6 @@ async fn drive(
             status = RunStatus::Paused;
             break;
         }
-        transcript.reserve(dispatched.outcomes.len() + 1);
         for o in dispatched.outcomes {
             let (call_id, name) = (o.call_id.clone(), o.name.clone());
             let content = truncate_owned(o.into_model_value(), agent.max_tool_result_tokens);
@@ -367,6 +375,11 @@ async fn drive(
         // The transcript of a paused turn is rebuilt by replay on resume; keep the one
         // before the turn.
         transcript = state.messages.clone();
+    }
+    // A final answer (or an interrupted or paused turn) may leave its model response
+    // unwritten; it is journaled before the run's state says the turn ended.
+    if !fence.is_lost() {
+        ctx.journal.flush().await?;
     }
     if fence.is_lost() {
         // Another owner carries the run on; this turn writes nothing more.
@@ -400,14 +413,14 @@ async fn model_step(
         return Ok(Some(response));
     }
     tracing::Span::current().record("replayed", false);
-    let ordinal = match journal.lookup(&key) {
-        Lookup::Finished(_) => unreachable!("a finished model step was replayed above"),
+    // No intent is written before asking: a response cut off by a crash is asked for again
+    // either way, so the response is journaled once it is complete, with the intents of the
+    // calls it asks for (one commit). An intent left by an older turn is finished in place.
+    let unfinished = match journal.lookup(&key) {
+        Lookup::Running(ordinal) => Some(ordinal),
         // Model failures are never journaled as final (they are transient), so a failed step
-        // cannot occur; treat one like an unfinished step and ask again.
-        Lookup::Running(ordinal) => ordinal,
-        Lookup::Failed(_) | Lookup::Fresh => {
-            journal.begin(vec![(key.clone(), StepKind::Model, "model".into())]).await?[0]
-        }
+        // cannot occur; treat one like a fresh step and ask again.
+        Lookup::Finished(_) | Lookup::Failed(_) | Lookup::Fresh => None,
     };
 
     let mut stream = model.stream(request);
@@ -450,14 +463,17 @@ async fn model_step(
     if size > rt.max_result_bytes {
         return Err(RunError::ResponseTooLarge { size, limit: rt.max_result_bytes });
     }
-    journal.finish(&key, ordinal, StepOutcome::Finished(value)).await?;
+    match unfinished {
+        Some(ordinal) => journal.finish(&key, ordinal, StepOutcome::Finished(value), false).await?,
+        None => journal.defer_finished(key, StepKind::Model, "model", value).await?,
+    }
     Ok(Some(response))
 }
 
 /// Persists the turn's end. Losing an optimistic-concurrency race re-reads and retries: the
 /// version check protects the record, it never fails the turn.
 struct Closing {
-    transcript: Vec<Message>,
+    transcript: Transcript,
     status: RunStatus,
     text: String,
     usage: Usage,

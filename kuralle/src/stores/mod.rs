@@ -83,18 +83,6 @@ pub(crate) fn check_value_size(what: &str, value: &Value, max: usize) -> Result<
     Ok(())
 }
 
-/// Rejects a JSON text longer than `max` bytes.
-#[cfg(feature = "sqlite")]
-pub(crate) fn check_text_size(what: &str, text: &str, max: usize) -> Result<(), StoreError> {
-    if text.len() > max {
-        return Err(StoreError::LimitExceeded(format!(
-            "{what} is {} bytes of JSON; the limit is {max} bytes",
-            text.len()
-        )));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;

@@ -331,8 +331,8 @@ mod tests {
             .unwrap();
         let request = ModelRequest {
             system: String::new(),
-            messages: vec![Message::User { content: "x".into() }],
-            tools: vec![],
+            messages: vec![Message::User { content: "x".into() }].into(),
+            tools: Vec::new().into(),
         };
         let events: Vec<_> = model.stream(request).collect().await;
         assert!(events.iter().all(Result::is_ok), "{events:?}");

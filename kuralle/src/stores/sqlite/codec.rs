@@ -6,7 +6,6 @@ use std::time::Duration;
 use rusqlite::ErrorCode;
 use serde_json::Value;
 
-use super::super::{check_text_size, check_value_size};
 use crate::store::{RunRecord, RunStatus, StepKind, StepRecord, StepStatus, StoreError};
 
 pub(super) struct RawStep {
@@ -50,12 +49,41 @@ pub(super) fn prepare_run(run: &RunRecord, max_value_bytes: usize) -> Result<(i6
     ))
 }
 
+/// `value` as compact JSON text, serialized and measured in one pass: past `max` bytes the
+/// writer only counts, so an oversized value costs no more memory than the limit.
 pub(super) fn to_json(what: &str, value: &Value, max: usize) -> Result<String, StoreError> {
-    check_value_size(what, value, max)?;
-    let text = serde_json::to_string(value)
+    let mut out = Capped { text: Vec::new(), len: 0, max };
+    serde_json::to_writer(&mut out, value)
         .map_err(|e| StoreError::LimitExceeded(format!("{what} cannot be serialized: {e}")))?;
-    check_text_size(what, &text, max)?;
-    Ok(text)
+    if out.len > max {
+        return Err(StoreError::LimitExceeded(format!(
+            "{what} is {} bytes of JSON; the limit is {max} bytes",
+            out.len
+        )));
+    }
+    // serde_json writes valid UTF-8.
+    String::from_utf8(out.text).map_err(|e| StoreError::LimitExceeded(format!("{what} is not UTF-8: {e}")))
+}
+
+/// A JSON text buffer that stops growing past `max` bytes but keeps counting.
+struct Capped {
+    text: Vec<u8>,
+    len: usize,
+    max: usize,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.len += bytes.len();
+        if self.len <= self.max {
+            self.text.extend_from_slice(bytes);
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 pub(super) fn parse_json(column: &str, text: &str) -> Result<Value, StoreError> {

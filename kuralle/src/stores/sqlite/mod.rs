@@ -306,6 +306,14 @@ impl SqliteStore {
     }
 }
 
+/// Serializes an outcome on the caller's thread, so the writer only runs SQL.
+fn prepare_outcome(outcome: &StepOutcome, max: usize) -> Result<sql::PreparedOutcome, StoreError> {
+    match outcome {
+        StepOutcome::Finished(value) => to_json("step result", value, max).map(|text| ("finished", Some(text), None)),
+        StepOutcome::Failed(value) => to_json("step error", value, max).map(|text| ("failed", None, Some(text))),
+    }
+}
+
 /// A lease duration in whole milliseconds, as the SQL adds it to the store's clock.
 fn ttl_ms(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 2)
@@ -368,16 +376,39 @@ impl RunStore for SqliteStore {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
         let max = self.inner.options.max_value_bytes;
-        // Serialized here, on the caller's thread, so the writer only runs SQL.
-        let prepared = match &outcome {
-            StepOutcome::Finished(value) => {
-                to_json("step result", value, max).map(|text| ("finished", Some(text), None))
-            }
-            StepOutcome::Failed(value) => to_json("step error", value, max).map(|text| ("failed", None, Some(text))),
-        };
+        let prepared = prepare_outcome(&outcome, max);
         Box::pin(self.write(move |conn| {
             sql::check_fence(conn, errors, &run_id, fence)?;
             sql::finish(conn, errors, &run_id, ordinal, prepared?, finished_at_ms)
+        }))
+    }
+
+    fn append_finished_with_intents<'a>(
+        &'a self,
+        run_id: &'a str,
+        fence: u64,
+        finished: NewStep,
+        outcome: StepOutcome,
+        finished_at_ms: i64,
+        intents: Vec<NewStep>,
+    ) -> StoreFuture<'a, Vec<u64>> {
+        let run_id = run_id.to_owned();
+        let errors = self.inner.errors;
+        let max = self.inner.options.max_value_bytes;
+        let mut steps = Vec::with_capacity(intents.len() + 1);
+        steps.push(finished);
+        steps.extend(intents);
+        let epochs = steps.iter().map(|step| to_i64("step epoch", step.epoch)).collect::<Result<Vec<_>, _>>();
+        let prepared = prepare_outcome(&outcome, max);
+        // One job, so one savepoint in one commit: the response and its calls' intents land
+        // together or not at all.
+        Box::pin(self.write(move |conn| {
+            sql::check_fence(conn, errors, &run_id, fence)?;
+            let ordinals = sql::append(conn, errors, &run_id, steps, &epochs?)?;
+            let first =
+                *ordinals.first().ok_or_else(|| StoreError::Corrupt("no ordinal for an appended step".into()))?;
+            sql::finish(conn, errors, &run_id, first, prepared?, finished_at_ms)?;
+            Ok(ordinals)
         }))
     }
 

@@ -1,0 +1,330 @@
+//! [`Transcript`]: the conversation a [`ModelRequest`](crate::ModelRequest) carries, shared
+//! between requests instead of copied into each.
+//!
+//! A run sends the model the whole conversation on every step. Copying it each time makes a
+//! run of n steps cost O(n²) (the TypeScript original's 17 ms per call at a thousand calls);
+//! a `Transcript` is an append-only log with cheap snapshots, so a request costs the same at
+//! step 5,000 as at step 1, and a recorder that keeps every request keeps one log.
+
+use std::{
+    fmt,
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::Message;
+
+/// Chunk `k` of a log holds `FIRST_CHUNK << k` messages, so chunks never move once written
+/// and the log grows without copying.
+const FIRST_CHUNK: usize = 16;
+/// Enough chunks for more messages than memory can hold.
+const CHUNKS: usize = 48;
+
+/// The shared, append-only storage behind snapshots.
+struct Log {
+    chunks: [OnceLock<Box<[OnceLock<Message>]>>; CHUNKS],
+    /// Slots claimed so far; a slot below it is written before any snapshot covering it
+    /// exists.
+    claimed: AtomicUsize,
+}
+
+impl Log {
+    fn new() -> Arc<Self> {
+        Arc::new(Self { chunks: std::array::from_fn(|_| OnceLock::new()), claimed: AtomicUsize::new(0) })
+    }
+}
+
+/// `(chunk, offset)` of message `i`.
+fn place(i: usize) -> (usize, usize) {
+    let q = i / FIRST_CHUNK + 1;
+    let chunk = (usize::BITS - 1 - q.leading_zeros()) as usize;
+    (chunk, i - FIRST_CHUNK * ((1 << chunk) - 1))
+}
+
+/// A conversation: user input, model responses and tool results, in order.
+///
+/// Cloning is O(1): a clone is a snapshot of the same log. [`push`](Self::push) appends in
+/// place when this snapshot is the log's newest, and otherwise copies its own messages into a
+/// new log first (so snapshots never see each other's later messages).
+///
+/// ```
+/// use kuralle::{Message, Transcript};
+/// let mut transcript = Transcript::new();
+/// transcript.push(Message::User { content: "hi".into() });
+/// let before = transcript.clone();
+/// transcript.push(Message::Assistant { content: "hello".into(), tool_calls: vec![] });
+/// assert_eq!((before.len(), transcript.len()), (1, 2));
+/// assert_eq!(transcript[0], Message::User { content: "hi".into() });
+/// assert_eq!(serde_json::to_string(&before).unwrap(), r#"[{"role":"user","content":"hi"}]"#);
+/// ```
+#[derive(Clone)]
+pub struct Transcript {
+    log: Arc<Log>,
+    len: usize,
+}
+
+impl Default for Transcript {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Transcript {
+    /// An empty transcript.
+    pub fn new() -> Self {
+        Self { log: Log::new(), len: 0 }
+    }
+
+    /// Messages in this snapshot.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no message.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Message `i`, if `i < len()`.
+    pub fn get(&self, i: usize) -> Option<&Message> {
+        if i >= self.len {
+            return None;
+        }
+        let (chunk, offset) = place(i);
+        self.log.chunks[chunk].get()?.get(offset)?.get()
+    }
+
+    /// The first message.
+    pub fn first(&self) -> Option<&Message> {
+        self.get(0)
+    }
+
+    /// The last message.
+    pub fn last(&self) -> Option<&Message> {
+        self.len.checked_sub(1).and_then(|i| self.get(i))
+    }
+
+    /// The messages in order.
+    pub fn iter(&self) -> Iter<'_> {
+        Iter { transcript: self, front: 0, back: self.len }
+    }
+
+    /// The messages, copied into a `Vec`.
+    pub fn to_vec(&self) -> Vec<Message> {
+        self.iter().cloned().collect()
+    }
+
+    /// Appends `message`.
+    pub fn push(&mut self, message: Message) {
+        if self.log.claimed.compare_exchange(self.len, self.len + 1, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            // Another snapshot of this log appended past us: fork, so neither sees the
+            // other's messages.
+            let mut own = Self::new();
+            for m in self.iter() {
+                own.push(m.clone());
+            }
+            *self = own;
+            self.log.claimed.store(self.len + 1, Ordering::Release);
+        }
+        let (chunk, offset) = place(self.len);
+        let slots = self.log.chunks[chunk].get_or_init(|| (0..FIRST_CHUNK << chunk).map(|_| OnceLock::new()).collect());
+        // The slot was claimed above by this snapshot alone, so it is empty.
+        let _ = slots[offset].set(message);
+        self.len += 1;
+    }
+
+    /// Whether `self` is `earlier` with zero or more messages appended (the same log, not a
+    /// copy), so a reader that has seen `earlier` only needs the messages after it.
+    pub(crate) fn extends(&self, earlier: &Self) -> bool {
+        Arc::ptr_eq(&self.log, &earlier.log) && self.len >= earlier.len
+    }
+}
+
+/// The messages of a [`Transcript`], in order.
+#[derive(Debug, Clone)]
+pub struct Iter<'a> {
+    transcript: &'a Transcript,
+    front: usize,
+    back: usize,
+}
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = &'a Message;
+
+    fn next(&mut self) -> Option<&'a Message> {
+        if self.front >= self.back {
+            return None;
+        }
+        self.front += 1;
+        self.transcript.get(self.front - 1)
+    }
+
+    fn nth(&mut self, n: usize) -> Option<&'a Message> {
+        // O(1), so `skip` past what a reader has already seen costs nothing.
+        self.front = self.front.saturating_add(n).min(self.back);
+        self.next()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.back - self.front;
+        (n, Some(n))
+    }
+}
+
+impl DoubleEndedIterator for Iter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        if self.front >= self.back {
+            return None;
+        }
+        self.back -= 1;
+        self.transcript.get(self.back)
+    }
+}
+
+impl ExactSizeIterator for Iter<'_> {}
+
+impl<'a> IntoIterator for &'a Transcript {
+    type Item = &'a Message;
+    type IntoIter = Iter<'a>;
+
+    fn into_iter(self) -> Iter<'a> {
+        self.iter()
+    }
+}
+
+impl std::ops::Index<usize> for Transcript {
+    type Output = Message;
+
+    /// # Panics
+    /// When `i >= len()`, like a slice.
+    fn index(&self, i: usize) -> &Message {
+        match self.get(i) {
+            Some(m) => m,
+            None => panic!("index {i} out of range for a transcript of {} messages", self.len),
+        }
+    }
+}
+
+impl FromIterator<Message> for Transcript {
+    fn from_iter<I: IntoIterator<Item = Message>>(iter: I) -> Self {
+        let mut t = Self::new();
+        t.extend(iter);
+        t
+    }
+}
+
+impl Extend<Message> for Transcript {
+    fn extend<I: IntoIterator<Item = Message>>(&mut self, iter: I) {
+        for m in iter {
+            self.push(m);
+        }
+    }
+}
+
+impl From<Vec<Message>> for Transcript {
+    fn from(messages: Vec<Message>) -> Self {
+        messages.into_iter().collect()
+    }
+}
+
+impl<const N: usize> From<[Message; N]> for Transcript {
+    fn from(messages: [Message; N]) -> Self {
+        messages.into_iter().collect()
+    }
+}
+
+impl From<&[Message]> for Transcript {
+    fn from(messages: &[Message]) -> Self {
+        messages.iter().cloned().collect()
+    }
+}
+
+impl fmt::Debug for Transcript {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl PartialEq for Transcript {
+    fn eq(&self, other: &Self) -> bool {
+        (Arc::ptr_eq(&self.log, &other.log) && self.len == other.len) || self.iter().eq(other.iter())
+    }
+}
+
+impl PartialEq<[Message]> for Transcript {
+    fn eq(&self, other: &[Message]) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl PartialEq<Vec<Message>> for Transcript {
+    fn eq(&self, other: &Vec<Message>) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Serialize for Transcript {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for Transcript {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<Message>::deserialize(deserializer).map(Self::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(i: usize) -> Message {
+        Message::User { content: i.to_string() }
+    }
+
+    #[test]
+    fn places_are_contiguous_across_chunks() {
+        let mut expected = (0, 0);
+        for i in 0..10_000 {
+            assert_eq!(place(i), expected, "message {i}");
+            expected.1 += 1;
+            if expected.1 == FIRST_CHUNK << expected.0 {
+                expected = (expected.0 + 1, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn snapshots_keep_their_length_and_forks_do_not_leak() {
+        let mut a: Transcript = (0..100).map(user).collect();
+        let snapshot = a.clone();
+        a.push(user(100));
+        let mut b = snapshot.clone();
+        b.push(user(999));
+        assert_eq!(snapshot.len(), 100);
+        assert_eq!(a.len(), 101);
+        assert_eq!(a[100], user(100));
+        assert_eq!(b[100], user(999));
+        assert!(a.extends(&snapshot));
+        assert!(!b.extends(&snapshot), "b forked into a log of its own");
+        assert_eq!(a.iter().next_back(), Some(&user(100)));
+        assert_eq!(a.iter().len(), 101);
+        assert_eq!(b.to_vec()[..100], snapshot.to_vec()[..]);
+    }
+
+    #[test]
+    fn round_trips_as_a_json_array() {
+        let t: Transcript = (0..40).map(user).collect();
+        let text = serde_json::to_string(&t).unwrap();
+        assert_eq!(text, serde_json::to_string(&t.to_vec()).unwrap());
+        let back: Transcript = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, t);
+        assert!(t.get(40).is_none());
+        assert_eq!(t.last(), Some(&user(39)));
+    }
+}
