@@ -598,8 +598,7 @@ async fn record_under(store: &dyn RunStore, fence: &Fence, run_id: &str, decisio
         // died before it made the run runnable. Make it runnable now (a resume or a worker
         // carries the decisions out), and tell this caller its decision came second.
         if record.status == RunStatus::Paused && state.pending.iter().all(|p| recorded.contains_key(&p.decision_key)) {
-            let runnable = RunRecord { status: RunStatus::Running, updated_at_ms: now_ms(), ..record };
-            fence.watch(store.put_run(runnable, fence.token()).await)?;
+            make_runnable(store, fence, record).await?;
         }
         return Err(RunError::AlreadyDecided { run_id: run_id.to_owned(), request_id: request_id() });
     }
@@ -640,8 +639,15 @@ async fn record_under(store: &dyn RunStore, fence: &Fence, run_id: &str, decisio
         )
         .collect();
     if state.pending.iter().all(|p| decided.contains(p.decision_key.as_str())) {
-        let runnable = RunRecord { status: RunStatus::Running, updated_at_ms: now_ms(), ..record };
-        fence.watch(store.put_run(runnable, fence.token()).await)?;
+        make_runnable(store, fence, record).await?;
     }
+    Ok(())
+}
+
+/// Marks a run whose every pending call is decided `running`, so a resume or a worker of any
+/// process carries the decisions out.
+async fn make_runnable(store: &dyn RunStore, fence: &Fence, record: RunRecord) -> Result<(), RunError> {
+    let runnable = RunRecord { status: RunStatus::Running, updated_at_ms: now_ms(), ..record };
+    fence.watch(store.put_run(runnable, fence.token()).await)?;
     Ok(())
 }
