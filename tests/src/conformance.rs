@@ -95,6 +95,19 @@ impl<S: RunStore> Owned<S> {
         self.store.finish_step(run_id, fence, ordinal, outcome, at).await
     }
 
+    /// `append_finished_with_intents` under the run's lease.
+    pub async fn append_finished_with_intents(
+        &self,
+        run_id: &str,
+        finished: NewStep,
+        outcome: StepOutcome,
+        at: i64,
+        intents: Vec<NewStep>,
+    ) -> Result<Vec<u64>, StoreError> {
+        let fence = self.fence(run_id).await;
+        self.store.append_finished_with_intents(run_id, fence, finished, outcome, at, intents).await
+    }
+
     /// `get_run`.
     pub async fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
         self.store.get_run(run_id).await
@@ -132,6 +145,7 @@ pub async fn run_all<S: RunStore, G>(make: impl Fn() -> (S, G)) {
         journal_round_trip,
         journal_duplicate_key_rejected,
         journal_finish_non_running_rejected,
+        journal_finished_with_intents,
         run_not_found,
         value_size_limit,
         reservation_under_64_concurrent_reservers,
@@ -157,6 +171,7 @@ macro_rules! store_conformance {
             journal_round_trip,
             journal_duplicate_key_rejected,
             journal_finish_non_running_rejected,
+            journal_finished_with_intents,
             run_not_found,
             value_size_limit,
             reservation_under_64_concurrent_reservers,
@@ -418,6 +433,71 @@ pub async fn journal_finish_non_running_rejected<S: RunStore>(store: S) {
         (steps[1].status, steps[1].error.clone(), steps[1].finished_at_ms),
         (StepStatus::Failed, Some(json!({"e": 1})), Some(7))
     );
+}
+
+/// A finished step and the intents after it are journaled together, all or nothing: a
+/// duplicate key or a stale fence leaves nothing behind and uses no ordinal.
+pub async fn journal_finished_with_intents<S: RunStore>(store: S) {
+    let store = Owned::new(store);
+    store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
+    assert_eq!(store.append_steps("run-1", vec![step("a")]).await.unwrap(), [0]);
+
+    let model = |key: &str| NewStep {
+        key: key.to_owned(),
+        kind: StepKind::Model,
+        name: "model".to_owned(),
+        epoch: 0,
+        started_at_ms: 90,
+    };
+    let response = json!({"text": "ça va ✓", "tool_calls": [{"name": "echo", "arguments": "{}"}]});
+    let ordinals = store
+        .append_finished_with_intents(
+            "run-1",
+            model("m1"),
+            StepOutcome::Finished(response.clone()),
+            95,
+            vec![step("b"), step("c")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(ordinals, [1, 2, 3]);
+    let steps = store.steps("run-1").await.unwrap();
+    assert_eq!(steps.len(), 4);
+    let m = &steps[1];
+    assert_eq!((m.key.as_str(), m.kind, m.status), ("m1", StepKind::Model, StepStatus::Finished));
+    assert_eq!((m.result.as_ref(), m.error.as_ref()), (Some(&response), None));
+    assert_eq!((m.started_at_ms, m.finished_at_ms), (90, Some(95)));
+    for s in &steps[2..] {
+        assert_eq!((s.status, s.result.as_ref(), s.finished_at_ms), (StepStatus::Running, None, None), "{}", s.key);
+    }
+    assert_eq!(steps[0].status, StepStatus::Running, "earlier steps are untouched");
+
+    // No intents: the finished step alone. A failed outcome is stored as an error.
+    let failed = json!({"kind": "failed"});
+    let alone = store
+        .append_finished_with_intents("run-1", model("m2"), StepOutcome::Failed(failed.clone()), 96, Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(alone, [4]);
+    let m2 = &store.steps("run-1").await.unwrap()[4];
+    assert_eq!((m2.status, m2.result.as_ref(), m2.error.as_ref()), (StepStatus::Failed, None, Some(&failed)));
+
+    // A duplicate key, in the finished step or in an intent, refuses the whole call.
+    let finished = || StepOutcome::Finished(json!(1));
+    let dup = store.append_finished_with_intents("run-1", model("a"), finished(), 97, vec![step("x")]).await;
+    assert_eq!(dup.unwrap_err(), StoreError::DuplicateKey { run_id: "run-1".into(), key: "a".into() });
+    let dup = store.append_finished_with_intents("run-1", model("m3"), finished(), 97, vec![step("b")]).await;
+    assert_eq!(dup.unwrap_err(), StoreError::DuplicateKey { run_id: "run-1".into(), key: "b".into() });
+
+    // A stale fence writes nothing either.
+    let stale = store.fence("run-1").await.wrapping_sub(1);
+    let fenced =
+        store.store.append_finished_with_intents("run-1", stale, model("m3"), finished(), 97, vec![step("y")]).await;
+    assert!(matches!(fenced, Err(StoreError::Fenced { .. })), "{fenced:?}");
+
+    let keys: Vec<String> = store.steps("run-1").await.unwrap().into_iter().map(|s| s.key).collect();
+    assert_eq!(keys, ["a", "m1", "b", "c", "m2"], "refused calls leave nothing behind");
+    assert_eq!(store.append_steps("run-1", vec![step("z")]).await.unwrap(), [5], "no ordinal was used");
 }
 
 /// Operations on an unknown run.

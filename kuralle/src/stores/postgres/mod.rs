@@ -228,6 +228,20 @@ impl crate::RunStore for PostgresStore {
         Box::pin(async move { self.append_fenced(run_id, Some(fence), &steps).await })
     }
 
+    fn append_finished_with_intents<'a>(
+        &'a self,
+        run_id: &'a str,
+        fence: u64,
+        finished: crate::NewStep,
+        outcome: crate::StepOutcome,
+        finished_at_ms: i64,
+        intents: Vec<crate::NewStep>,
+    ) -> crate::StoreFuture<'a, Vec<u64>> {
+        Box::pin(async move {
+            self.append_finished_fenced(run_id, Some(fence), finished, &outcome, finished_at_ms, intents).await
+        })
+    }
+
     fn finish_step<'a>(
         &'a self,
         run_id: &'a str,

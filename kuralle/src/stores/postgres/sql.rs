@@ -30,6 +30,7 @@ pub(super) struct Sql {
     pub list_runs: String,
     pub delete_run: String,
     pub append_steps: String,
+    pub append_finished: String,
     pub existing_keys: String,
     pub finish_step: String,
     pub steps: String,
@@ -89,6 +90,31 @@ impl Sql {
                 ins AS (
                     INSERT INTO {s}.kuralle_steps (run_id, ordinal, key, kind, name, epoch, status, started_at)
                     SELECT $1, res.first + i.n - 1, i.key, i.kind, i.name, i.epoch, 'running', i.started_at
+                    FROM res, unnest($4::text[], $5::text[], $6::text[], $7::int8[], $8::int8[])
+                        WITH ORDINALITY AS i (key, kind, name, epoch, started_at, n)
+                    RETURNING 1
+                )
+                SELECT (SELECT ok FROM ok), (SELECT first FROM res), (SELECT count(*) FROM ins)",
+            ),
+            // `append_steps` whose first row is already finished ($9 status, $10 result, $11
+            // error, $12 finished_at): a model response and its calls' intents in one statement,
+            // so one commit.
+            append_finished: bind(
+                "WITH {fence},
+                res AS (
+                    UPDATE {s}.kuralle_runs SET next_ordinal = next_ordinal + $3::int8
+                    WHERE run_id = $1 AND (SELECT ok FROM ok)
+                    RETURNING next_ordinal - $3::int8 AS first
+                ),
+                ins AS (
+                    INSERT INTO {s}.kuralle_steps
+                        (run_id, ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at)
+                    SELECT $1, res.first + i.n - 1, i.key, i.kind, i.name, i.epoch,
+                        CASE WHEN i.n = 1 THEN $9::text ELSE 'running' END,
+                        CASE WHEN i.n = 1 THEN $10::jsonb END,
+                        CASE WHEN i.n = 1 THEN $11::jsonb END,
+                        i.started_at,
+                        CASE WHEN i.n = 1 THEN $12::int8 END
                     FROM res, unnest($4::text[], $5::text[], $6::text[], $7::int8[], $8::int8[])
                         WITH ORDINALITY AS i (key, kind, name, epoch, started_at, n)
                     RETURNING 1

@@ -10,6 +10,9 @@ use crate::StoreError;
 use crate::store::{NewStep, StepKind, StepOutcome, StepRecord, StepStatus};
 use crate::stores::check_value_size;
 
+/// A step outcome as its `status`, `result` and `error` columns.
+type OutcomeColumns = (&'static str, Option<serde_json::Value>, Option<serde_json::Value>);
+
 /// The unique constraint on `(run_id, key)` as PostgreSQL names it.
 const KEY_CONSTRAINT: &str = "kuralle_steps_run_id_key_key";
 
@@ -20,6 +23,51 @@ impl PostgresStore {
         fence: Option<u64>,
         steps: &[NewStep],
     ) -> Result<Vec<u64>, StoreError> {
+        self.append_rows(run_id, fence, steps, None).await
+    }
+
+    /// Appends `finished`, already finished with `outcome` at `finished_at_ms`, then the
+    /// intents, in one statement (one commit).
+    pub(super) async fn append_finished_fenced(
+        &self,
+        run_id: &str,
+        fence: Option<u64>,
+        finished: NewStep,
+        outcome: &StepOutcome,
+        finished_at_ms: i64,
+        intents: Vec<NewStep>,
+    ) -> Result<Vec<u64>, StoreError> {
+        let mut steps = Vec::with_capacity(intents.len() + 1);
+        steps.push(finished);
+        steps.extend(intents);
+        let first = self.outcome_columns(outcome)?;
+        self.append_rows(run_id, fence, &steps, Some((first, finished_at_ms))).await
+    }
+
+    /// The `(status, result, error)` columns of `outcome`, after its size check.
+    fn outcome_columns(&self, outcome: &StepOutcome) -> Result<OutcomeColumns, StoreError> {
+        let max = self.inner.options.max_value_bytes;
+        Ok(match outcome {
+            StepOutcome::Finished(value) => {
+                check_value_size("step result", value, max)?;
+                (StepStatus::Finished.as_str(), Some(encode(value)), None)
+            }
+            StepOutcome::Failed(value) => {
+                check_value_size("step error", value, max)?;
+                (StepStatus::Failed.as_str(), None, Some(encode(value)))
+            }
+        })
+    }
+
+    /// Inserts `steps` as intents, all or none; with `first_done`, the first is inserted
+    /// already finished with those columns at that time.
+    async fn append_rows(
+        &self,
+        run_id: &str,
+        fence: Option<u64>,
+        steps: &[NewStep],
+        first_done: Option<(OutcomeColumns, i64)>,
+    ) -> Result<Vec<u64>, StoreError> {
         let fence = fence_param(fence)?;
         let count = i64::try_from(steps.len()).map_err(|_| StoreError::LimitExceeded("too many steps".into()))?;
         let keys: Vec<&str> = steps.iter().map(|s| s.key.as_str()).collect();
@@ -29,9 +77,17 @@ impl PostgresStore {
         let started: Vec<i64> = steps.iter().map(|s| s.started_at_ms).collect();
         retrying(|| async {
             let client = self.client().await?;
-            let stmt = client.prepare_cached(&self.inner.sql.append_steps).await.map_err(Fail::write)?;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
-                [&run_id, &fence, &count, &keys, &kinds, &names, &epochs, &started];
+            let sql = &self.inner.sql;
+            let stmt = match &first_done {
+                None => client.prepare_cached(&sql.append_steps).await,
+                Some(_) => client.prepare_cached(&sql.append_finished).await,
+            }
+            .map_err(Fail::write)?;
+            type Param<'p> = &'p (dyn tokio_postgres::types::ToSql + Sync);
+            let mut params: Vec<Param<'_>> = vec![&run_id, &fence, &count, &keys, &kinds, &names, &epochs, &started];
+            if let Some(((status, result, error), finished_at_ms)) = &first_done {
+                params.extend::<[Param<'_>; 4]>([status, result, error, finished_at_ms]);
+            }
             let row = match client.query_one(&stmt, &params).await {
                 Ok(row) => row,
                 Err(e) if e.as_db_error().and_then(|db| db.constraint()) == Some(KEY_CONSTRAINT) => {
@@ -74,18 +130,7 @@ impl PostgresStore {
         finished_at_ms: i64,
     ) -> Result<(), StoreError> {
         let fence = fence_param(fence)?;
-        let max = self.inner.options.max_value_bytes;
-        let (status, result, error) = match outcome {
-            StepOutcome::Finished(value) => {
-                check_value_size("step result", value, max)?;
-                (StepStatus::Finished, Some(encode(value)), None)
-            }
-            StepOutcome::Failed(value) => {
-                check_value_size("step error", value, max)?;
-                (StepStatus::Failed, None, Some(encode(value)))
-            }
-        };
-        let status = status.as_str();
+        let (status, result, error) = self.outcome_columns(outcome)?;
         // An ordinal beyond `bigint` names no step.
         let stored_ordinal = i64::try_from(ordinal).unwrap_or(-1);
         retrying(|| async {
