@@ -182,6 +182,7 @@ mod generator;
 mod input;
 pub mod inspect;
 pub mod journal;
+mod keymap;
 #[cfg(feature = "mcp")]
 pub mod mcp;
 mod model;

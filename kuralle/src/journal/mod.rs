@@ -9,7 +9,6 @@ pub(crate) mod effects;
 mod key;
 
 use std::{
-    collections::HashMap,
     sync::{Arc, Mutex, PoisonError},
     time::{SystemTime, UNIX_EPOCH},
 };
@@ -17,7 +16,9 @@ use std::{
 pub use key::{approval_key, canonical_json, effect_key, effect_key_for, helper_key, override_key, tool_key};
 use serde_json::Value;
 
-use crate::{NewStep, RunError, RunStore, StepKind, StepOutcome, StepRecord, StepStatus, runtime::lease::Fence};
+use crate::{
+    NewStep, RunError, RunStore, StepKind, StepOutcome, StepRecord, StepStatus, keymap::KeyMap, runtime::lease::Fence,
+};
 
 /// Milliseconds since the Unix epoch, as stored in records.
 pub(crate) fn now_ms() -> i64 {
@@ -39,7 +40,7 @@ pub(crate) struct Journal {
 
 #[derive(Default)]
 struct State {
-    by_key: HashMap<String, Cached>,
+    by_key: KeyMap<Cached>,
     len: u64,
     /// A finished step not yet written: journaled with the next intents (one commit).
     deferred: Option<Deferred>,

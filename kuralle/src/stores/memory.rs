@@ -1,6 +1,5 @@
 //! `MemoryStore`: runs and journals in a process-local map.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -9,6 +8,7 @@ use tokio::time::Instant;
 
 use super::{DEFAULT_MAX_VALUE_BYTES, check_value_size};
 use crate::journal::now_ms;
+use crate::keymap::KeyMap;
 use crate::store::{
     Lease, NewStep, RunFilter, RunRecord, RunStore, RunSummary, StepOutcome, StepRecord, StepStatus, StoreError,
     StoreFuture,
@@ -61,9 +61,9 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct State {
-    runs: HashMap<String, RunEntry>,
+    runs: KeyMap<RunEntry>,
     /// Kept when a run is deleted, so a reused id never reuses a token.
-    leases: HashMap<String, LeaseRow>,
+    leases: KeyMap<LeaseRow>,
 }
 
 #[derive(Debug)]
@@ -98,7 +98,7 @@ struct RunEntry {
     /// Dense: `steps[i].ordinal == i`.
     steps: Vec<StepRecord>,
     /// Effect key → ordinal.
-    keys: HashMap<String, u64>,
+    keys: KeyMap<u64>,
 }
 
 impl Default for MemoryStore {
@@ -143,7 +143,7 @@ impl MemoryStore {
         match state.runs.entry(run.run_id.clone()) {
             Entry::Occupied(_) => Err(StoreError::RunExists(run.run_id)),
             Entry::Vacant(slot) => {
-                slot.insert(RunEntry { record: run, steps: Vec::new(), keys: HashMap::new() });
+                slot.insert(RunEntry { record: run, steps: Vec::new(), keys: KeyMap::default() });
                 Ok(())
             }
         }
@@ -196,41 +196,37 @@ impl MemoryStore {
     }
 
     fn append_steps_now(&self, run_id: &str, fence: u64, steps: Vec<NewStep>) -> Result<Vec<u64>, StoreError> {
+        self.lock().append(run_id, fence, steps)
+    }
+
+    /// [`RunStore::append_finished_with_intents`] under one lock: nothing is written unless
+    /// all of it is.
+    fn append_finished_now(
+        &self,
+        run_id: &str,
+        fence: u64,
+        finished: NewStep,
+        outcome: StepOutcome,
+        finished_at_ms: i64,
+        intents: Vec<NewStep>,
+    ) -> Result<Vec<u64>, StoreError> {
         let mut state = self.lock();
         state.check_fence(run_id, fence)?;
-        let Some(entry) = state.runs.get_mut(run_id) else {
-            return Err(StoreError::RunNotFound(run_id.to_owned()));
-        };
-        // All or nothing: claim every key (one hash each), and give them back on a duplicate.
-        let first = entry.steps.len() as u64;
-        for (i, (ordinal, step)) in (first..).zip(&steps).enumerate() {
-            if let Entry::Vacant(slot) = entry.keys.entry(step.key.clone()) {
-                slot.insert(ordinal);
-                continue;
-            }
-            for earlier in &steps[..i] {
-                entry.keys.remove(&earlier.key);
-            }
-            return Err(StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key.clone() });
-        }
-        let mut ordinals = Vec::with_capacity(steps.len());
-        entry.steps.reserve(steps.len());
-        for (ordinal, step) in (first..).zip(steps) {
-            entry.steps.push(StepRecord {
-                ordinal,
-                key: step.key,
-                kind: step.kind,
-                name: step.name,
-                epoch: step.epoch,
-                status: StepStatus::Running,
-                result: None,
-                error: None,
-                started_at_ms: step.started_at_ms,
-                finished_at_ms: None,
-            });
-            ordinals.push(ordinal);
-        }
+        self.check_outcome_size(&outcome)?;
+        let mut steps = Vec::with_capacity(intents.len() + 1);
+        steps.push(finished);
+        steps.extend(intents);
+        let ordinals = state.append(run_id, fence, steps)?;
+        // The step was just appended `Running` under a checked fence: finishing it cannot fail.
+        state.finish(run_id, fence, ordinals[0], outcome, finished_at_ms)?;
         Ok(ordinals)
+    }
+
+    fn check_outcome_size(&self, outcome: &StepOutcome) -> Result<(), StoreError> {
+        match outcome {
+            StepOutcome::Finished(value) => check_value_size("step result", value, self.max_value_bytes),
+            StepOutcome::Failed(value) => check_value_size("step error", value, self.max_value_bytes),
+        }
     }
 
     fn finish_step_now(
@@ -243,29 +239,8 @@ impl MemoryStore {
     ) -> Result<(), StoreError> {
         let mut state = self.lock();
         state.check_fence(run_id, fence)?;
-        match &outcome {
-            StepOutcome::Finished(value) => check_value_size("step result", value, self.max_value_bytes)?,
-            StepOutcome::Failed(value) => check_value_size("step error", value, self.max_value_bytes)?,
-        }
-        let Some(entry) = state.runs.get_mut(run_id) else {
-            return Err(StoreError::RunNotFound(run_id.to_owned()));
-        };
-        let step = usize::try_from(ordinal).ok().and_then(|i| entry.steps.get_mut(i));
-        let Some(step) = step.filter(|step| step.status == StepStatus::Running) else {
-            return Err(StoreError::StepNotRunning { run_id: run_id.to_owned(), ordinal });
-        };
-        match outcome {
-            StepOutcome::Finished(value) => {
-                step.status = StepStatus::Finished;
-                step.result = Some(value);
-            }
-            StepOutcome::Failed(value) => {
-                step.status = StepStatus::Failed;
-                step.error = Some(value);
-            }
-        }
-        step.finished_at_ms = Some(finished_at_ms);
-        Ok(())
+        self.check_outcome_size(&outcome)?;
+        state.finish(run_id, fence, ordinal, outcome, finished_at_ms)
     }
 
     fn acquire_now(&self, run_id: &str, owner: &str, ttl: Duration) -> Result<Lease, StoreError> {
@@ -326,6 +301,75 @@ impl MemoryStore {
 }
 
 impl State {
+    /// Appends `steps` as `Running`, all or none; returns their ordinals.
+    fn append(&mut self, run_id: &str, fence: u64, steps: Vec<NewStep>) -> Result<Vec<u64>, StoreError> {
+        self.check_fence(run_id, fence)?;
+        let Some(entry) = self.runs.get_mut(run_id) else {
+            return Err(StoreError::RunNotFound(run_id.to_owned()));
+        };
+        // All or nothing: claim every key (one hash each), and give them back on a duplicate.
+        let first = entry.steps.len() as u64;
+        for (i, (ordinal, step)) in (first..).zip(&steps).enumerate() {
+            if let Entry::Vacant(slot) = entry.keys.entry(step.key.clone()) {
+                slot.insert(ordinal);
+                continue;
+            }
+            for earlier in &steps[..i] {
+                entry.keys.remove(&earlier.key);
+            }
+            return Err(StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key.clone() });
+        }
+        let mut ordinals = Vec::with_capacity(steps.len());
+        entry.steps.reserve(steps.len());
+        for (ordinal, step) in (first..).zip(steps) {
+            entry.steps.push(StepRecord {
+                ordinal,
+                key: step.key,
+                kind: step.kind,
+                name: step.name,
+                epoch: step.epoch,
+                status: StepStatus::Running,
+                result: None,
+                error: None,
+                started_at_ms: step.started_at_ms,
+                finished_at_ms: None,
+            });
+            ordinals.push(ordinal);
+        }
+        Ok(ordinals)
+    }
+
+    /// Records the outcome of the `Running` step at `ordinal` (its size already checked).
+    fn finish(
+        &mut self,
+        run_id: &str,
+        fence: u64,
+        ordinal: u64,
+        outcome: StepOutcome,
+        finished_at_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.check_fence(run_id, fence)?;
+        let Some(entry) = self.runs.get_mut(run_id) else {
+            return Err(StoreError::RunNotFound(run_id.to_owned()));
+        };
+        let step = usize::try_from(ordinal).ok().and_then(|i| entry.steps.get_mut(i));
+        let Some(step) = step.filter(|step| step.status == StepStatus::Running) else {
+            return Err(StoreError::StepNotRunning { run_id: run_id.to_owned(), ordinal });
+        };
+        match outcome {
+            StepOutcome::Finished(value) => {
+                step.status = StepStatus::Finished;
+                step.result = Some(value);
+            }
+            StepOutcome::Failed(value) => {
+                step.status = StepStatus::Failed;
+                step.error = Some(value);
+            }
+        }
+        step.finished_at_ms = Some(finished_at_ms);
+        Ok(())
+    }
+
     /// Accepts a write iff the run's lease is unreleased and its token is `fence`; expiry
     /// alone does not reject (only a newer grant or a release does).
     fn check_fence(&self, run_id: &str, fence: u64) -> Result<(), StoreError> {
@@ -360,6 +404,18 @@ impl RunStore for MemoryStore {
 
     fn append_steps<'a>(&'a self, run_id: &'a str, fence: u64, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>> {
         Box::pin(async move { self.append_steps_now(run_id, fence, steps) })
+    }
+
+    fn append_finished_with_intents<'a>(
+        &'a self,
+        run_id: &'a str,
+        fence: u64,
+        finished: NewStep,
+        outcome: StepOutcome,
+        finished_at_ms: i64,
+        intents: Vec<NewStep>,
+    ) -> StoreFuture<'a, Vec<u64>> {
+        Box::pin(async move { self.append_finished_now(run_id, fence, finished, outcome, finished_at_ms, intents) })
     }
 
     fn finish_step<'a>(
