@@ -51,7 +51,7 @@ fn new_run(run_id: &str) -> RunRecord {
         status: RunStatus::Running,
         epoch: 0,
         version: 0,
-        state: json!({}),
+        state: json!({}).into(),
         created_at_ms: 0,
         updated_at_ms: 0,
     }

@@ -103,7 +103,12 @@ fn waiting(record: &RunRecord) -> Vec<Waiting> {
     if !matches!(record.status, crate::RunStatus::Paused | crate::RunStatus::Running) {
         return Vec::new();
     }
-    record.state.get("pending").and_then(|v| Vec::<Waiting>::deserialize(v).ok()).unwrap_or_default()
+    #[derive(Deserialize)]
+    struct PendingOnly {
+        #[serde(default)]
+        pending: Vec<Waiting>,
+    }
+    record.state.decode::<PendingOnly>().map(|s| s.pending).unwrap_or_default()
 }
 
 /// The model's call behind a journaled tool or approval step.

@@ -182,6 +182,7 @@ mod generator;
 mod input;
 pub mod inspect;
 pub mod journal;
+mod json_text;
 mod keymap;
 #[cfg(feature = "mcp")]
 pub mod mcp;
@@ -203,6 +204,7 @@ pub mod truncate;
 pub use agent::{Agent, AgentDef, DEFAULT_MAX_STEPS, DEFAULT_MAX_TOOL_CONCURRENCY, DEFAULT_MAX_TOOL_RESULT_TOKENS};
 pub use context::ToolContext;
 pub use error::{RunError, ToolError};
+pub use json_text::JsonText;
 #[doc = include_str!("../docs/agent.md")]
 pub use kuralle_macros::agent;
 #[doc = include_str!("../docs/tool.md")]

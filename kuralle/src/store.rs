@@ -9,6 +9,8 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::JsonText;
+
 /// Lifecycle of a run.
 ///
 /// ```
@@ -79,7 +81,7 @@ impl RunStatus {
 /// ```
 /// # fn run(id: &str) -> kuralle::RunRecord {
 /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
 /// # }
 /// # fn step(key: &str) -> kuralle::NewStep {
 /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
@@ -106,8 +108,8 @@ pub struct RunRecord {
     pub epoch: u64,
     /// Optimistic-concurrency version, bumped by every successful [`RunStore::put_run`].
     pub version: u64,
-    /// Runtime-owned state.
-    pub state: Value,
+    /// Runtime-owned state, as JSON text.
+    pub state: JsonText,
     /// Creation time, milliseconds since the Unix epoch.
     pub created_at_ms: i64,
     /// Last update time, milliseconds since the Unix epoch.
@@ -119,7 +121,7 @@ pub struct RunRecord {
 /// ```
 /// # fn run(id: &str) -> kuralle::RunRecord {
 /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
 /// # }
 /// # fn step(key: &str) -> kuralle::NewStep {
 /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
@@ -151,7 +153,7 @@ pub struct RunSummary {
 /// ```
 /// # fn run(id: &str) -> kuralle::RunRecord {
 /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
 /// # }
 /// # fn step(key: &str) -> kuralle::NewStep {
 /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
@@ -240,7 +242,7 @@ impl StepKind {
 /// ```
 /// # fn run(id: &str) -> kuralle::RunRecord {
 /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
 /// # }
 /// # fn step(key: &str) -> kuralle::NewStep {
 /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
@@ -307,7 +309,7 @@ impl StepStatus {
 /// ```
 /// # fn run(id: &str) -> kuralle::RunRecord {
 /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
 /// # }
 /// # fn step(key: &str) -> kuralle::NewStep {
 /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
@@ -343,7 +345,7 @@ pub struct NewStep {
 /// ```
 /// # fn run(id: &str) -> kuralle::RunRecord {
 /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
 /// # }
 /// # fn step(key: &str) -> kuralle::NewStep {
 /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
@@ -375,7 +377,7 @@ pub enum StepOutcome {
 /// ```
 /// # fn run(id: &str) -> kuralle::RunRecord {
 /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
 /// # }
 /// # fn step(key: &str) -> kuralle::NewStep {
 /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
@@ -424,7 +426,7 @@ pub struct StepRecord {
 /// ```
 /// # fn run(id: &str) -> kuralle::RunRecord {
 /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
 /// # }
 /// # fn step(key: &str) -> kuralle::NewStep {
 /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
@@ -590,7 +592,7 @@ pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
 /// ```
 /// # fn run(id: &str) -> kuralle::RunRecord {
 /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-/// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+/// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
 /// # }
 /// # fn step(key: &str) -> kuralle::NewStep {
 /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
@@ -621,7 +623,7 @@ pub trait RunStore: Send + Sync + 'static {
     /// ```
     /// # fn run(id: &str) -> kuralle::RunRecord {
     /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-    /// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+    /// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
     /// # }
     /// # fn step(key: &str) -> kuralle::NewStep {
     /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
@@ -642,7 +644,7 @@ pub trait RunStore: Send + Sync + 'static {
     /// ```
     /// # fn run(id: &str) -> kuralle::RunRecord {
     /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-    /// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+    /// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
     /// # }
     /// # fn step(key: &str) -> kuralle::NewStep {
     /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
@@ -665,7 +667,7 @@ pub trait RunStore: Send + Sync + 'static {
     /// ```
     /// # fn run(id: &str) -> kuralle::RunRecord {
     /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-    /// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+    /// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
     /// # }
     /// # fn step(key: &str) -> kuralle::NewStep {
     /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
@@ -689,7 +691,7 @@ pub trait RunStore: Send + Sync + 'static {
     /// ```
     /// # fn run(id: &str) -> kuralle::RunRecord {
     /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-    /// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+    /// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
     /// # }
     /// # fn step(key: &str) -> kuralle::NewStep {
     /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
@@ -714,7 +716,7 @@ pub trait RunStore: Send + Sync + 'static {
     /// ```
     /// # fn run(id: &str) -> kuralle::RunRecord {
     /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-    /// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+    /// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
     /// # }
     /// # fn step(key: &str) -> kuralle::NewStep {
     /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
@@ -737,7 +739,7 @@ pub trait RunStore: Send + Sync + 'static {
     /// ```
     /// # fn run(id: &str) -> kuralle::RunRecord {
     /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-    /// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+    /// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
     /// # }
     /// # fn step(key: &str) -> kuralle::NewStep {
     /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
@@ -759,7 +761,7 @@ pub trait RunStore: Send + Sync + 'static {
     /// ```
     /// # fn run(id: &str) -> kuralle::RunRecord {
     /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-    /// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+    /// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
     /// # }
     /// # fn step(key: &str) -> kuralle::NewStep {
     /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }
@@ -820,7 +822,7 @@ pub trait RunStore: Send + Sync + 'static {
     /// ```
     /// # fn run(id: &str) -> kuralle::RunRecord {
     /// #     kuralle::RunRecord { run_id: id.into(), agent_id: "support".into(), status: kuralle::RunStatus::Running,
-    /// #         epoch: 0, version: 0, state: serde_json::Value::Null, created_at_ms: 0, updated_at_ms: 0 }
+    /// #         epoch: 0, version: 0, state: kuralle::JsonText::null(), created_at_ms: 0, updated_at_ms: 0 }
     /// # }
     /// # fn step(key: &str) -> kuralle::NewStep {
     /// #     kuralle::NewStep { key: key.into(), kind: kuralle::StepKind::Tool, name: "charge".into(), epoch: 0, started_at_ms: 0 }

@@ -32,7 +32,7 @@ pub fn run(run_id: &str, status: RunStatus, updated_at_ms: i64) -> RunRecord {
         status,
         epoch: 0,
         version: 0,
-        state: json!({"transcript": [], "turn": 0}),
+        state: json!({"transcript": [], "turn": 0}).into(),
         created_at_ms: updated_at_ms,
         updated_at_ms,
     }
@@ -229,7 +229,7 @@ pub async fn run_create_get_put<S: RunStore>(store: S) {
     next.status = RunStatus::Paused;
     next.epoch = 3;
     next.agent_id = "billing".into();
-    next.state = json!({"turn": 1, "note": "naïve café ☕ — 日本語 🚀", "nested": {"a": [1, 2.5, null, true]}});
+    next.state = json!({"turn": 1, "note": "naïve café ☕ — 日本語 🚀", "nested": {"a": [1, 2.5, null, true]}}).into();
     next.updated_at_ms = 20;
     next.created_at_ms = 999; // ignored: the stored creation time stays
     assert_eq!(store.put_run(next.clone()).await.unwrap(), 1);
@@ -238,7 +238,7 @@ pub async fn run_create_get_put<S: RunStore>(store: S) {
 
     // A stale writer loses and changes nothing.
     let mut stale = original.clone();
-    stale.state = json!("stale");
+    stale.state = json!("stale").into();
     let lost = store.put_run(stale).await.unwrap_err();
     assert_eq!(lost, StoreError::VersionConflict { run_id: "run-1".into(), expected: 0, actual: 1 });
     assert_eq!(store.get_run("run-1").await.unwrap(), Some(stored.clone()));
@@ -524,7 +524,7 @@ pub async fn value_size_limit<S: RunStore>(store: S) {
     let over = Value::String("x".repeat(DEFAULT_MAX_VALUE_BYTES - 1));
 
     let mut big = run("big", RunStatus::Running, 1);
-    big.state = over.clone();
+    big.state = (&over).into();
     assert!(matches!(store.create_run(big).await.unwrap_err(), StoreError::LimitExceeded(_)));
     assert_eq!(store.get_run("big").await.unwrap(), None);
 
@@ -605,7 +605,7 @@ pub async fn version_check_with_16_concurrent_writers<S: RunStore>(store: S) {
                 let store = store.clone();
                 let barrier = barrier.clone();
                 let mut mine = base.clone();
-                mine.state = json!({"round": round, "writer": writer, "text": format!("écrit par {writer} ✍")});
+                mine.state = json!({"round": round, "writer": writer, "text": format!("écrit par {writer} ✍")}).into();
                 mine.updated_at_ms = 100 + writer;
                 tokio::spawn(async move {
                     barrier.wait().await;

@@ -86,7 +86,7 @@ async fn version_1_database_upgrades_and_keeps_data() {
 
     let store = PostgresStore::connect_with(&url, options(&schema)).await.unwrap();
     let old = store.get_run("old").await.unwrap().unwrap();
-    assert_eq!((old.status, old.epoch, old.version, old.state), (RunStatus::Paused, 2, 5, json!({"turn": 7})));
+    assert_eq!((old.status, old.epoch, old.version, old.state), (RunStatus::Paused, 2, 5, json!({"turn": 7}).into()));
     let steps = store.steps("old").await.unwrap();
     assert_eq!(steps.len(), 1);
     assert_eq!((steps[0].status, steps[0].result.clone()), (StepStatus::Finished, Some(json!({"paid": 100}))));

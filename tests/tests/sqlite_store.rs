@@ -47,7 +47,7 @@ async fn reopen_after_drop_keeps_everything() {
     store.finish_step("run-1", 1, 0, StepOutcome::Finished(json!({"ok": "✓ déjà vu"})), 11).await.unwrap();
     store.finish_step("run-1", 1, 1, StepOutcome::Failed(json!({"kind": "timeout"})), 12).await.unwrap();
     let mut updated = store.get_run("run-1").await.unwrap().unwrap();
-    updated.state = json!({"turn": 2});
+    updated.state = json!({"turn": 2}).into();
     updated.status = RunStatus::Paused;
     updated.updated_at_ms = 30;
     store.put_run(updated, 1).await.unwrap();

@@ -184,7 +184,7 @@ pub(crate) async fn call_standalone(
         status: crate::RunStatus::Running,
         epoch: 0,
         version: 0,
-        state: Value::Null,
+        state: crate::JsonText::null(),
         created_at_ms: now,
         updated_at_ms: now,
     };

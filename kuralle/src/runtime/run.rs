@@ -15,7 +15,7 @@ use super::{
     lease::{self, Fence, Held},
 };
 use crate::{
-    AgentDef, Event, FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, RunError, RunRecord,
+    AgentDef, Event, FinishReason, JsonText, Message, Model, ModelError, ModelEvent, ModelRequest, RunError, RunRecord,
     RunStatus, RunStore, StepKind, StepOutcome, StoreError, ToolCallRequest, ToolSpec, Transcript, Usage,
     dispatch::{self, Pending, RecordedDecision, TurnCtx},
     journal::{Journal, Lookup, now_ms},
@@ -152,7 +152,9 @@ fn agent<'a>(rt: &'a Inner, id: Option<&str>) -> Result<&'a AgentDef, RunError> 
 }
 
 fn decode_state(record: &RunRecord) -> Result<RunState, RunError> {
-    serde_json::from_value(record.state.clone())
+    record
+        .state
+        .decode()
         .map_err(|e| RunError::Store(StoreError::Corrupt(format!("run `{}` has unreadable state: {e}", record.run_id))))
 }
 
@@ -177,7 +179,7 @@ async fn open(rt: &Inner, req: &RunRequest, run_id: &str, fence: u64) -> Result<
             status: RunStatus::Running,
             epoch: 0,
             version: 0,
-            state: serde_json::to_value(&state).unwrap_or(Value::Null),
+            state: JsonText::serialize_from(&state).unwrap_or_default(),
             created_at_ms: now,
             updated_at_ms: now,
         };
@@ -211,7 +213,7 @@ async fn open(rt: &Inner, req: &RunRequest, run_id: &str, fence: u64) -> Result<
                 let excess = state.inbound_keys.len().saturating_sub(INBOUND_KEYS_KEPT);
                 state.inbound_keys.drain(..excess);
             }
-            record.state = serde_json::to_value(&state).unwrap_or(Value::Null);
+            record.state = JsonText::serialize_from(&state).unwrap_or_default();
             record.updated_at_ms = now_ms();
             record.version = store.put_run(record.clone(), fence).await?;
         }
@@ -495,10 +497,10 @@ async fn close(
     record.status = status;
     // The record is moved into the store (its state can be a long transcript); only a lost
     // race rebuilds it.
-    record.state = Value::Null;
+    record.state = JsonText::null();
     for _ in 0..CLOSE_ATTEMPTS {
         let attempt = RunRecord {
-            state: serde_json::to_value(&state).unwrap_or(Value::Null),
+            state: JsonText::serialize_from(&state).unwrap_or_default(),
             updated_at_ms: now_ms(),
             ..record.clone()
         };

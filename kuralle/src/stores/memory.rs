@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{DEFAULT_MAX_VALUE_BYTES, check_value_size};
+use super::{DEFAULT_MAX_VALUE_BYTES, check_len, check_value_size};
 use crate::journal::now_ms;
 use crate::keymap::KeyMap;
 use crate::store::{
@@ -36,7 +36,7 @@ use crate::store::{
 ///     status: RunStatus::Running,
 ///     epoch: 0,
 ///     version: 0,
-///     state: serde_json::json!({}),
+///     state: serde_json::json!({}).into(),
 ///     created_at_ms: 1,
 ///     updated_at_ms: 1,
 /// };
@@ -139,7 +139,7 @@ impl MemoryStore {
     fn create_run_now(&self, run: RunRecord, fence: u64) -> Result<(), StoreError> {
         let mut state = self.lock();
         state.check_fence(&run.run_id, fence)?;
-        check_value_size("run state", &run.state, self.max_value_bytes)?;
+        check_len("run state", run.state.len(), self.max_value_bytes)?;
         match state.runs.entry(run.run_id.clone()) {
             Entry::Occupied(_) => Err(StoreError::RunExists(run.run_id)),
             Entry::Vacant(slot) => {
@@ -152,7 +152,7 @@ impl MemoryStore {
     fn put_run_now(&self, run: RunRecord, fence: u64) -> Result<u64, StoreError> {
         let mut state = self.lock();
         state.check_fence(&run.run_id, fence)?;
-        check_value_size("run state", &run.state, self.max_value_bytes)?;
+        check_len("run state", run.state.len(), self.max_value_bytes)?;
         let Some(entry) = state.runs.get_mut(&run.run_id) else {
             return Err(StoreError::RunNotFound(run.run_id));
         };

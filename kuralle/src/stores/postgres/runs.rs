@@ -7,14 +7,14 @@ use super::codec::{decode, encode, to_i64, to_u64};
 use super::errors::{Fail, retrying};
 use crate::StoreError;
 use crate::store::{RunFilter, RunRecord, RunStatus, RunSummary};
-use crate::stores::check_value_size;
+use crate::stores::check_len;
 
 impl PostgresStore {
     pub(super) async fn create_run_fenced(&self, run: &RunRecord, fence: Option<u64>) -> Result<(), StoreError> {
         let fence = fence_param(fence)?;
         let (epoch, version) = (to_i64("run epoch", run.epoch)?, to_i64("run version", run.version)?);
-        check_value_size("run state", &run.state, self.inner.options.max_value_bytes)?;
-        let state = encode(&run.state);
+        check_len("run state", run.state.len(), self.inner.options.max_value_bytes)?;
+        let state = encode(&run.state.to_value());
         let status = run.status.as_str();
         retrying(|| async {
             let client = self.client().await?;
@@ -65,8 +65,8 @@ impl PostgresStore {
         let next = expected
             .checked_add(1)
             .ok_or_else(|| StoreError::LimitExceeded(format!("run `{}` version overflow", run.run_id)))?;
-        check_value_size("run state", &run.state, self.inner.options.max_value_bytes)?;
-        let state = encode(&run.state);
+        check_len("run state", run.state.len(), self.inner.options.max_value_bytes)?;
+        let state = encode(&run.state.to_value());
         let status = run.status.as_str();
         retrying(|| async {
             let client = self.client().await?;
@@ -137,7 +137,7 @@ fn run_from_row(row: &Row) -> Result<RunRecord, StoreError> {
         status: parse_status(&get::<String>(row, 2)?)?,
         epoch: to_u64("kuralle_runs.epoch", get(row, 3)?)?,
         version: to_u64("kuralle_runs.version", get(row, 4)?)?,
-        state: decode("kuralle_runs.state", get(row, 5)?)?,
+        state: crate::JsonText::from(decode("kuralle_runs.state", get(row, 5)?)?),
         created_at_ms: get(row, 6)?,
         updated_at_ms: get(row, 7)?,
     })

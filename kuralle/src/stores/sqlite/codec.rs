@@ -42,11 +42,11 @@ impl RawStep {
 
 /// Converts what a run row needs before it is queued: `(epoch, version, state JSON)`.
 pub(super) fn prepare_run(run: &RunRecord, max_value_bytes: usize) -> Result<(i64, i64, String), StoreError> {
-    Ok((
-        to_i64("run epoch", run.epoch)?,
-        to_i64("run version", run.version)?,
-        to_json("run state", &run.state, max_value_bytes)?,
-    ))
+    Ok((to_i64("run epoch", run.epoch)?, to_i64("run version", run.version)?, {
+        let state = run.state.as_str();
+        crate::stores::check_len("run state", state.len(), max_value_bytes)?;
+        state.to_owned()
+    }))
 }
 
 /// `value` as compact JSON text, serialized and measured in one pass: past `max` bytes the

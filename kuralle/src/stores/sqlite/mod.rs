@@ -103,7 +103,7 @@ impl Default for SqliteOptions {
 ///     status: RunStatus::Running,
 ///     epoch: 0,
 ///     version: 0,
-///     state: serde_json::json!({"turn": 1}),
+///     state: serde_json::json!({"turn": 1}).into(),
 ///     created_at_ms: 1,
 ///     updated_at_ms: 1,
 /// };
@@ -514,7 +514,7 @@ mod tests {
                 status: RunStatus::Running,
                 epoch: 0,
                 version: 0,
-                state: serde_json::json!({"x": 1}),
+                state: serde_json::json!({"x": 1}).into(),
                 created_at_ms: 1,
                 updated_at_ms: 1,
             };

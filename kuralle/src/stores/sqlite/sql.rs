@@ -3,7 +3,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::codec::{Mapper, RawStep, parse_json, parse_run_status, to_u64};
+use super::codec::{Mapper, RawStep, parse_run_status, to_u64};
 use crate::store::{Lease, NewStep, RunFilter, RunRecord, RunSummary, StepRecord, StoreError};
 
 /// Reserves the next ordinals and inserts the intents; runs inside the writer's savepoint, so
@@ -257,7 +257,8 @@ pub(super) fn get_run(conn: &Connection, errors: Mapper, run_id: &str) -> Result
             status: parse_run_status(&status)?,
             epoch: to_u64("runs.epoch", epoch)?,
             version: to_u64("runs.version", version)?,
-            state: parse_json("runs.state", &state)?,
+            state: crate::JsonText::parse(state)
+                .map_err(|e| StoreError::Corrupt(format!("runs.state holds invalid JSON: {e}")))?,
             run_id,
             agent_id,
             created_at_ms,
