@@ -23,16 +23,21 @@ pub(super) async fn run(
     turn: &Arc<TurnCtx>,
     batch: Vec<Planned>,
 ) -> Result<(Vec<CallOutcome>, Vec<Pending>), RunError> {
-    turn.emit(Event::ToolBatchStart {
-        calls: batch.iter().map(|p| BatchCall { call_id: p.req.call_id.clone(), name: p.req.name.clone() }).collect(),
-    })
-    .await;
-    for p in &batch {
-        let args = match &p.parsed {
-            Ok((_, args)) => args.clone(),
-            Err(_) => Value::String(p.req.arguments.clone()),
-        };
-        turn.emit(Event::ToolCall { call_id: p.req.call_id.clone(), name: p.req.name.clone(), args }).await;
+    if turn.events.is_listening() {
+        turn.emit(Event::ToolBatchStart {
+            calls: batch
+                .iter()
+                .map(|p| BatchCall { call_id: p.req.call_id.clone(), name: p.req.name.clone() })
+                .collect(),
+        })
+        .await;
+        for p in &batch {
+            let args = match &p.parsed {
+                Ok((_, args)) => args.clone(),
+                Err(_) => Value::String(p.req.arguments.clone()),
+            };
+            turn.emit(Event::ToolCall { call_id: p.req.call_id.clone(), name: p.req.name.clone(), args }).await;
+        }
     }
 
     let interrupted = turn.interrupt.is_cancelled();
@@ -127,7 +132,7 @@ pub(super) async fn run(
             Err(waiting) => pending.push(waiting),
         }
     }
-    for o in &outcomes {
+    for o in outcomes.iter().take_while(|_| turn.events.is_listening()) {
         turn.emit(Event::ToolResult {
             call_id: o.call_id.clone(),
             name: o.name.clone(),

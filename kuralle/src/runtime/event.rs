@@ -144,6 +144,13 @@ impl EventSender {
         let _ = self.0.send(event).await;
     }
 
+    /// Whether anyone can still receive events. Once the handle is awaited or dropped, an
+    /// event would be built only to be dropped: callers skip building the costly ones (each
+    /// call's arguments and result are cloned into its events).
+    pub(crate) fn is_listening(&self) -> bool {
+        !self.0.is_closed()
+    }
+
     /// Sends a progress event if less than half the buffer is in use; returns whether it was
     /// sent.
     pub(crate) fn progress(&self, event: Event) -> bool {

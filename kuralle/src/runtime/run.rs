@@ -408,7 +408,7 @@ async fn model_step(
         let response = replayed.map_err(|e| {
             RunError::Store(StoreError::Corrupt(format!("journaled model response is unreadable: {e}")))
         })?;
-        if !response.text.is_empty() {
+        if !response.text.is_empty() && ctx.events.is_listening() {
             ctx.events.send(Event::TextDelta { delta: response.text.clone() }).await;
         }
         tracing::Span::current().record("replayed", true);
