@@ -89,6 +89,32 @@ async fn one_run(store: Store, n: usize, dir: &std::path::Path, round: usize) ->
     Measured { elapsed, commits }
 }
 
+/// A run whose first model response asks for `n` calls, all finished, and whose second model
+/// request failed; with `resume`, the time to resume it (every step replays, the run ends).
+async fn replay(n: usize, resume: bool) -> Duration {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let build = |model: ScriptedModel| {
+        Runtime::builder()
+            .agent(AgentDef::new("bench", "Count.").tool(Inc).max_steps(4))
+            .model(model)
+            .store_arc(Arc::clone(&store))
+            .max_steps_per_run(n as u64 + 8)
+            .build()
+            .expect("build the runtime")
+    };
+    let calls = (0..n).map(|i| (format!("call_{i}"), "inc".to_owned(), format!(r#"{{"x":{i}}}"#)));
+    let first = build(ScriptedModel::new([Turn::tool_calls(calls), Turn::error("the process died here")]));
+    first.run(kuralle::RunRequest::new("go").run_id("replay")).await.expect_err("the second request fails");
+    if !resume {
+        return Duration::ZERO;
+    }
+    let second = build(ScriptedModel::by_transcript([Turn::text("unused"), Turn::text("done")]));
+    let start = Instant::now();
+    let out = second.resume("replay").await.expect("the run resumes");
+    assert_eq!(out.status, RunStatus::Finished);
+    start.elapsed()
+}
+
 /// The median time of a 256-byte `write` + `fdatasync` in `dir`: the floor under any durable
 /// commit on this disk.
 fn fdatasync_median(dir: &std::path::Path) -> f64 {
@@ -112,6 +138,16 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("kuralle-bench-runtime-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
 
+    if let Some(at) = args.iter().position(|a| a == "--replay") {
+        // For callgrind: `--replay N` builds a run left unfinished after one response of N
+        // calls and resumes it; `--replay N build` stops before the resume, so the difference
+        // between the two is what resuming costs.
+        let n: usize = args.get(at + 1).and_then(|s| s.parse().ok()).unwrap_or(10_000);
+        let resume = args.get(at + 2).is_none_or(|a| a != "build");
+        let elapsed = rt.block_on(replay(n, resume));
+        println!("memory replay of {} steps: {:.1} ms", n + 2, elapsed.as_secs_f64() * 1e3);
+        return;
+    }
     if let Some(at) = args.iter().position(|a| a == "--only") {
         let store = match args.get(at + 1).map(String::as_str) {
             Some("sqlite") => Store::Sqlite,
