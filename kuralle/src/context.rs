@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
-use crate::{ToolError, dispatch::Scope};
+use crate::{ToolError, journal::effects::Scope};
 
 /// Handed to a tool that declares a `&ToolContext` parameter.
 ///
@@ -126,8 +126,8 @@ impl ToolContext {
     /// [`ToolError::Failed`] when the journal cannot record it (the run then stops, resumable).
     pub async fn now(&self) -> Result<SystemTime, ToolError> {
         let ms = match &self.inner.scope {
-            Some(scope) => scope.recorded(crate::StepKind::Now, crate::dispatch::now_value).await?,
-            None => crate::dispatch::now_value(),
+            Some(scope) => scope.recorded(crate::StepKind::Now, crate::journal::effects::now_value).await?,
+            None => crate::journal::effects::now_value(),
         };
         Ok(UNIX_EPOCH + Duration::from_millis(ms.as_u64().unwrap_or(0)))
     }

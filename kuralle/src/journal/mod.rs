@@ -5,6 +5,7 @@
 //! once, answers replay lookups from memory, and writes intents (a whole batch in one append,
 //! so one commit) and outcomes.
 
+pub(crate) mod effects;
 mod key;
 
 use std::{

@@ -1,0 +1,141 @@
+//! One batch of calls: intents in one append, calls that run through a bounded pool (a lone
+//! call inline), answers back in source order, events around them.
+
+use std::{sync::Arc, time::Instant};
+
+use futures::{StreamExt, stream};
+use serde_json::Value;
+use tracing::Instrument;
+
+use super::{
+    CallOutcome, Pending, TurnCtx,
+    call::{self, CallSite},
+    plan::{self, Job, Plan, Planned, Ready},
+};
+use crate::{Event, RunError, StepKind, ToolError, runtime::event::BatchCall, trace};
+
+/// A call's answer within its batch: its result and whether it was replayed, or the approval
+/// it waits for.
+type Slot = Result<(Result<Value, ToolError>, bool), Pending>;
+
+/// Runs one batch; returns its outcomes in source order and the calls waiting for approval.
+pub(super) async fn run(
+    turn: &Arc<TurnCtx>,
+    batch: Vec<Planned>,
+) -> Result<(Vec<CallOutcome>, Vec<Pending>), RunError> {
+    turn.emit(Event::ToolBatchStart {
+        calls: batch.iter().map(|p| BatchCall { call_id: p.req.call_id.clone(), name: p.req.name.clone() }).collect(),
+    })
+    .await;
+    for p in &batch {
+        let args = match &p.parsed {
+            Ok((_, args)) => args.clone(),
+            Err(_) => Value::String(p.req.arguments.clone()),
+        };
+        turn.emit(Event::ToolCall { call_id: p.req.call_id.clone(), name: p.req.name.clone(), args }).await;
+    }
+
+    let interrupted = turn.interrupt.is_cancelled();
+    let mut plans: Vec<Plan> = batch
+        .iter()
+        .map(|p| match (&p.parsed, interrupted) {
+            // An interrupt before the batch started: nothing in it runs, but every call
+            // still gets a result so the transcript never holds a dangling call.
+            (Ok((t, _)), true) => Plan::Done(Err(ToolError::Cancelled { tool: t.name().to_owned() }), false),
+            _ => plan::plan(turn, p),
+        })
+        .collect();
+
+    // Intents for every fresh call of the batch, in source order, in one append.
+    let fresh: Vec<&mut Ready> = plans
+        .iter_mut()
+        .filter_map(|pl| match pl {
+            Plan::Job(Job::Run(r)) if r.ordinal.is_none() => Some(r),
+            _ => None,
+        })
+        .collect();
+    let intents = fresh.iter().map(|r| (r.key.clone(), StepKind::Tool, r.tool.name().to_owned())).collect();
+    let ordinals = turn.journal.begin(intents).await?;
+    for (r, ordinal) in fresh.into_iter().zip(ordinals) {
+        r.ordinal = Some(ordinal);
+    }
+
+    // Answers known without running (replays, validation errors, pending approvals) fill
+    // their slot at once; only calls that run go through the bounded pool.
+    let mut slots: Vec<Option<Slot>> = Vec::with_capacity(batch.len());
+    let mut jobs = Vec::new();
+    let runs = plans.iter().filter(|pl| matches!(pl, Plan::Job(_))).count();
+    // A lone call (every serial call) runs without a task of its own; see `execute`.
+    let alone = runs == 1;
+    for (i, (p, plan)) in batch.iter().zip(plans).enumerate() {
+        let span = trace::tool_span(turn.journal.run_id(), &p.req.call_id, &p.req.name);
+        let started = Instant::now();
+        match plan {
+            Plan::Done(result, replayed) => {
+                trace::tool_done(&span, &result, replayed, started);
+                slots.push(Some(Ok((result, replayed))));
+            }
+            Plan::Pending(pending) => {
+                trace::tool_pending(&span, started);
+                slots.push(Some(Err(pending)));
+            }
+            Plan::Job(job) => {
+                slots.push(None);
+                let turn = Arc::clone(turn);
+                let call_id = p.req.call_id.clone();
+                let callsite = p.callsite.clone();
+                let name = p.req.name.clone();
+                jobs.push(async move {
+                    let result = match job {
+                        Job::Run(ready) => {
+                            let call = CallSite {
+                                call_id: &call_id,
+                                callsite: &callsite,
+                                parent: None,
+                                top_level: true,
+                                alone,
+                            };
+                            call::execute_journaled(&turn, ready, call).instrument(span.clone()).await
+                        }
+                        Job::Indeterminate { key, ordinal } => {
+                            call::indeterminate(&turn, &name, key, ordinal).instrument(span.clone()).await
+                        }
+                    };
+                    trace::tool_done(&span, &result, false, started);
+                    (i, result)
+                });
+            }
+        }
+    }
+    let ran: Vec<_> = if jobs.len() == 1 {
+        let mut jobs = jobs;
+        vec![jobs.remove(0).await]
+    } else {
+        stream::iter(jobs).buffer_unordered(turn.max_concurrency.max(1)).collect().await
+    };
+    for (i, result) in ran {
+        slots[i] = Some(Ok((result, false)));
+    }
+
+    let mut pending = Vec::new();
+    let mut outcomes = Vec::with_capacity(batch.len());
+    for (p, slot) in batch.into_iter().zip(slots) {
+        match slot.expect("every slot is filled: answered at once or by its job") {
+            Ok((result, replayed)) => {
+                outcomes.push(CallOutcome { call_id: p.req.call_id, name: p.req.name, result, replayed });
+            }
+            Err(waiting) => pending.push(waiting),
+        }
+    }
+    for o in &outcomes {
+        turn.emit(Event::ToolResult {
+            call_id: o.call_id.clone(),
+            name: o.name.clone(),
+            result: o.model_value(),
+            is_error: o.result.is_err(),
+            replayed: o.replayed,
+        })
+        .await;
+    }
+    Ok((outcomes, pending))
+}

@@ -1,0 +1,223 @@
+//! Tool dispatch: one model response's calls, in batches of consecutive parallel-safe calls
+//! with barriers between them, bounded concurrency, timeouts, interrupts, journaling, and
+//! results in source order whatever the completion order.
+//!
+//! One phase per file: [`plan`] decides how each call is answered (validation, keys, policy,
+//! approvals, replay) without running anything; [`batch`] runs one batch with bounded
+//! concurrency and puts its results back in source order; [`call`] runs one call to its
+//! journaled outcome under its timeout and the turn's interrupt. Nested `ctx.tool/now/uuid`
+//! effects are journaled in [`crate::journal::effects`].
+
+mod batch;
+pub(crate) mod call;
+pub(crate) mod plan;
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    Event, Policy, RunError, ToolCallRequest, ToolError, ToolSet,
+    journal::Journal,
+    runtime::event::{EventSender, PendingApproval},
+};
+
+/// Everything dispatch needs from the turn it runs in.
+pub(crate) struct TurnCtx {
+    pub(crate) journal: Journal,
+    pub(crate) tools: ToolSet,
+    pub(crate) events: EventSender,
+    pub(crate) interrupt: CancellationToken,
+    pub(crate) max_concurrency: usize,
+    pub(crate) max_result_bytes: usize,
+    /// The agent's approval policy, checked in [`plan`] before anything else can answer a call.
+    pub(crate) policy: Policy,
+    /// A store failure inside a nested effect: it ends the run after the current batch.
+    pub(crate) fatal: Mutex<Option<RunError>>,
+}
+
+impl TurnCtx {
+    pub(crate) async fn emit(&self, event: Event) {
+        self.events.send(event).await;
+    }
+
+    pub(crate) fn set_fatal(&self, e: RunError) {
+        self.fatal.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(e);
+    }
+
+    pub(crate) fn take_fatal(&self) -> Option<RunError> {
+        self.fatal.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+/// A tool call's outcome as dispatch reports it.
+#[derive(Debug, Clone)]
+pub(crate) struct CallOutcome {
+    pub(crate) call_id: String,
+    pub(crate) name: String,
+    pub(crate) result: Result<Value, ToolError>,
+    pub(crate) replayed: bool,
+}
+
+impl CallOutcome {
+    /// The value the model receives: the result, or an error object.
+    pub(crate) fn model_value(&self) -> Value {
+        match &self.result {
+            Ok(v) => v.clone(),
+            Err(e) => error_value(e),
+        }
+    }
+
+    /// [`model_value`](Self::model_value), consuming the outcome.
+    pub(crate) fn into_model_value(self) -> Value {
+        match self.result {
+            Ok(v) => v,
+            Err(e) => error_value(&e),
+        }
+    }
+}
+
+/// What the model receives for a failed call.
+pub(crate) fn error_value(e: &ToolError) -> Value {
+    match e {
+        ToolError::Denied { tool, by, reason } => json!({
+            "__denied": true,
+            "toolName": tool,
+            "deniedBy": by,
+            "message": format!(
+                "The \"{tool}\" action was not approved by {by}.{} Tell the user it was declined; do not retry it.",
+                reason.as_deref().map(|r| format!(" Reason: {r}.")).unwrap_or_default()
+            ),
+        }),
+        other => {
+            let kind = serde_json::to_value(other).ok().and_then(|v| v.get("kind").cloned()).unwrap_or(Value::Null);
+            json!({"error": true, "kind": kind, "message": other.to_string()})
+        }
+    }
+}
+
+/// Runs one model response's calls; returns their outcomes in source order. Callsites
+/// `first_callsite..first_callsite + calls.len()` belong to these calls, in source order.
+pub(crate) async fn dispatch(
+    turn: &Arc<TurnCtx>,
+    calls: Vec<ToolCallRequest>,
+    first_callsite: u64,
+) -> Result<Dispatched, RunError> {
+    let planned = plan::parse(turn, calls, first_callsite);
+
+    let mut done = Dispatched::default();
+    let mut rest = planned.into_iter().peekable();
+    while let Some(first) = rest.next() {
+        let mut calls = vec![first];
+        if calls[0].parallel {
+            while rest.peek().is_some_and(|p| p.parallel) {
+                calls.extend(rest.next());
+            }
+        }
+        let (outcomes, pending) = batch::run(turn, calls).await?;
+        done.outcomes.extend(outcomes);
+        if let Some(e) = turn.take_fatal() {
+            return Err(e);
+        }
+        if !pending.is_empty() {
+            // Later calls may depend on the pending one: nothing after it runs until the
+            // decision arrives and the turn resumes.
+            done.pending = pending;
+            break;
+        }
+    }
+    Ok(done)
+}
+
+/// What one model response's calls came to.
+#[derive(Default)]
+pub(crate) struct Dispatched {
+    /// Outcomes of the calls that were answered, in source order.
+    pub(crate) outcomes: Vec<CallOutcome>,
+    /// Calls waiting for a human decision; non-empty means the run pauses.
+    pub(crate) pending: Vec<Pending>,
+}
+
+/// A call waiting for a human decision, and the journal key its decision is recorded under.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Pending {
+    pub(crate) request: PendingApproval,
+    pub(crate) decision_key: String,
+}
+
+/// A recorded human decision on a `needs_approval` call.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct RecordedDecision {
+    pub(crate) approved: bool,
+    pub(crate) by: String,
+    pub(crate) reason: Option<String>,
+}
+
+/// Records a journal failure as fatal for the turn and describes it to the call.
+pub(crate) fn journal_failure(turn: &TurnCtx, name: &str, doing: &str, e: RunError) -> ToolError {
+    let message = format!("the journal could not {doing}: {e}");
+    turn.set_fatal(e);
+    ToolError::failed(name, message)
+}
+
+/// Runs one call outside any agent run (an MCP `tools/call`) through the same path as a
+/// model's call: argument parsing and validation before execute, the tool's timeout,
+/// `interrupt` (honoured unless the tool is not interruptible), panic containment, the
+/// result-size cap, approval guards, and journaled nested effects (`ctx.tool/now/uuid`) on a
+/// throwaway in-memory journal of its own. Progress values arrive on `events` as
+/// [`Event::ToolProgress`]. `run_id` names the throwaway run (the call's `ctx.run_id()`).
+#[cfg(feature = "mcp")]
+pub(crate) async fn call_standalone(
+    tools: &ToolSet,
+    run_id: &str,
+    call: ToolCallRequest,
+    interrupt: CancellationToken,
+    events: EventSender,
+) -> Result<Value, ToolError> {
+    let name = call.name.clone();
+    let store: Arc<dyn crate::RunStore> = Arc::new(crate::stores::MemoryStore::new());
+    let now = crate::journal::now_ms();
+    let record = crate::RunRecord {
+        run_id: run_id.to_owned(),
+        agent_id: "standalone".to_owned(),
+        status: crate::RunStatus::Running,
+        epoch: 0,
+        version: 0,
+        state: Value::Null,
+        created_at_ms: now,
+        updated_at_ms: now,
+    };
+    // The throwaway run is owned like any other (its store checks the fence on every write).
+    let opened = async {
+        use crate::runtime::lease;
+        let held = lease::acquire(store.as_ref(), run_id, lease::DEFAULT_LEASE_TTL, None).await?;
+        let fence = lease::Fence::new(&held, CancellationToken::new());
+        store.create_run(record, fence.token()).await?;
+        Journal::open(Arc::clone(&store), fence, run_id, 0, crate::DEFAULT_MAX_STEPS_PER_RUN).await
+    };
+    let journal =
+        opened.await.map_err(|e| ToolError::failed(&name, format!("the call journal could not open: {e}")))?;
+    let turn = Arc::new(TurnCtx {
+        journal,
+        tools: tools.clone(),
+        events,
+        interrupt,
+        max_concurrency: 1,
+        max_result_bytes: crate::DEFAULT_MAX_RESULT_BYTES,
+        // A tool set served on its own has no agent, so no agent policy applies.
+        policy: Policy::new(),
+        fatal: Mutex::new(None),
+    });
+    let done = dispatch(&turn, vec![call], 0)
+        .await
+        .map_err(|e| ToolError::failed(&name, format!("the call journal failed: {e}")))?;
+    if let Some(outcome) = done.outcomes.into_iter().next() {
+        return outcome.result;
+    }
+    Err(ToolError::Denied {
+        tool: name,
+        by: "kuralle".to_owned(),
+        reason: Some("this tool needs a human's approval, which a standalone call cannot collect".to_owned()),
+    })
+}

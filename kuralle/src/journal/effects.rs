@@ -1,0 +1,151 @@
+//! Nested effects of a running call — `ctx.tool()`, `ctx.now()`, `ctx.uuid()` — each a step
+//! journaled under a callsite `"<parent>.<n>"` and replayed from the journal when recorded.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::Lookup;
+use crate::{
+    StepKind, StepOutcome, ToolCallRequest, ToolError,
+    dispatch::{
+        TurnCtx,
+        call::{self, CallSite},
+        journal_failure,
+        plan::{self, Job, Plan, Planned, replayed_error},
+    },
+    trace,
+};
+
+/// A running call's place in the run, handed to its [`ToolContext`]: nested effects get
+/// callsites `"<parent>.<n>"`, deterministic whatever order sibling calls finish in.
+#[derive(Clone)]
+pub(crate) struct Scope {
+    turn: Arc<TurnCtx>,
+    prefix: String,
+    next: Arc<AtomicU64>,
+    token: CancellationToken,
+}
+
+impl std::fmt::Debug for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scope").field("prefix", &self.prefix).finish_non_exhaustive()
+    }
+}
+
+impl Scope {
+    /// The scope of the call at `callsite`, whose nested calls are cancelled with `token`.
+    pub(crate) fn new(turn: Arc<TurnCtx>, prefix: String, token: CancellationToken) -> Self {
+        Self { turn, prefix, next: Arc::new(AtomicU64::new(0)), token }
+    }
+
+    fn next_callsite(&self) -> String {
+        format!("{}.{}", self.prefix, self.next.fetch_add(1, Ordering::SeqCst))
+    }
+
+    /// A nested, journaled tool call. It runs directly (no batch, no concurrency gate), so a
+    /// serial tool calling another serial tool cannot deadlock.
+    pub(crate) async fn tool(&self, name: &str, args: Value) -> Result<Value, ToolError> {
+        let callsite = self.next_callsite();
+        let span = trace::tool_span(self.turn.journal.run_id(), &format!("nested:{callsite}"), name);
+        let started = Instant::now();
+        let (result, replayed) = self.nested(name, args, callsite).instrument(span.clone()).await;
+        trace::tool_done(&span, &result, replayed, started);
+        result
+    }
+
+    /// [`tool`](Self::tool) without its span: the value, and whether the journal answered it.
+    async fn nested(&self, name: &str, args: Value, callsite: String) -> (Result<Value, ToolError>, bool) {
+        let turn = &self.turn;
+        let Some(tool) = turn.tools.get(name).cloned() else {
+            return (Err(ToolError::UnknownTool { tool: name.to_owned(), available: turn.tools.names() }), false);
+        };
+        if !args.is_object() {
+            let message = format!("the arguments must be a JSON object, not {}", crate::tool::kind(&args));
+            return (Err(ToolError::invalid_input(name, message)), false);
+        }
+        let planned = Planned {
+            req: ToolCallRequest {
+                call_id: format!("nested:{callsite}"),
+                name: name.to_owned(),
+                arguments: String::new(),
+            },
+            callsite,
+            parsed: Ok((tool, args)),
+            parallel: false,
+        };
+        match plan::plan(turn, &planned) {
+            Plan::Done(result, replayed) => (result, replayed),
+            Plan::Job(Job::Indeterminate { key, ordinal }) => {
+                (call::indeterminate(turn, name, key, ordinal).await, false)
+            }
+            // A nested call cannot suspend its parent mid-execution; the caller decides.
+            Plan::Pending(_) => {
+                let reason = "a tool that needs approval cannot be called from inside another tool";
+                (
+                    Err(ToolError::Denied {
+                        tool: name.to_owned(),
+                        by: "runtime".to_owned(),
+                        reason: Some(reason.into()),
+                    }),
+                    false,
+                )
+            }
+            Plan::Job(Job::Run(mut ready)) => {
+                if ready.ordinal.is_none() {
+                    match turn.journal.begin(vec![(ready.key.clone(), StepKind::Tool, name.to_owned())]).await {
+                        Ok(o) => ready.ordinal = o.first().copied(),
+                        Err(e) => return (Err(journal_failure(turn, name, "record the call", e)), false),
+                    }
+                }
+                let call_id = planned.req.call_id;
+                let site = CallSite {
+                    call_id: &call_id,
+                    callsite: &planned.callsite,
+                    parent: Some(&self.token),
+                    top_level: false,
+                    alone: true,
+                };
+                // Inline like a lone call: the parent waits for it, nothing runs beside it here.
+                (call::execute_journaled(turn, ready, site).await, false)
+            }
+        }
+    }
+
+    /// A journaled value of step kind `kind` (`ctx.now()`, `ctx.uuid()`): replayed if recorded
+    /// at this callsite, else produced and recorded. The key's payload is the kind's stored
+    /// name, so journals written before keep replaying.
+    pub(crate) async fn recorded(&self, kind: StepKind, make: impl FnOnce() -> Value) -> Result<Value, ToolError> {
+        let what = kind.as_str();
+        let callsite = self.next_callsite();
+        let turn = &self.turn;
+        let key = turn.journal.key(&callsite, &Value::String(what.to_owned()));
+        let ordinal = match turn.journal.lookup(&key) {
+            Lookup::Finished(v) => return Ok(v),
+            Lookup::Failed(e) => return Err(replayed_error(what, e)),
+            Lookup::Running(ordinal) => ordinal,
+            Lookup::Fresh => match turn.journal.begin(vec![(key.clone(), kind, what.to_owned())]).await {
+                Ok(o) => o[0],
+                Err(e) => return Err(journal_failure(turn, what, "record the step", e)),
+            },
+        };
+        let value = make();
+        if let Err(e) = turn.journal.finish(&key, ordinal, StepOutcome::Finished(value.clone()), false).await {
+            return Err(journal_failure(turn, what, "record the step", e));
+        }
+        Ok(value)
+    }
+}
+
+/// `ctx.now()` as stored: milliseconds since the Unix epoch.
+pub(crate) fn now_value() -> Value {
+    json!(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64))
+}
