@@ -12,6 +12,7 @@
 use std::{sync::OnceLock, time::Duration};
 
 use kuralle::{PreparedCall, Tool, ToolContext, ToolError, ToolEvent, ToolStream};
+use serde::Deserialize;
 use serde_json::Value;
 
 /// Temperature units.
@@ -40,11 +41,11 @@ pub async fn get_weather(city: String, units: Option<Units>) -> String {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GetWeather;
 
-// 3. The input: one pub field per param (not the `&ToolContext`). Unknown fields are refused,
-//    `Option` fields may be missing, and the param's doc comment describes the property.
+// 3. The input: one pub field per param (not the `&ToolContext`). It derives nothing: the
+//    macro reads the arguments into it field by field (section 4, `parse`), which compiles
+//    much faster than serde's derive. (A tool whose params carry `#[serde(...)]` attributes
+//    gets `#[derive(Deserialize, JsonSchema)]` here instead, so the attributes apply.)
 /// The arguments of the `get_weather` tool.
-#[derive(serde::Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct GetWeatherInput {
     /// City name, for example "Paris".
     pub city: String,
@@ -64,10 +65,24 @@ const _: () = {
             "Current weather for a city."
         }
 
-        // Computed once, on first use.
+        // Computed once, on first use: what schemars' derive would give the input struct. The
+        // param's doc comment describes the property; an `Option` param is not required.
         fn input_schema(&self) -> &Value {
             static SCHEMA: OnceLock<Value> = OnceLock::new();
-            SCHEMA.get_or_init(kuralle::schema::input_schema::<GetWeatherInput>)
+            SCHEMA.get_or_init(|| {
+                let mut generator = schemars::generate::SchemaSettings::draft2020_12().into_generator();
+                let mut city = generator.subschema_for::<String>();
+                city.insert("description".into(), "City name, for example \"Paris\".".into());
+                let units = generator.subschema_for::<Option<Units>>();
+                serde_json::json!({
+                    "type": "object",
+                    "additionalProperties": false,
+                    "properties": {"city": city.to_value(), "units": units.to_value()},
+                    "required": ["city"],
+                    "$schema": "https://json-schema.org/draft/2020-12/schema",
+                    "$defs": generator.take_definitions(false),
+                })
+            })
         }
 
         // `String` implements `JsonSchema`, so the result's schema is published too.
@@ -87,13 +102,30 @@ const _: () = {
         }
 
         // Validation happens here, before anything runs: bad arguments become a typed
-        // `ToolError::InvalidInput` for the model to correct (the real expansion's message
-        // also names the field that failed).
+        // `ToolError::InvalidInput` for the model to correct, naming the field.
         fn prepare(&self, args: &Value) -> Result<Box<dyn PreparedCall>, ToolError> {
-            let input: GetWeatherInput = serde_json::from_value(args.clone())
-                .map_err(|e| ToolError::invalid_input("get_weather", e.to_string()))?;
-            Ok(Box::new(GetWeatherCall { input }))
+            Ok(Box::new(GetWeatherCall { input: parse(args)? }))
         }
+    }
+
+    // The arguments object, field by field: unknown fields are refused, a missing `Option`
+    // is `None`, and each value is deserialized on its own so its error names it. (The real
+    // expansion does this with a table of the names and one shared helper per param type.)
+    fn parse(args: &Value) -> Result<GetWeatherInput, ToolError> {
+        let invalid = |message: String| ToolError::invalid_input("get_weather", message);
+        let Some(object) = args.as_object() else {
+            return Err(invalid("the arguments must be a JSON object".into()));
+        };
+        if let Some(key) = object.keys().find(|key| !["city", "units"].contains(&key.as_str())) {
+            return Err(invalid(format!("`{key}`: unknown field `{key}`, expected `city` or `units`")));
+        }
+        let field = |name: &str| object.get(name).unwrap_or(&Value::Null);
+        if !object.contains_key("city") {
+            return Err(invalid("missing field `city`".into()));
+        }
+        let city = String::deserialize(field("city")).map_err(|e| invalid(format!("`city`: {e}")))?;
+        let units = Option::<Units>::deserialize(field("units")).map_err(|e| invalid(format!("`units`: {e}")))?;
+        Ok(GetWeatherInput { city, units })
     }
 
     // One validated call, ready to run (the runtime journals its intent first).

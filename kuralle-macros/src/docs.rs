@@ -42,3 +42,33 @@ pub(crate) fn full_text(attrs: &[Attribute]) -> Option<String> {
 pub(crate) fn is_doc(attr: &Attribute) -> bool {
     attr.path().is_ident("doc")
 }
+
+/// The doc comment as schemars' derive reads it, as an expression:
+/// `::core::concat!(line, "\n", line, ...)`, one leading space stripped from each literal line
+/// (a line built by a macro, `#[doc = include_str!(..)]`, is kept as its expression); `""`
+/// when there is none.
+pub(crate) fn schemars_text<'a>(attrs: impl IntoIterator<Item = &'a Attribute>) -> proc_macro2::TokenStream {
+    let lines: Vec<proc_macro2::TokenStream> = attrs
+        .into_iter()
+        .filter(|a| is_doc(a))
+        .filter_map(|a| a.meta.require_name_value().ok())
+        .map(|nv| match &nv.value {
+            Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) if s.value().starts_with(' ') => {
+                let line = &s.value()[1..];
+                quote::quote!(#line)
+            }
+            other => quote::quote!(#other),
+        })
+        .collect();
+    match lines.as_slice() {
+        [] => quote::quote!(""),
+        [line] if syn::parse2::<syn::LitStr>(line.clone()).is_ok() => line.clone(),
+        _ => {
+            let lines = lines
+                .iter()
+                .enumerate()
+                .map(|(i, line)| if i == 0 { line.clone() } else { quote::quote!("\n", #line) });
+            quote::quote!(::core::concat!(#(#lines),*))
+        }
+    }
+}

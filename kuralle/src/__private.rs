@@ -16,9 +16,10 @@ pub use serde::{self, Deserialize, Serialize};
 pub use serde_json::{self, Value};
 pub use serde_path_to_error;
 
-pub use crate::generator::{Emit, Emitter, Generator, Slot, emitter, forward, returning, tool_stream};
-pub use crate::input::parse_input;
+pub use crate::generator::{Emit, Emitter, Generator, Slot, emitter, forward, outcome_stream, returning, tool_stream};
+pub use crate::input::{ArgTable, arg as parse_arg, match_args, parse_input};
 pub use crate::{Agent, AgentDef, PreparedCall, Tool, ToolContext, ToolError, ToolEvent, ToolSet, ToolStream, Yielded};
+pub use schemars::{Schema, SchemaGenerator};
 
 use serde::de::DeserializeOwned;
 use std::{
@@ -94,14 +95,47 @@ impl<E: Display + ?Sized> ToolErrorType for E {}
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a `#[tool]` parameter: it does not implement `serde::Deserialize`",
     label = "the model's arguments are deserialized into this",
-    note = "add `#[derive(serde::Deserialize, schemars::JsonSchema)]` to `{Self}`"
+    note = "add `#[derive(serde::Deserialize)]` to `{Self}`"
 )]
 pub trait ToolParam: DeserializeOwned {}
 
 impl<T: DeserializeOwned> ToolParam for T {}
 
-/// Compile-time check of a param type, emitted spanned on the type (axum's check fns).
+/// A `#[tool]` parameter type with a JSON Schema, which the model is shown.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a `#[tool]` parameter: it does not implement `schemars::JsonSchema`",
+    label = "the model is shown this parameter's JSON Schema",
+    note = "add `#[derive(schemars::JsonSchema)]` to `{Self}` (with `schemars = \"1\"` in your `[dependencies]`)"
+)]
+pub trait ToolParamSchema: JsonSchema {}
+
+impl<T: JsonSchema> ToolParamSchema for T {}
+
+/// Compile-time check of a param type, emitted spanned on the type (axum's check fns), for
+/// tools whose input struct derives `Deserialize`.
 pub const fn param_is_deserialize<T: ToolParam>() {}
+
+/// Argument `name` of a tool, from its value in the arguments object (see [`ArgTable`]).
+/// Emitted spanned on the param's type, so a type without `Deserialize` is reported there.
+///
+/// # Errors
+/// [`ToolError::InvalidInput`] naming the field.
+#[inline]
+pub fn arg<T: ToolParam>(tool: &str, name: &'static str, value: Option<&Value>) -> Result<T, ToolError> {
+    parse_arg(tool, name, value)
+}
+
+/// An argument's schema and whether it may be left out (an `Option`), for an [`ArgTable`].
+/// Emitted spanned on the param's type, so a type without `JsonSchema` is reported there.
+pub fn arg_schema<T: ToolParamSchema>(generator: &mut SchemaGenerator) -> (Schema, bool) {
+    // What schemars' derive asks of a field type under the deserialize contract.
+    (generator.subschema_for::<T>(), T::_schemars_private_is_option())
+}
+
+/// The input schema of a tool described by `table`, computed once into `cell`.
+pub fn args_schema(cell: &'static OnceLock<Value>, table: &'static ArgTable) -> &'static Value {
+    cell.get_or_init(|| crate::schema::args_schema(table))
+}
 
 /// The outcome of a call that returned `value`.
 pub fn ok_outcome<T: ToolOutput + ?Sized>(tool: &str, value: &T) -> ToolEvent {

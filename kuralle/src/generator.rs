@@ -148,6 +148,12 @@ fn events(slot: Slot<Value>, body: Pin<Box<dyn Future<Output = ToolEvent> + Send
         .boxed()
 }
 
+/// The [`ToolStream`] of a tool without progress: `body`'s outcome alone. (The body is boxed
+/// by the caller so this is compiled once, not once per tool.)
+pub fn outcome_stream(body: Pin<Box<dyn Future<Output = ToolEvent> + Send>>) -> ToolStream {
+    futures::stream::once(body).boxed()
+}
+
 /// Drives a tool's progress stream to its end, forwarding progress (as JSON) to `sink`.
 ///
 /// # Errors

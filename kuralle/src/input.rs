@@ -1,20 +1,119 @@
 //! Raw arguments → a tool's input struct, with errors that name the field.
 //!
-//! Every `#[tool]` instantiates [`parse_input`] for its own input type, so what is generic
-//! over that type is compiled once per tool. Wrapping the whole `&Value` deserializer in
-//! `serde_path_to_error` (as `serde_path_to_error::deserialize(args)` does) instantiates both
-//! deserializer stacks for every input struct, which made `#[tool]` cost ~100 ms of build time
-//! per tool. Here the top level is a minimal map deserializer whose methods are one-line shims
-//! around non-generic code; only the field *values* go through `serde_path_to_error`, and
-//! those are instantiated per field type (`String`, `i64`, `Option<u8>` ...), which tools in a
-//! crate share. The messages are the ones `serde_path_to_error::deserialize` gives: the key
-//! for an error in a field's key or value, the nested path below it, nothing for errors of the
-//! struct itself (`missing field`).
+//! `#[tool]` does not derive `Deserialize` for its input struct: serde's derive (a visitor, a
+//! field enum, sequence and map paths) was about half of what a tool cost to compile. The
+//! macro writes a table of the argument names ([`ArgTable`]) and one call of [`arg`] per
+//! field instead. [`match_args`] (not generic) pairs the object's entries with the names and
+//! refuses unknown ones; [`arg`] (generic over the field's type only, so shared by every tool
+//! with a field of that type) deserializes one value straight from the `Value`, and only when
+//! that fails runs it again under `serde_path_to_error` to name the nested path. The messages
+//! are the ones `serde_path_to_error::deserialize` gives for a derived struct: the key for an
+//! error in a field's value and the path below it, nothing for errors of the struct itself
+//! (`missing field`). Errors are reported unknown fields first, then in declaration order.
+//!
+//! Tools whose params carry `#[serde(...)]` or `#[schemars(...)]` attributes keep the derives
+//! (those attributes change what is accepted) and go through [`parse_input`], which is generic
+//! over the whole input struct. There the top level is a minimal map deserializer whose methods
+//! are one-line shims around non-generic code; only the field *values* go through
+//! `serde_path_to_error`.
 
-use serde::de::{self, DeserializeOwned, DeserializeSeed, Visitor, value::BorrowedStrDeserializer};
+use schemars::{Schema, SchemaGenerator};
+use serde::de::{self, DeserializeOwned, DeserializeSeed, Error as _, Visitor, value::BorrowedStrDeserializer};
 use serde_json::{Map, Value, map::Iter};
 
 use crate::ToolError;
+
+/// The model-facing arguments of a `#[tool]` fn, in declaration order, as the macro writes
+/// them into a `static`: JSON names, doc comments, and how to build each one's schema.
+#[derive(Debug)]
+pub struct ArgTable {
+    /// The JSON property names.
+    pub names: &'static [&'static str],
+    /// Each argument's doc comment (lines joined with `\n`, one leading space stripped, as
+    /// schemars' derive reads them); empty when it has none.
+    pub docs: &'static [&'static str],
+    /// Each argument's schema and whether it may be left out.
+    pub schemas: &'static [ArgSchema],
+}
+
+/// Builds one argument's schema, and says whether the argument may be left out.
+pub type ArgSchema = fn(&mut SchemaGenerator) -> (Schema, bool);
+
+/// Pairs the entries of the arguments object with `table`'s names: `slots[i]` receives the
+/// value of `table.names[i]`, if present.
+///
+/// # Errors
+/// [`ToolError::InvalidInput`] when `args` is not an object or holds a name not in `table`.
+pub fn match_args<'a>(
+    tool: &str,
+    args: &'a Value,
+    table: &ArgTable,
+    slots: &mut [Option<&'a Value>],
+) -> Result<(), ToolError> {
+    let map = object(tool, args)?;
+    for (key, value) in map {
+        match table.names.iter().position(|name| name == key) {
+            Some(i) => slots[i] = Some(value),
+            None => {
+                let error = serde_json::Error::unknown_field(key, table.names);
+                return Err(invalid_input(tool, Some(key.clone()), &error));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Deserializes argument `name` from its value, or from its absence (which only an `Option`
+/// accepts, as `None`).
+///
+/// # Errors
+/// [`ToolError::InvalidInput`] naming the field and the path inside it.
+pub fn arg<T: DeserializeOwned>(tool: &str, name: &'static str, value: Option<&Value>) -> Result<T, ToolError> {
+    let Some(value) = value else {
+        return T::deserialize(Missing(name)).map_err(|e| invalid_input(tool, None, &e));
+    };
+    match T::deserialize(value) {
+        Ok(v) => Ok(v),
+        // Deserialization is deterministic: the tracked run fails the same way, with the path.
+        Err(e) => Err(match serde_path_to_error::deserialize::<_, T>(value) {
+            Err(tracked) => invalid_input(tool, Some(joined(name, tracked.path())), tracked.inner()),
+            Ok(_) => invalid_input(tool, Some(name.to_owned()), &e),
+        }),
+    }
+}
+
+/// `name` followed by the path inside its value, formatted as `serde_path_to_error::Path`.
+fn joined(name: &str, path: &serde_path_to_error::Path) -> String {
+    let mut out = name.to_owned();
+    for segment in path {
+        if !matches!(segment, serde_path_to_error::Segment::Seq { .. }) {
+            out.push('.');
+        }
+        out.push_str(&segment.to_string());
+    }
+    out
+}
+
+/// An absent field, as serde's derive sees it: `None` for an `Option`, else `missing field`.
+struct Missing(&'static str);
+
+impl<'de> de::Deserializer<'de> for Missing {
+    type Error = serde_json::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+        Err(serde_json::Error::missing_field(self.0))
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        visitor.visit_none()
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        unit unit_struct newtype_struct seq tuple tuple_struct map struct enum
+        identifier ignored_any
+    }
+}
 
 /// Validates raw arguments into a tool's input struct. The message names the field:
 /// `` `units`: unknown variant `kelvin`, expected `celsius` or `fahrenheit` ``.
@@ -129,14 +228,7 @@ impl<'a> Entries<'a> {
 
     /// `key` followed by the path inside the value, formatted as `serde_path_to_error::Path`.
     fn value_error(&mut self, error: serde_json::Error, track: serde_path_to_error::Track) -> serde_json::Error {
-        let mut path = self.key();
-        for segment in &track.path() {
-            if !matches!(segment, serde_path_to_error::Segment::Seq { .. }) {
-                path.push('.');
-            }
-            path.push_str(&segment.to_string());
-        }
-        *self.path = Some(path);
+        *self.path = Some(joined(&self.key(), &track.path()));
         error
     }
 }
@@ -192,9 +284,8 @@ mod tests {
         })
     }
 
-    #[test]
-    fn messages_match_serde_path_to_error() {
-        let cases = [
+    fn cases() -> Vec<Value> {
+        vec![
             json!({"city": "Paris"}),
             json!({"city": "Paris", "units": "celsius", "days": 3, "list": [[1], [2, 3]]}),
             json!({}),
@@ -213,13 +304,66 @@ mod tests {
             json!({"city": "Paris", "list": {}}),
             json!({"city": "Paris", "map": {"a": 1, "b": "c"}}),
             json!({"city": "Paris", "map": {"a": 1, "b": 2}}),
-        ];
-        for args in cases {
+            json!({"city": "Paris", "list": null}),
+        ]
+    }
+
+    #[test]
+    fn messages_match_serde_path_to_error() {
+        for args in cases() {
             let ours = parse_input::<Input>("t", &args).map_err(|e| match e {
                 ToolError::InvalidInput { message, .. } => message,
                 other => panic!("{other:?}"),
             });
             let expected = reference(&args);
+            assert_eq!(format!("{ours:?}"), format!("{expected:?}"), "{args}");
+        }
+    }
+
+    /// What `#[tool]` writes for a tool with the params of [`Plain`] and no serde attributes.
+    fn lean(args: &Value) -> Result<Plain, ToolError> {
+        static TABLE: ArgTable =
+            ArgTable { names: &["city", "units", "place", "list", "map"], docs: &["", "", "", "", ""], schemas: &[] };
+        let mut slots = [None; 5];
+        match_args("t", args, &TABLE, &mut slots)?;
+        Ok(Plain {
+            city: arg("t", "city", slots[0])?,
+            units: arg("t", "units", slots[1])?,
+            place: arg("t", "place", slots[2])?,
+            list: arg("t", "list", slots[3])?,
+            map: arg("t", "map", slots[4])?,
+        })
+    }
+
+    /// The same fields, derived as the input struct of a tool with serde attributes is.
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)] // only deserialized
+    struct Plain {
+        city: String,
+        units: Option<Units>,
+        place: Option<Place>,
+        list: Option<Vec<Vec<i32>>>,
+        map: Option<std::collections::BTreeMap<String, u8>>,
+    }
+
+    #[test]
+    fn the_lean_parse_says_what_the_derive_says() {
+        let mut cases = cases();
+        cases.extend([json!({}), json!({"x": 1}), json!([1]), json!({"city": "Paris", "units": null})]);
+        for args in cases {
+            let ours = lean(&args).map_err(|e| match e {
+                ToolError::InvalidInput { message, .. } => message,
+                other => panic!("{other:?}"),
+            });
+            let expected = match &args {
+                Value::Object(_) => serde_path_to_error::deserialize::<_, Plain>(&args).map_err(|e| {
+                    let path = e.path().to_string();
+                    let inner = e.into_inner();
+                    if path == "." { inner.to_string() } else { format!("`{path}`: {inner}") }
+                }),
+                _ => Err("the arguments must be a JSON object, not an array".to_owned()),
+            };
             assert_eq!(format!("{ours:?}"), format!("{expected:?}"), "{args}");
         }
     }

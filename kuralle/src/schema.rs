@@ -23,6 +23,60 @@ pub fn input_schema<T: JsonSchema>() -> Value {
     finish_input(SchemaSettings::draft2020_12().into_generator().into_root_schema_for::<T>())
 }
 
+/// The input schema of a `#[tool]` from its argument table: what [`input_schema`] gives for
+/// the input struct with schemars' derive, key order included, without a `JsonSchema` impl
+/// per tool (the derive and `into_root_schema_for` were a large part of a tool's build time).
+pub(crate) fn args_schema(table: &crate::input::ArgTable) -> Value {
+    let mut generator = SchemaSettings::draft2020_12().into_generator();
+    let mut schema = schemars::json_schema!({"type": "object", "additionalProperties": false});
+    for ((name, doc), make) in table.names.iter().zip(table.docs).zip(table.schemas) {
+        let (mut property, optional) = make(&mut generator);
+        let (title, description) = title_and_description(doc);
+        for (key, text) in [("title", title), ("description", description)] {
+            if !text.is_empty() {
+                property.insert(key.to_owned(), text.into());
+            }
+        }
+        let object = schema.ensure_object();
+        if let Some(properties) = object.entry("properties").or_insert_with(|| json!({})).as_object_mut() {
+            properties.insert((*name).to_owned(), property.into());
+        }
+        if !optional && let Some(required) = object.entry("required").or_insert_with(|| json!([])).as_array_mut() {
+            required.push((*name).into());
+        }
+    }
+    // The derive's description of the input struct, then what `into_root_schema_for` adds.
+    // Both titles and descriptions are removed again by `finish_input`, but with
+    // `preserve_order` a removal moves the last key into the removed one's place, so they are
+    // inserted as they were to keep the keys in the order the models have always seen.
+    let object = schema.ensure_object();
+    object.insert("description".to_owned(), json!("The arguments of the tool."));
+    object.insert("title".to_owned(), json!("Input"));
+    if let Some(meta_schema) = &generator.settings().meta_schema {
+        object.insert("$schema".to_owned(), json!(meta_schema));
+    }
+    let mut definitions = generator.take_definitions(false);
+    if !definitions.is_empty()
+        && let Some(target) = object.entry("$defs").or_insert_with(|| json!({})).as_object_mut()
+    {
+        target.append(&mut definitions);
+    }
+    finish_input(schema)
+}
+
+/// A doc comment as schemars' derive splits it: a leading `# heading` line is the title, the
+/// rest (or the whole text) the description.
+fn title_and_description(doc: &str) -> (&str, &str) {
+    let doc = doc.trim_ascii();
+    match doc.strip_prefix('#') {
+        Some(_) => {
+            let end = doc.find('\n').unwrap_or(doc.len());
+            (doc[..end].trim_start_matches('#').trim_ascii(), doc[end..].trim_ascii())
+        }
+        None => ("", doc),
+    }
+}
+
 fn finish_input(schema: Schema) -> Value {
     let mut value = schema.to_value();
     strip_root(&mut value);

@@ -882,10 +882,18 @@ pub trait RunStore: Send + Sync + 'static {
                 if self.current_lease(&run.run_id).await?.is_some() {
                     continue;
                 }
-                match self.acquire_lease(&run.run_id, &format!("{owner}/{}", run.run_id), ttl).await {
-                    Ok(lease) => claimed.push(lease),
+                let lease = match self.acquire_lease(&run.run_id, &format!("{owner}/{}", run.run_id), ttl).await {
+                    Ok(lease) => lease,
                     Err(StoreError::LeaseHeld { .. }) => continue,
                     Err(e) => return Err(e),
+                };
+                // The list is a snapshot: the run's last turn may have closed it (and released
+                // its lease) since, and a closed run must not be claimed again.
+                let still_runnable = self.get_run(&run.run_id).await?.is_some_and(|r| r.status == RunStatus::Running);
+                if still_runnable {
+                    claimed.push(lease);
+                } else {
+                    self.release_lease(&lease).await?;
                 }
                 if claimed.len() == limit {
                     break;

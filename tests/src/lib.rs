@@ -234,7 +234,11 @@ pub struct FlakyStore {
     fail_append: Arc<AtomicBool>,
     finishes: Arc<AtomicUsize>,
     fail_from: Arc<AtomicUsize>,
+    after_list: Arc<std::sync::Mutex<Option<ListHook>>>,
 }
+
+/// What [`FlakyStore::after_next_list`] runs: it gets the wrapped store.
+type ListHook = Box<dyn FnOnce(Arc<dyn kuralle::RunStore>) -> BoxFuture<'static, ()> + Send>;
 
 impl FlakyStore {
     /// Wraps `inner`; nothing fails until told to.
@@ -245,6 +249,7 @@ impl FlakyStore {
             fail_append: Arc::default(),
             finishes: Arc::default(),
             fail_from: Arc::new(AtomicUsize::new(usize::MAX)),
+            after_list: Arc::default(),
         }
     }
 
@@ -259,6 +264,16 @@ impl FlakyStore {
     pub fn fail_finish_from(&self, n: usize) {
         self.finishes.store(0, Ordering::SeqCst);
         self.fail_from.store(n, Ordering::SeqCst);
+    }
+
+    /// Runs `hook` on the wrapped store after the next `list_runs` has read its list and before
+    /// it returns it: the caller then acts on a stale list (another process changed the runs
+    /// in between).
+    pub fn after_next_list(
+        &self,
+        hook: impl FnOnce(Arc<dyn kuralle::RunStore>) -> BoxFuture<'static, ()> + Send + 'static,
+    ) {
+        *self.after_list.lock().unwrap() = Some(Box::new(hook));
     }
 
     /// Makes `append_steps` fail (or succeed again).
@@ -282,7 +297,14 @@ impl kuralle::RunStore for FlakyStore {
         self.inner.put_run(run, fence)
     }
     fn list_runs(&self, filter: kuralle::RunFilter) -> kuralle::StoreFuture<'_, Vec<kuralle::RunSummary>> {
-        self.inner.list_runs(filter)
+        Box::pin(async move {
+            let runs = self.inner.list_runs(filter).await?;
+            let hook = self.after_list.lock().unwrap().take();
+            if let Some(hook) = hook {
+                hook(Arc::clone(&self.inner)).await;
+            }
+            Ok(runs)
+        })
     }
     fn delete_run<'a>(&'a self, run_id: &'a str) -> kuralle::StoreFuture<'a, bool> {
         self.inner.delete_run(run_id)

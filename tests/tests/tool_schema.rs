@@ -137,3 +137,101 @@ fn open_map_is_refused_naming_the_path() {
     assert_eq!(err.path, "/properties/tags");
     assert!(ToolSet::new().with(Tag).to_openai_with(false).is_ok());
 }
+
+/// What `ship`'s input struct was before `#[tool]` wrote its own argument table: the derives.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // only its schema is used
+struct ShipDerived {
+    /// Destination.
+    address: Address,
+    /// Shipping method.
+    shipping: Shipping,
+    /// Item ids.
+    items: Vec<String>,
+    /// Gift note.
+    note: Option<String>,
+}
+
+/// Doc comments as schemars reads them: a `#` heading is a title, lines are joined.
+#[tool]
+async fn headed(
+    /// # Heading
+    ///
+    /// Body line one,
+    /// body line two.
+    a: HashMap<String, u8>,
+    #[doc = concat!(" Built ", "by a macro.")] b: Option<Option<bool>>,
+    c: serde_json::Value,
+) -> u8 {
+    let _ = (a, b, c);
+    0
+}
+
+/// [`Headed`]'s params with the derives.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // only its schema is used
+struct HeadedDerived {
+    /// # Heading
+    ///
+    /// Body line one,
+    /// body line two.
+    a: HashMap<String, u8>,
+    #[doc = concat!(" Built ", "by a macro.")]
+    b: Option<Option<bool>>,
+    c: serde_json::Value,
+}
+
+/// No params at all.
+#[tool]
+async fn nothing() -> u8 {
+    0
+}
+
+/// No fields at all.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct NothingDerived {}
+
+#[test]
+fn the_argument_table_gives_the_derived_schema_key_for_key() {
+    // As text, so the key order (which models see) is compared too.
+    let text = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap();
+    for (tool, derived) in [
+        (&Ship as &dyn Tool, kuralle::schema::input_schema::<ShipDerived>()),
+        (&Headed, kuralle::schema::input_schema::<HeadedDerived>()),
+        (&Nothing, kuralle::schema::input_schema::<NothingDerived>()),
+    ] {
+        assert_eq!(text(tool.input_schema()), text(&derived), "{}", tool.name());
+    }
+    assert_eq!(Headed.input_schema()["properties"]["a"]["title"], "Heading");
+    assert_eq!(Headed.input_schema()["properties"]["b"]["description"], "Built by a macro.");
+}
+
+/// A param with serde attributes keeps serde's derive, which knows what they mean.
+#[tool]
+async fn renamed(
+    /// The town.
+    #[serde(rename = "town")]
+    city: String,
+    /// Days ahead.
+    #[serde(default)]
+    days: u8,
+) -> String {
+    format!("{city} {days}")
+}
+
+#[test]
+fn serde_attributes_on_params_still_apply() {
+    let schema = Renamed.input_schema();
+    assert_eq!(schema["required"], serde_json::json!(["town"]));
+    assert_eq!(schema["properties"]["town"]["description"], "The town.");
+    assert_eq!(schema["properties"]["days"]["default"], 0);
+    assert!(Renamed.prepare(&serde_json::json!({"town": "Oslo"})).is_ok());
+    let Err(kuralle::ToolError::InvalidInput { message, .. }) = Renamed.prepare(&serde_json::json!({"city": "Oslo"}))
+    else {
+        panic!("`city` is not a field of the renamed tool");
+    };
+    assert!(message.starts_with("`city`: unknown field `city`, expected `town` or `days`"), "{message}");
+}

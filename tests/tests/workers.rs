@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kuralle::stores::MemoryStore;
 use kuralle::{
-    AgentDef, Decision, RunRequest, RunStatus, RunStore, Runtime, WorkerOptions,
+    AgentDef, Decision, RunError, RunRequest, RunStatus, RunStore, Runtime, ServeReport, WorkerOptions,
     testing::{ScriptedModel, Turn},
 };
 use kuralle_tests::FnTool;
@@ -51,6 +51,31 @@ fn fast() -> WorkerOptions {
     WorkerOptions { max_concurrent_runs: 4, poll_interval: Duration::from_millis(20), ..WorkerOptions::default() }
 }
 
+/// A worker serving in the background until [`Serving::stop`].
+struct Serving {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<ServeReport, RunError>>,
+}
+
+impl Serving {
+    fn start(rt: &Runtime, options: WorkerOptions) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let worker = rt.clone();
+        let task = tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            worker.serve_with(shutdown, options).await
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> ServeReport {
+        self.stop.send(()).unwrap();
+        self.task.await.unwrap().unwrap()
+    }
+}
+
 async fn wait_for(runtime: &Runtime, run_id: &str, status: RunStatus) {
     loop {
         if runtime.get_run(run_id).await.unwrap().map(|r| r.status) == Some(status) {
@@ -75,24 +100,12 @@ async fn submitted_runs_are_served() {
         assert_eq!(rt.get_run(id).await.unwrap().unwrap().status, RunStatus::Running);
         assert_eq!(store.current_lease(id).await.unwrap(), None, "a submitted run holds no lease");
     }
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let worker = rt.clone();
-    let serving = tokio::spawn(async move {
-        worker
-            .serve_with(
-                async {
-                    let _ = stopped.await;
-                },
-                fast(),
-            )
-            .await
-    });
+    let serving = Serving::start(&rt, fast());
     for id in &ids {
         wait_for(&rt, id, RunStatus::Finished).await;
     }
-    stop.send(()).unwrap();
-    let report = serving.await.unwrap().unwrap();
-    assert_eq!((report.claimed, report.completed, report.handed_back), (20, 20, 0));
+    let report = serving.stop().await;
+    assert_eq!((report.claimed, report.completed, report.handed_back), (20, 20, 0), "{report:?}");
     assert_eq!(count.load(Ordering::SeqCst), 20);
     // A second submit with the same idempotency key changes nothing.
     let again = rt.submit(RunRequest::new("order 0").run_id(&ids[0]).idempotency_key("k")).await.unwrap();
@@ -120,23 +133,11 @@ async fn orphans_are_recovered_after_their_lease_expires() {
     assert_eq!(count.load(Ordering::SeqCst), 1);
     let dead = store.acquire_lease("orphan", "dead-process/turn", Duration::from_millis(300)).await.unwrap();
 
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let worker = rt.clone();
-    let serving = tokio::spawn(async move {
-        worker
-            .serve_with(
-                async {
-                    let _ = stopped.await;
-                },
-                fast(),
-            )
-            .await
-    });
+    let serving = Serving::start(&rt, fast());
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(rt.get_run("orphan").await.unwrap().unwrap().status, RunStatus::Running, "the lease is live");
     wait_for(&rt, "orphan", RunStatus::Finished).await;
-    stop.send(()).unwrap();
-    let report = serving.await.unwrap().unwrap();
+    let report = serving.stop().await;
     assert_eq!(report.claimed, 1);
     assert_eq!(count.load(Ordering::SeqCst), 1, "the finished payment replayed from the journal");
     let err = store.append_steps("orphan", dead.token, vec![kuralle_tests::conformance::step("late")]).await;
@@ -161,18 +162,7 @@ async fn decision_makes_runnable(store: Arc<dyn RunStore>) {
     let count = Arc::new(AtomicUsize::new(0));
     let rt = runtime(store.clone(), counting_tool("pay", &count).needs_approval());
     let run_id = rt.submit(RunRequest::new("order").run_id("needs-ok")).await.unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let worker = rt.clone();
-    let serving = tokio::spawn(async move {
-        worker
-            .serve_with(
-                async {
-                    let _ = stopped.await;
-                },
-                fast(),
-            )
-            .await
-    });
+    let serving = Serving::start(&rt, fast());
     wait_for(&rt, &run_id, RunStatus::Paused).await;
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert_eq!(rt.get_run(&run_id).await.unwrap().unwrap().status, RunStatus::Paused, "a paused run is not claimed");
@@ -180,8 +170,7 @@ async fn decision_makes_runnable(store: Arc<dyn RunStore>) {
 
     kuralle::record_decision(store.as_ref(), &run_id, &Decision::approve("alice")).await.unwrap();
     wait_for(&rt, &run_id, RunStatus::Finished).await;
-    stop.send(()).unwrap();
-    let report = serving.await.unwrap().unwrap();
+    let report = serving.stop().await;
     assert_eq!(report.claimed, 2, "claimed once to pause, once after the decision");
     assert_eq!(count.load(Ordering::SeqCst), 1);
 }
@@ -206,24 +195,11 @@ async fn shutdown_hands_back_in_flight_turns() {
     });
     let rt = runtime(store.clone(), slow);
     let run_id = rt.submit("order").await.unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let worker = rt.clone();
-    let options = WorkerOptions { shutdown_grace: Duration::from_millis(50), ..fast() };
-    let serving = tokio::spawn(async move {
-        worker
-            .serve_with(
-                async {
-                    let _ = stopped.await;
-                },
-                options,
-            )
-            .await
-    });
+    let serving = Serving::start(&rt, WorkerOptions { shutdown_grace: Duration::from_millis(50), ..fast() });
     while started.load(Ordering::SeqCst) == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    stop.send(()).unwrap();
-    let report = serving.await.unwrap().unwrap();
+    let report = serving.stop().await;
     assert_eq!((report.claimed, report.handed_back, report.completed), (1, 1, 0));
     assert_eq!(store.current_lease(&run_id).await.unwrap(), None, "handed back: no lease to wait out");
     assert_eq!(rt.get_run(&run_id).await.unwrap().unwrap().status, RunStatus::Running);
@@ -236,4 +212,29 @@ async fn shutdown_hands_back_in_flight_turns() {
 
 async fn wait_then_stop(rt: &Runtime, run_id: &str) {
     wait_for(rt, run_id, RunStatus::Finished).await;
+}
+
+/// A run that its last turn closes between the queue's listing and its claim (the list is a
+/// snapshot) is not claimed: a closed run never starts another turn.
+#[tokio::test]
+async fn a_run_closed_after_the_listing_is_not_claimed() {
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let flaky = kuralle_tests::FlakyStore::new(memory.clone());
+    let lease = memory.acquire_lease("r", "submitter", Duration::from_secs(60)).await.unwrap();
+    memory.create_run(kuralle_tests::conformance::run("r", RunStatus::Running, 1), lease.token).await.unwrap();
+    memory.release_lease(&lease).await.unwrap();
+    flaky.after_next_list(|store| {
+        Box::pin(async move {
+            // The run's last turn closes it and gives up its lease.
+            let lease = store.acquire_lease("r", "turn", Duration::from_secs(60)).await.unwrap();
+            let mut record = store.get_run("r").await.unwrap().unwrap();
+            record.status = RunStatus::Finished;
+            store.put_run(record, lease.token).await.unwrap();
+            store.release_lease(&lease).await.unwrap();
+        })
+    });
+    let claimed = flaky.claim_runnable("worker", Duration::from_secs(60), 4).await.unwrap();
+    assert!(claimed.is_empty(), "a finished run was claimed: {claimed:?}");
+    assert_eq!(memory.current_lease("r").await.unwrap(), None, "the claim let go of the run");
+    assert_eq!(memory.get_run("r").await.unwrap().unwrap().status, RunStatus::Finished);
 }

@@ -6,7 +6,7 @@
 
 use proc_macro2::TokenStream;
 use quote::{ToTokens, quote, quote_spanned};
-use syn::{ItemFn, LitStr, Type, spanned::Spanned};
+use syn::{ItemFn, LitStr, Type, ext::IdentExt, spanned::Spanned};
 
 use super::{
     args::{ParallelSafe, Spanned as WithSpan},
@@ -72,21 +72,31 @@ fn structs(tool: &ToolFn<'_>) -> TokenStream {
     let input_doc = LitStr::new(&format!(" The arguments of the `{}` tool.", tool.name), input.span());
     let allowed = allowed_on_structs();
     let fields = tool.args().map(|(ident, ty, attrs)| quote!(#(#attrs)* pub #ident: #ty,));
-    let serde_bound = serde_bound(tool);
+    let derives = tool.derives_input().then(|| {
+        let serde_bound = serde_bound(tool);
+        quote! {
+            #[derive(#p::Deserialize, #p::JsonSchema)]
+            #[serde(crate = #SERDE, deny_unknown_fields #serde_bound)]
+            #[schemars(crate = #SCHEMARS)]
+        }
+    });
+    // schemars' derive calls `.into()` unqualified (through `json!`), which fails in a
+    // `#![no_implicit_prelude]` module; an anonymous import makes the method resolvable.
+    let into = tool.derives_input().then(|| {
+        quote! {
+            #[allow(unused_imports)]
+            use ::core::convert::Into as _;
+        }
+    });
     quote! {
         #[doc = #struct_doc]
         #allowed
         #vis struct #ident;
 
-        // schemars' derive calls `.into()` unqualified (through `json!`), which fails in a
-        // `#![no_implicit_prelude]` module; an anonymous import makes the method resolvable.
-        #[allow(unused_imports)]
-        use ::core::convert::Into as _;
+        #into
 
         #[doc = #input_doc]
-        #[derive(#p::Deserialize, #p::JsonSchema)]
-        #[serde(crate = #SERDE, deny_unknown_fields #serde_bound)]
-        #[schemars(crate = #SCHEMARS)]
+        #derives
         #allowed
         #vis struct #input {
             #(#fields)*
@@ -108,16 +118,78 @@ fn serde_bound(tool: &ToolFn<'_>) -> Option<TokenStream> {
     (!bound.is_empty()).then(|| quote!(, bound(deserialize = #bound)))
 }
 
-/// One check per param type, spanned on the type, so a missing `Deserialize` is one error on
-/// the param that needs it (the trait carries `#[diagnostic::on_unimplemented]`).
-fn param_checks(tool: &ToolFn<'_>) -> TokenStream {
-    tool.args()
-        .map(|(_, ty, _)| {
+/// `__kuralle_parse` (the model's arguments → the input struct) and `__kuralle_input_schema`.
+///
+/// Without serde attributes on params: a `static` table of the arguments' names, docs and
+/// schema fns, and one `arg::<T>` per field. Each generic call is spanned on the param's type,
+/// so a type without `Deserialize` (or `JsonSchema`) is one error there, with the message of
+/// the trait it lacks. No trait impl is written for the input struct: the derives were the
+/// larger part of what a tool cost to compile.
+///
+/// With serde attributes the derives are kept, the parse and schema go through a probe (see
+/// `InputOf`), and one check per param type reports a missing `Deserialize`.
+fn input_fns(tool: &ToolFn<'_>) -> TokenStream {
+    let p = private();
+    let input = &tool.input_ident;
+    let ident = &tool.struct_ident;
+    let name = quote!(<#ident as #p::ToolName>::NAME);
+    if tool.derives_input() {
+        let checks = tool.args().map(|(_, ty, _)| {
             let span = ty.span();
             let p = private_at(span);
             quote_spanned!(span=> let _ = #p::param_is_deserialize::<#ty>;)
-        })
-        .collect()
+        });
+        return quote! {
+            #(#checks)*
+
+            // Chosen by autoref: the real parse and schema when the input struct derives hold,
+            // a stand-in otherwise (then the checks above have already reported why).
+            #[allow(unused_imports)]
+            use #p::{InvalidInput as _, ValidInput as _};
+
+            fn __kuralle_parse(__kuralle_args: &#p::Value) -> #p::Result<#input, #p::ToolError> {
+                (&&#p::InputOf::<#input>::new()).parse(#name, __kuralle_args)
+            }
+
+            fn __kuralle_input_schema() -> &'static #p::Value {
+                static __KURALLE_INPUT_SCHEMA: #p::OnceLock<#p::Value> = #p::OnceLock::new();
+                (&&#p::InputOf::<#input>::new()).schema(&__KURALLE_INPUT_SCHEMA)
+            }
+        };
+    }
+    let count = tool.args().count();
+    let names = tool.args().map(|(ident, _, _)| ident.unraw().to_string()).collect::<Vec<_>>();
+    let docs = tool.args().map(|(_, _, attrs)| crate::docs::schemars_text(attrs.iter().copied()));
+    let schemas = tool.args().map(|(_, ty, _)| {
+        let span = ty.span();
+        let p = private_at(span);
+        quote_spanned!(span=> #p::arg_schema::<#ty>)
+    });
+    let fields = tool.args().zip(&names).enumerate().map(|(i, ((ident, ty, _), name))| {
+        let span = ty.span();
+        let at = private_at(span);
+        let parse = quote_spanned!(span=> #at::arg::<#ty>(__kuralle_tool, #name, __kuralle_slots[#i]));
+        quote!(#ident: #parse?,)
+    });
+    quote! {
+        static __KURALLE_ARGS: #p::ArgTable = #p::ArgTable {
+            names: &[#(#names),*],
+            docs: &[#(#docs),*],
+            schemas: &[#(#schemas),*],
+        };
+
+        fn __kuralle_parse(__kuralle_args: &#p::Value) -> #p::Result<#input, #p::ToolError> {
+            let __kuralle_tool = #name;
+            let mut __kuralle_slots: [#p::Option<&#p::Value>; #count] = [#p::Option::None; #count];
+            #p::match_args(__kuralle_tool, __kuralle_args, &__KURALLE_ARGS, &mut __kuralle_slots)?;
+            #p::Result::Ok(#input { #(#fields)* })
+        }
+
+        fn __kuralle_input_schema() -> &'static #p::Value {
+            static __KURALLE_INPUT_SCHEMA: #p::OnceLock<#p::Value> = #p::OnceLock::new();
+            #p::args_schema(&__KURALLE_INPUT_SCHEMA, &__KURALLE_ARGS)
+        }
+    }
 }
 
 /// The result type `T` of the tool, when it can be named.
@@ -186,17 +258,12 @@ fn impls(tool: &ToolFn<'_>) -> TokenStream {
         quote!(fn idempotency_key(&self) -> #p::Option<#p::String> { #p::Option::Some(#key) })
     });
 
-    let checks = param_checks(tool);
+    let input_fns = input_fns(tool);
     let execute = execute(tool);
     let debug_name = ident.to_string();
 
     quote! {
-        #checks
-
-        // Chosen by autoref: the real parse and schema when the input struct derives hold,
-        // a stand-in otherwise (then `#checks` has already reported why).
-        #[allow(unused_imports)]
-        use #p::{InvalidInput as _, ValidInput as _};
+        #input_fns
 
         // The unit struct's trivial impls, written out: cheaper to compile than derives.
         impl ::core::clone::Clone for #ident {
@@ -232,8 +299,7 @@ fn impls(tool: &ToolFn<'_>) -> TokenStream {
             }
 
             fn input_schema(&self) -> &#p::Value {
-                static __KURALLE_INPUT_SCHEMA: #p::OnceLock<#p::Value> = #p::OnceLock::new();
-                (&&#p::InputOf::<#input>::new()).schema(&__KURALLE_INPUT_SCHEMA)
+                __kuralle_input_schema()
             }
 
             #output_schema
@@ -248,8 +314,7 @@ fn impls(tool: &ToolFn<'_>) -> TokenStream {
                 &self,
                 __kuralle_args: &#p::Value,
             ) -> #p::Result<#p::Box<dyn #p::PreparedCall>, #p::ToolError> {
-                let __kuralle_input =
-                    (&&#p::InputOf::<#input>::new()).parse(<Self as #p::ToolName>::NAME, __kuralle_args)?;
+                let __kuralle_input = __kuralle_parse(__kuralle_args)?;
                 #p::Result::Ok(#p::boxed_call(__KuralleCall { input: __kuralle_input, #raw_init }))
             }
         }
@@ -293,17 +358,25 @@ fn execute(tool: &ToolFn<'_>) -> TokenStream {
     let outcome = outcome(tool, &name);
     let keeps_raw = tool.args.on_error.is_some();
     let raw = keeps_raw.then(|| quote!(let __kuralle_raw = __kuralle_call.raw;));
-    let streaming = !matches!(tool.kind, Kind::Async);
-    let sink = if streaming { quote!(__kuralle_sink) } else { quote!(_) };
-    quote! {
-        let __kuralle_call = *self;
-        let (#sink, __kuralle_slot) = #p::emitter::<#p::Value>();
-        #p::tool_stream(__kuralle_slot, async move {
+    let body = quote! {
+        async move {
             let __kuralle_input = __kuralle_call.input;
             #raw
             #obtain
             #outcome
-        })
+        }
+    };
+    if matches!(tool.kind, Kind::Async) {
+        // No progress: a one-item stream, without the generator's slot.
+        return quote! {
+            let __kuralle_call = *self;
+            #p::outcome_stream(#p::Box::pin(#body))
+        };
+    }
+    quote! {
+        let __kuralle_call = *self;
+        let (__kuralle_sink, __kuralle_slot) = #p::emitter::<#p::Value>();
+        #p::tool_stream(__kuralle_slot, #body)
     }
 }
 
@@ -344,7 +417,7 @@ fn outcome(tool: &ToolFn<'_>, name: &TokenStream) -> TokenStream {
                 quote! {
                     if !#p::is_cancelled(&__kuralle_ctx) {
                         let __kuralle_recover = #recover;
-                        let __kuralle_input = match (&&#p::InputOf::<#input>::new()).parse(#name, &__kuralle_raw) {
+                        let __kuralle_input = match __kuralle_parse(&__kuralle_raw) {
                             #p::Result::Ok(__kuralle_input) => __kuralle_input,
                             #p::Result::Err(_) => return #err_outcome,
                         };
@@ -379,7 +452,7 @@ pub(crate) fn fallback(func: &ItemFn, errors: TokenStream) -> TokenStream {
         return quote!(#func #errors);
     }
     let allowed = allowed_lints();
-    let fn_name = syn::ext::IdentExt::unraw(&func.sig.ident).to_string();
+    let fn_name = func.sig.ident.unraw().to_string();
     let pascal = super::model::pascal_case(&fn_name);
     let ident = syn::Ident::new(&pascal, func.sig.ident.span());
     let input = syn::Ident::new(&format!("{pascal}Input"), func.sig.ident.span());

@@ -157,6 +157,13 @@ impl<'a> ToolFn<'a> {
         ToolFn { func, emitted, args, name, description, struct_ident, input_ident, params, kind, output }
     }
 
+    /// Whether the input struct derives `Deserialize` and `JsonSchema`: when a param carries
+    /// `#[serde(...)]` or `#[schemars(...)]`, whose meaning only the derives know. Otherwise
+    /// the expansion writes its own, much cheaper to compile, argument table.
+    pub(crate) fn derives_input(&self) -> bool {
+        self.args().any(|(_, _, attrs)| attrs.iter().any(|a| !docs::is_doc(a)))
+    }
+
     /// The model-facing args (params other than the context).
     pub(crate) fn args(&self) -> impl Iterator<Item = (&'a Ident, &'a Type, &[&'a Attribute])> + '_ {
         self.params.iter().filter_map(|p| match p {
