@@ -115,8 +115,13 @@ impl Mapper {
         };
         let detail = message.clone().unwrap_or_else(|| failure.to_string());
         match failure.code {
+            // SQLite answers some lock conflicts at once, without calling the busy handler (a
+            // read transaction that cannot become a write one, a snapshot too old to write
+            // from, a WAL being recovered): the extended code tells those from a timeout.
             ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => StoreError::Unavailable(format!(
-                "database is locked by another process or connection; gave up after busy_timeout ({} ms): {detail}",
+                "database is locked by another process or connection (SQLite extended code {}); busy_timeout is \
+                 {} ms: {detail}",
+                failure.extended_code,
                 self.busy_timeout.as_millis()
             )),
             ErrorCode::ReadOnly => StoreError::Unavailable(format!("database is read-only: {detail}")),

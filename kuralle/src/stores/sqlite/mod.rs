@@ -499,6 +499,8 @@ mod tests {
         }
         let busy = errors.map(failure(rusqlite::ffi::SQLITE_BUSY)).to_string();
         assert!(busy.contains("locked by another process") && busy.contains("300 ms"), "{busy}");
+        let snapshot = errors.map(failure(rusqlite::ffi::SQLITE_BUSY_SNAPSHOT)).to_string();
+        assert!(snapshot.contains("extended code 517"), "{snapshot}");
         assert!(matches!(errors.map(failure(rusqlite::ffi::SQLITE_NOTADB)), StoreError::Corrupt(_)));
         assert!(matches!(errors.map(failure(rusqlite::ffi::SQLITE_CORRUPT)), StoreError::Corrupt(_)));
         assert!(matches!(errors.map(failure(rusqlite::ffi::SQLITE_TOOBIG)), StoreError::LimitExceeded(_)));
