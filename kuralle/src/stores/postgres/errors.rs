@@ -5,7 +5,7 @@
 //! [`StoreError::Unavailable`]; data the schema cannot hold is [`StoreError::LimitExceeded`];
 //! a schema that is not what this build expects is [`StoreError::Corrupt`].
 
-use std::future::Future;
+use std::{future::Future, time::Duration};
 
 use deadpool_postgres::PoolError;
 use tokio_postgres::error::SqlState;
@@ -80,23 +80,79 @@ impl Fail {
 }
 
 /// How many times an operation runs at most when its failures are safe to retry.
-pub(super) const ATTEMPTS: usize = 3;
+pub(super) const ATTEMPTS: usize = 4;
 
-/// Runs `attempt` until it succeeds, fails for good, or [`ATTEMPTS`] are spent.
+/// The pause before the first retry; each later one waits four times as long (5, 20, 80 ms).
+///
+/// Retrying at once would hand back a pooled connection the server has just terminated but
+/// whose connection task has not yet seen the close (the pool's recycle check only sees a
+/// closed client), so after the server drops every connection (a restart, an operator's
+/// `pg_terminate_backend`) an immediate retry can hit one dead connection after another.
+pub(super) const FIRST_RETRY_DELAY: Duration = Duration::from_millis(5);
+
+/// Runs `attempt` until it succeeds, fails for good, or [`ATTEMPTS`] are spent, pausing
+/// between attempts (see [`FIRST_RETRY_DELAY`]).
 pub(super) async fn retrying<T, F, Fut>(mut attempt: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, Fail>>,
 {
     let mut tries = 0;
+    let mut delay = FIRST_RETRY_DELAY;
     loop {
         tries += 1;
         match attempt().await {
             Ok(value) => return Ok(value),
             Err(fail) if fail.retry && tries < ATTEMPTS => {
-                tracing::debug!(error = %fail.error, tries, "retrying a PostgreSQL operation on a fresh connection");
+                tracing::debug!(error = %fail.error, tries, "retrying a PostgreSQL operation after a pause");
+                tokio::time::sleep(delay).await;
+                delay *= 4;
             }
             Err(fail) => return Err(fail.error),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    fn unavailable() -> Fail {
+        Fail { error: StoreError::Unavailable("terminated".into()), retry: true }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_pause_and_stop_after_the_last_attempt() {
+        let tries = AtomicUsize::new(0);
+        let started = tokio::time::Instant::now();
+        let result: Result<(), StoreError> = retrying(|| async {
+            tries.fetch_add(1, Ordering::SeqCst);
+            Err(unavailable())
+        })
+        .await;
+        assert_eq!(result, Err(StoreError::Unavailable("terminated".into())));
+        assert_eq!(tries.load(Ordering::SeqCst), ATTEMPTS);
+        assert_eq!(started.elapsed(), Duration::from_millis(5 + 20 + 80), "paused before each retry");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_that_succeeds_ends_it_and_a_final_failure_is_not_retried() {
+        let tries = AtomicUsize::new(0);
+        let value =
+            retrying(|| async { if tries.fetch_add(1, Ordering::SeqCst) < 2 { Err(unavailable()) } else { Ok(7) } })
+                .await;
+        assert_eq!(value, Ok(7));
+        assert_eq!(tries.load(Ordering::SeqCst), 3);
+
+        let tries = AtomicUsize::new(0);
+        let result: Result<(), StoreError> = retrying(|| async {
+            tries.fetch_add(1, Ordering::SeqCst);
+            Err(Fail::from(StoreError::Corrupt("bad schema".into())))
+        })
+        .await;
+        assert!(matches!(result, Err(StoreError::Corrupt(_))));
+        assert_eq!(tries.load(Ordering::SeqCst), 1, "a failure retrying cannot fix is returned at once");
     }
 }
