@@ -116,7 +116,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
                     .into_iter()
                     .find(|s| s.name == "charge_card")
                     .and_then(|s| s.result)
-                    .map(|r| r["by_pid"].clone())
+                    .map(|r| r.to_value()["by_pid"].clone())
                     .unwrap_or(Value::Null);
                 // Resuming a run whose turn ended returns its last output and runs nothing.
                 let output = runtime.resume(&id).await?;

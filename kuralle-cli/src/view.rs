@@ -260,8 +260,9 @@ fn step_view(s: StepRecord, calls: &mut std::collections::HashMap<u64, kuralle::
         duration_ms: s.finished_at_ms.map(|f| (f - s.started_at_ms).max(0)),
         call_id: call.as_ref().map(|c| c.call_id.clone()),
         args: call.map(|c| c.args),
-        result: s.result,
-        error: s.error,
+        // A tree for display: previews and pages walk into it.
+        result: s.result.map(|text| text.to_value()),
+        error: s.error.map(|text| text.to_value()),
         replay,
     }
 }

@@ -110,7 +110,7 @@ async fn a_person_approves_a_paused_run_in_the_browser() {
     let store = SqliteStore::open(&db).unwrap();
     let journal = store.steps(PAUSED).await.unwrap();
     let decision = journal.iter().find(|s| s.kind == StepKind::Approval).expect("an approval step");
-    let value = decision.result.as_ref().unwrap();
+    let value = decision.result.as_ref().unwrap().to_value();
     assert_eq!(value["approved"], true);
     assert_eq!(value["by"], "alice");
     eprintln!("screenshots: {} and {}", dir.join("console-paused.png").display(), shot.display());

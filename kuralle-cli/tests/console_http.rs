@@ -76,7 +76,7 @@ async fn the_console_refuses_what_it_must_and_serves_the_rest() {
     assert_eq!(status, 303);
     let steps = store.steps(PAUSED).await.unwrap();
     let decision = steps.iter().find(|s| s.kind == StepKind::Approval).unwrap();
-    assert_eq!(decision.result.as_ref().unwrap()["by"], "mallory");
+    assert_eq!(decision.result.as_ref().unwrap().to_value()["by"], "mallory");
     // Deciding again is a conflict, shown on the run page.
     let (status, body) = http(&base, &decide, &[FORM], &approve).await;
     assert_eq!(status, 409);

@@ -106,7 +106,7 @@ impl<S: RunStore> Caller<S> {
         self.next += 1;
         self.calls += 1;
         // The tool's output, moved into the journal.
-        let outcome = StepOutcome::Finished(self.result.clone());
+        let outcome = StepOutcome::Finished(kuralle::JsonText::from(&self.result));
         self.store.finish_step(&self.run_id, self.fence, ordinals[0], outcome, 1).await.unwrap();
     }
 
@@ -117,7 +117,13 @@ impl<S: RunStore> Caller<S> {
         self.next += width;
         self.calls += width;
         let finishes = ordinals.iter().map(|&ordinal| {
-            self.store.finish_step(&self.run_id, self.fence, ordinal, StepOutcome::Finished(self.result.clone()), 1)
+            self.store.finish_step(
+                &self.run_id,
+                self.fence,
+                ordinal,
+                StepOutcome::Finished(kuralle::JsonText::from(&self.result)),
+                1,
+            )
         });
         for finished in futures::future::join_all(finishes).await {
             finished.unwrap();

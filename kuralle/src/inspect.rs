@@ -74,7 +74,7 @@ pub fn recorded_decisions(record: &RunRecord, steps: &[StepRecord]) -> HashMap<S
         .filter(|s| s.kind == StepKind::Approval && s.status == StepStatus::Finished)
         .filter_map(|s| {
             let w = waiting.iter().find(|w| w.decision_key == s.key)?;
-            let decision = serde_json::from_value(s.result.clone()?).ok()?;
+            let decision = s.result.as_ref()?.decode().ok()?;
             Some((w.request.request_id.clone(), decision))
         })
         .collect()
@@ -118,6 +118,13 @@ pub struct StepCall {
     pub call_id: String,
     /// The arguments the model sent (parsed).
     pub args: Value,
+}
+
+/// The part of a journaled model response that names its calls, read straight from the text.
+#[derive(Deserialize)]
+struct ToolCalls {
+    #[serde(default)]
+    tool_calls: Vec<ToolCallRequest>,
 }
 
 /// The model-issued call behind each tool and approval step of `steps`, by ordinal.
@@ -169,8 +176,8 @@ pub fn step_calls(run_id: &str, steps: &[StepRecord]) -> HashMap<u64, StepCall> 
             let requests: Vec<ToolCallRequest> = step
                 .result
                 .as_ref()
-                .and_then(|r| r.get("tool_calls"))
-                .and_then(|c| serde_json::from_value(c.clone()).ok())
+                .and_then(|r| r.decode::<ToolCalls>().ok())
+                .map(|r| r.tool_calls)
                 .unwrap_or_default();
             for (i, req) in requests.iter().enumerate() {
                 let Ok(args) = parse_args(&req.name, &req.arguments) else { continue };

@@ -1,17 +1,26 @@
-//! `JsonText`: a JSON value held as its text, for a run's state.
+//! `JsonText`: a JSON value held as its text, for a run's state and its journal's values.
 
 use serde::{
     Deserialize, Deserializer, Serialize, Serializer,
     de::{DeserializeOwned, IgnoredAny},
 };
+use std::sync::Arc;
+
 use serde_json::Value;
 
-/// A JSON value held as JSON text: a run's state ([`RunRecord::state`](crate::RunRecord::state)).
+/// A JSON value held as JSON text: a run's state ([`RunRecord::state`](crate::RunRecord::state))
+/// and a journal step's result or error ([`StepOutcome`](crate::StepOutcome),
+/// [`StepRecord::result`](crate::StepRecord::result)).
 ///
 /// A run's state holds its whole transcript. As text, the runtime writes it from its typed
 /// state and reads it back in one pass each, with no [`Value`] tree in between (building,
 /// measuring and freeing that tree was a sixth of a long run's instructions), and a store keeps
-/// it in one allocation instead of one per string, array and object.
+/// it in one allocation instead of one per string, array and object. A model response is
+/// journaled the same way: written once from the typed response, measured by its length, and
+/// read back on replay straight into the typed response.
+///
+/// The text is shared: a clone is a reference count, not a copy, so a store can hand out its
+/// journal (10,000 steps on a long run) without copying a single value.
 ///
 /// Two `JsonText`s are equal when they hold the same JSON value, whatever their key order or
 /// spacing: PostgreSQL's `jsonb` gives keys back sorted.
@@ -28,7 +37,7 @@ use serde_json::Value;
 /// # Ok::<(), serde_json::Error>(())
 /// ```
 #[derive(Clone)]
-pub struct JsonText(Box<str>);
+pub struct JsonText(Arc<str>);
 
 impl JsonText {
     /// `null`.
@@ -41,7 +50,7 @@ impl JsonText {
     /// # Errors
     /// When `value`'s `Serialize` fails (a map with non-string keys, or an error of its own).
     pub fn serialize_from<T: Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
-        serde_json::to_string(value).map(|text| Self(text.into_boxed_str()))
+        serde_json::to_string(value).map(|text| Self(text.into()))
     }
 
     /// `text`, checked to be one JSON value, kept as given (spacing included).
@@ -52,7 +61,7 @@ impl JsonText {
         let text = text.into();
         // Checked without building it: one value, nothing but whitespace after it.
         serde_json::from_str::<IgnoredAny>(&text)?;
-        Ok(Self(text.into_boxed_str()))
+        Ok(Self(text.into()))
     }
 
     /// The JSON text.
@@ -106,7 +115,7 @@ impl Default for JsonText {
 
 impl PartialEq for JsonText {
     fn eq(&self, other: &Self) -> bool {
-        self.as_str() == other.as_str() || self.to_value() == other.to_value()
+        Arc::ptr_eq(&self.0, &other.0) || self.as_str() == other.as_str() || self.to_value() == other.to_value()
     }
 }
 
@@ -164,5 +173,7 @@ mod tests {
         assert!(JsonText::parse("{").is_err());
         assert!(JsonText::parse("1 2").is_err());
         assert_eq!(JsonText::default().as_str(), "null");
+        let shared = state.clone();
+        assert!(std::ptr::eq(shared.as_str(), state.as_str()), "a clone shares the text");
     }
 }

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::JsonText;
 
@@ -256,7 +255,7 @@ impl StepKind {
 /// store.create_run(run("run-1"), lease.token).await?;
 /// store.append_steps("run-1", lease.token, vec![step("k1")]).await?;
 /// assert_eq!(store.steps("run-1").await?[0].status, StepStatus::Running);
-/// store.finish_step("run-1", lease.token, 0, StepOutcome::Finished(serde_json::json!(1)), 5).await?;
+/// store.finish_step("run-1", lease.token, 0, StepOutcome::Finished(kuralle::JsonText::from(serde_json::json!(1))), 5).await?;
 /// assert_eq!(store.steps("run-1").await?[0].status, StepStatus::Finished);
 /// # Ok::<(), kuralle::StoreError>(())
 /// # }).unwrap();
@@ -340,7 +339,9 @@ pub struct NewStep {
     pub started_at_ms: i64,
 }
 
-/// The outcome that finalizes a `Running` step.
+/// The outcome that finalizes a `Running` step, as JSON text ([`JsonText`]): the runtime
+/// writes a value's text once, a store measures it by its length and keeps (or writes) that
+/// text as it is.
 ///
 /// ```
 /// # fn run(id: &str) -> kuralle::RunRecord {
@@ -359,17 +360,33 @@ pub struct NewStep {
 /// store.create_run(run("run-1"), lease.token).await?;
 /// store.append_steps("run-1", lease.token, vec![step("k1")]).await?;
 /// let error = serde_json::json!({"failed": {"tool": "charge", "message": "card declined"}});
-/// store.finish_step("run-1", lease.token, 0, StepOutcome::Failed(error.clone()), 9).await?;
-/// assert_eq!(store.steps("run-1").await?[0].error, Some(error));
+/// store.finish_step("run-1", lease.token, 0, StepOutcome::Failed(kuralle::JsonText::from(error.clone())), 9).await?;
+/// assert_eq!(store.steps("run-1").await?[0].error.as_ref().expect("failed"), &error);
 /// # Ok::<(), kuralle::StoreError>(())
 /// # }).unwrap();
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum StepOutcome {
     /// A result value.
-    Finished(Value),
+    Finished(JsonText),
     /// A typed error, serialized (for tool steps, a [`crate::ToolError`]).
-    Failed(Value),
+    Failed(JsonText),
+}
+
+impl StepOutcome {
+    /// The outcome's JSON text, result or error.
+    ///
+    /// ```
+    /// use kuralle::{JsonText, StepOutcome};
+    ///
+    /// let outcome = StepOutcome::Finished(JsonText::from(serde_json::json!({"charged": 12})));
+    /// assert_eq!(outcome.text().as_str(), r#"{"charged":12}"#);
+    /// ```
+    pub fn text(&self) -> &JsonText {
+        match self {
+            Self::Finished(text) | Self::Failed(text) => text,
+        }
+    }
 }
 
 /// One journal entry.
@@ -390,10 +407,10 @@ pub enum StepOutcome {
 /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
 /// store.create_run(run("run-1"), lease.token).await?;
 /// store.append_steps("run-1", lease.token, vec![step("k1")]).await?;
-/// store.finish_step("run-1", lease.token, 0, StepOutcome::Finished(serde_json::json!("ok")), 7).await?;
+/// store.finish_step("run-1", lease.token, 0, StepOutcome::Finished(kuralle::JsonText::from(serde_json::json!("ok"))), 7).await?;
 /// let entry = &store.steps("run-1").await?[0];
 /// assert_eq!((entry.ordinal, entry.key.as_str(), entry.finished_at_ms), (0, "k1", Some(7)));
-/// assert_eq!(entry.result, Some(serde_json::json!("ok")));
+/// assert_eq!(entry.result.as_ref().map(kuralle::JsonText::as_str), Some(r#""ok""#));
 /// # Ok::<(), kuralle::StoreError>(())
 /// # }).unwrap();
 /// ```
@@ -411,10 +428,10 @@ pub struct StepRecord {
     pub epoch: u64,
     /// Where the step is.
     pub status: StepStatus,
-    /// The result, when finished.
-    pub result: Option<Value>,
-    /// The serialized typed error, when failed.
-    pub error: Option<Value>,
+    /// The result as JSON text, when finished.
+    pub result: Option<JsonText>,
+    /// The serialized typed error as JSON text, when failed.
+    pub error: Option<JsonText>,
     /// Start time, milliseconds since the Unix epoch.
     pub started_at_ms: i64,
     /// Finish time, milliseconds since the Unix epoch.
@@ -607,8 +624,8 @@ pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
 /// // Intent before execute: the step is journaled `Running` first...
 /// let ordinals = store.append_steps("run-1", lease.token, vec![step("charge:o-1")]).await?;
 /// // ...then finalized once with its outcome.
-/// store.finish_step("run-1", lease.token, ordinals[0], StepOutcome::Finished(serde_json::json!("charged")), 10).await?;
-/// let again = store.finish_step("run-1", lease.token, ordinals[0], StepOutcome::Finished(serde_json::json!("twice")), 11).await;
+/// store.finish_step("run-1", lease.token, ordinals[0], StepOutcome::Finished(kuralle::JsonText::from(serde_json::json!("charged"))), 10).await?;
+/// let again = store.finish_step("run-1", lease.token, ordinals[0], StepOutcome::Finished(kuralle::JsonText::from(serde_json::json!("twice"))), 11).await;
 /// assert!(matches!(again, Err(StoreError::StepNotRunning { .. })));
 /// // The run's row is replaced by compare-and-swap on its version.
 /// let mut record = store.get_run("run-1").await?.expect("created");
@@ -772,8 +789,8 @@ pub trait RunStore: Send + Sync + 'static {
     /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
     /// store.create_run(run("run-1"), lease.token).await?;
     /// store.append_steps("run-1", lease.token, vec![step("a")]).await?;
-    /// store.finish_step("run-1", lease.token, 0, kuralle::StepOutcome::Finished(serde_json::json!(42)), 3).await?;
-    /// assert_eq!(store.steps("run-1").await?[0].result, Some(serde_json::json!(42)));
+    /// store.finish_step("run-1", lease.token, 0, kuralle::StepOutcome::Finished(kuralle::JsonText::from(serde_json::json!(42))), 3).await?;
+    /// assert_eq!(store.steps("run-1").await?[0].result.as_ref().expect("finished"), &serde_json::json!(42));
     /// # Ok::<(), kuralle::StoreError>(())
     /// # }).unwrap();
     /// ```

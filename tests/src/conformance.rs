@@ -354,21 +354,24 @@ pub async fn journal_round_trip<S: RunStore>(store: S) {
         "empty": {}, "list": [], "null": null, "bool": false,
     });
     let error = json!({"kind": "tool_error", "message": "carte refusée ❌", "retryable": false});
-    store.finish_step("run-1", 1, StepOutcome::Finished(result.clone()), 200).await.unwrap();
-    store.finish_step("run-1", 2, StepOutcome::Failed(error.clone()), 201).await.unwrap();
-    store.finish_step("run-1", 0, StepOutcome::Finished(Value::String(String::new())), 202).await.unwrap();
+    store.finish_step("run-1", 1, StepOutcome::Finished(kuralle::JsonText::from(result.clone())), 200).await.unwrap();
+    store.finish_step("run-1", 2, StepOutcome::Failed(kuralle::JsonText::from(error.clone())), 201).await.unwrap();
+    store
+        .finish_step("run-1", 0, StepOutcome::Finished(kuralle::JsonText::from(Value::String(String::new()))), 202)
+        .await
+        .unwrap();
 
     let steps = store.steps("run-1").await.unwrap();
     assert_eq!(steps[1].status, StepStatus::Finished);
-    assert_eq!(steps[1].result.as_ref(), Some(&result));
+    assert_eq!(tree(&steps[1].result), Some(result));
     assert_eq!(steps[1].error, None);
     assert_eq!(steps[1].finished_at_ms, Some(200));
     assert_eq!(steps[2].status, StepStatus::Failed);
     assert_eq!(steps[2].result, None);
-    assert_eq!(steps[2].error.as_ref(), Some(&error));
+    assert_eq!(tree(&steps[2].error), Some(error));
     assert_eq!(steps[2].finished_at_ms, Some(201));
     assert_eq!(steps[0].status, StepStatus::Finished);
-    assert_eq!(steps[0].result, Some(json!("")));
+    assert_eq!(tree(&steps[0].result), Some(json!("")));
     assert_eq!(steps[3].status, StepStatus::Running, "untouched step stays running");
 
     // Later appends continue the sequence; an empty append reserves nothing.
@@ -409,28 +412,39 @@ pub async fn journal_finish_non_running_rejected<S: RunStore>(store: S) {
     let store = Owned::new(store);
     store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
     store.append_steps("run-1", vec![step("a"), step("b")]).await.unwrap();
-    store.finish_step("run-1", 0, StepOutcome::Finished(json!(1)), 5).await.unwrap();
+    store.finish_step("run-1", 0, StepOutcome::Finished(kuralle::JsonText::from(json!(1))), 5).await.unwrap();
 
     let not_running = |ordinal| StoreError::StepNotRunning { run_id: "run-1".into(), ordinal };
-    let again = store.finish_step("run-1", 0, StepOutcome::Finished(json!(2)), 6).await.unwrap_err();
+    let again =
+        store.finish_step("run-1", 0, StepOutcome::Finished(kuralle::JsonText::from(json!(2))), 6).await.unwrap_err();
     assert_eq!(again, not_running(0));
-    let again = store.finish_step("run-1", 0, StepOutcome::Failed(json!("late")), 6).await.unwrap_err();
+    let again = store
+        .finish_step("run-1", 0, StepOutcome::Failed(kuralle::JsonText::from(json!("late"))), 6)
+        .await
+        .unwrap_err();
     assert_eq!(again, not_running(0));
-    assert_eq!(store.finish_step("run-1", 2, StepOutcome::Finished(json!(1)), 6).await.unwrap_err(), not_running(2));
-    let huge = store.finish_step("run-1", u64::MAX, StepOutcome::Finished(json!(1)), 6).await.unwrap_err();
+    assert_eq!(
+        store.finish_step("run-1", 2, StepOutcome::Finished(kuralle::JsonText::from(json!(1))), 6).await.unwrap_err(),
+        not_running(2)
+    );
+    let huge = store
+        .finish_step("run-1", u64::MAX, StepOutcome::Finished(kuralle::JsonText::from(json!(1))), 6)
+        .await
+        .unwrap_err();
     assert_eq!(huge, not_running(u64::MAX));
 
-    store.finish_step("run-1", 1, StepOutcome::Failed(json!({"e": 1})), 7).await.unwrap();
-    let again = store.finish_step("run-1", 1, StepOutcome::Finished(json!(1)), 8).await.unwrap_err();
+    store.finish_step("run-1", 1, StepOutcome::Failed(kuralle::JsonText::from(json!({"e": 1}))), 7).await.unwrap();
+    let again =
+        store.finish_step("run-1", 1, StepOutcome::Finished(kuralle::JsonText::from(json!(1))), 8).await.unwrap_err();
     assert_eq!(again, not_running(1));
 
     let steps = store.steps("run-1").await.unwrap();
     assert_eq!(
-        (steps[0].status, steps[0].result.clone(), steps[0].finished_at_ms),
+        (steps[0].status, tree(&steps[0].result), steps[0].finished_at_ms),
         (StepStatus::Finished, Some(json!(1)), Some(5))
     );
     assert_eq!(
-        (steps[1].status, steps[1].error.clone(), steps[1].finished_at_ms),
+        (steps[1].status, tree(&steps[1].error), steps[1].finished_at_ms),
         (StepStatus::Failed, Some(json!({"e": 1})), Some(7))
     );
 }
@@ -454,7 +468,7 @@ pub async fn journal_finished_with_intents<S: RunStore>(store: S) {
         .append_finished_with_intents(
             "run-1",
             model("m1"),
-            StepOutcome::Finished(response.clone()),
+            StepOutcome::Finished(kuralle::JsonText::from(response.clone())),
             95,
             vec![step("b"), step("c")],
         )
@@ -465,7 +479,7 @@ pub async fn journal_finished_with_intents<S: RunStore>(store: S) {
     assert_eq!(steps.len(), 4);
     let m = &steps[1];
     assert_eq!((m.key.as_str(), m.kind, m.status), ("m1", StepKind::Model, StepStatus::Finished));
-    assert_eq!((m.result.as_ref(), m.error.as_ref()), (Some(&response), None));
+    assert_eq!((tree(&m.result), tree(&m.error)), (Some(response), None));
     assert_eq!((m.started_at_ms, m.finished_at_ms), (90, Some(95)));
     for s in &steps[2..] {
         assert_eq!((s.status, s.result.as_ref(), s.finished_at_ms), (StepStatus::Running, None, None), "{}", s.key);
@@ -475,15 +489,21 @@ pub async fn journal_finished_with_intents<S: RunStore>(store: S) {
     // No intents: the finished step alone. A failed outcome is stored as an error.
     let failed = json!({"kind": "failed"});
     let alone = store
-        .append_finished_with_intents("run-1", model("m2"), StepOutcome::Failed(failed.clone()), 96, Vec::new())
+        .append_finished_with_intents(
+            "run-1",
+            model("m2"),
+            StepOutcome::Failed(kuralle::JsonText::from(failed.clone())),
+            96,
+            Vec::new(),
+        )
         .await
         .unwrap();
     assert_eq!(alone, [4]);
     let m2 = &store.steps("run-1").await.unwrap()[4];
-    assert_eq!((m2.status, m2.result.as_ref(), m2.error.as_ref()), (StepStatus::Failed, None, Some(&failed)));
+    assert_eq!((m2.status, tree(&m2.result), tree(&m2.error)), (StepStatus::Failed, None, Some(failed)));
 
     // A duplicate key, in the finished step or in an intent, refuses the whole call.
-    let finished = || StepOutcome::Finished(json!(1));
+    let finished = || StepOutcome::Finished(kuralle::JsonText::from(json!(1)));
     let dup = store.append_finished_with_intents("run-1", model("a"), finished(), 97, vec![step("x")]).await;
     assert_eq!(dup.unwrap_err(), StoreError::DuplicateKey { run_id: "run-1".into(), key: "a".into() });
     let dup = store.append_finished_with_intents("run-1", model("m3"), finished(), 97, vec![step("b")]).await;
@@ -508,7 +528,10 @@ pub async fn run_not_found<S: RunStore>(store: S) {
     assert_eq!(store.put_run(run("ghost", RunStatus::Running, 1)).await.unwrap_err(), missing());
     assert_eq!(store.append_steps("ghost", vec![step("a")]).await.unwrap_err(), missing());
     assert_eq!(store.append_steps("ghost", vec![]).await.unwrap_err(), missing());
-    assert_eq!(store.finish_step("ghost", 0, StepOutcome::Finished(json!(1)), 1).await.unwrap_err(), missing());
+    assert_eq!(
+        store.finish_step("ghost", 0, StepOutcome::Finished(kuralle::JsonText::from(json!(1))), 1).await.unwrap_err(),
+        missing()
+    );
     assert!(store.steps("ghost").await.unwrap().is_empty());
     assert!(!store.delete_run("ghost").await.unwrap());
     assert!(store.list_runs(RunFilter::default()).await.unwrap().is_empty(), "nothing was created");
@@ -530,17 +553,20 @@ pub async fn value_size_limit<S: RunStore>(store: S) {
 
     store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
     store.append_steps("run-1", vec![step("a"), step("b")]).await.unwrap();
-    let err = store.finish_step("run-1", 0, StepOutcome::Failed(over), 2).await.unwrap_err();
+    let err = store.finish_step("run-1", 0, StepOutcome::Failed(kuralle::JsonText::from(over)), 2).await.unwrap_err();
     assert!(matches!(err, StoreError::LimitExceeded(_)), "{err:?}");
     assert!(!err.is_retryable());
     let steps = store.steps("run-1").await.unwrap();
     assert!(steps.iter().all(|s| s.status == StepStatus::Running), "nothing was finalized");
 
     // At the limit is fine, and the run goes on.
-    store.finish_step("run-1", 1, StepOutcome::Finished(at_limit), 3).await.unwrap();
-    store.finish_step("run-1", 0, StepOutcome::Failed(json!("too big")), 3).await.unwrap();
+    store.finish_step("run-1", 1, StepOutcome::Finished(kuralle::JsonText::from(at_limit)), 3).await.unwrap();
+    store.finish_step("run-1", 0, StepOutcome::Failed(kuralle::JsonText::from(json!("too big"))), 3).await.unwrap();
     let steps = store.steps("run-1").await.unwrap();
-    assert_eq!(steps[1].result.as_ref().and_then(Value::as_str).map(str::len), Some(DEFAULT_MAX_VALUE_BYTES - 2));
+    assert_eq!(
+        tree(&steps[1].result).as_ref().and_then(Value::as_str).map(str::len),
+        Some(DEFAULT_MAX_VALUE_BYTES - 2)
+    );
     assert_eq!(steps[0].status, StepStatus::Failed);
 }
 
@@ -691,14 +717,20 @@ pub async fn lease_takeover_fences_the_old_token<S: RunStore>(store: S) {
     let old = store.acquire_lease("run-1", "zombie", ttl).await.unwrap();
     store.create_run(run("run-1", RunStatus::Running, 1), old.token).await.unwrap();
     store.append_steps("run-1", old.token, vec![step("a"), step("b")]).await.unwrap();
-    store.finish_step("run-1", old.token, 0, StepOutcome::Finished(json!("a")), 2).await.unwrap();
+    store
+        .finish_step("run-1", old.token, 0, StepOutcome::Finished(kuralle::JsonText::from(json!("a"))), 2)
+        .await
+        .unwrap();
     let held = store.acquire_lease("run-1", "taker", ttl).await.unwrap_err();
     assert!(matches!(held, StoreError::LeaseHeld { ref owner, .. } if owner == "zombie"), "{held:?}");
 
     tokio::time::sleep(ttl * 3).await;
     // Expired, not yet taken over: the slow holder still writes and renews.
     assert_eq!(store.current_lease("run-1").await.unwrap(), None, "an expired lease is not current");
-    store.finish_step("run-1", old.token, 1, StepOutcome::Finished(json!("b")), 3).await.unwrap();
+    store
+        .finish_step("run-1", old.token, 1, StepOutcome::Finished(kuralle::JsonText::from(json!("b"))), 3)
+        .await
+        .unwrap();
     let old = store.renew_lease(&old, ttl).await.unwrap();
     assert_eq!(store.current_lease("run-1").await.unwrap().map(|l| l.token), Some(old.token));
 
@@ -718,7 +750,13 @@ pub async fn lease_takeover_fences_the_old_token<S: RunStore>(store: S) {
     assert_eq!(store.put_run(stale, old.token).await.unwrap_err(), fenced);
     assert_eq!(store.append_steps("run-1", old.token, vec![step("c")]).await.unwrap_err(), fenced);
     assert_eq!(store.append_steps("run-1", old.token, vec![step("a")]).await.unwrap_err(), fenced);
-    assert_eq!(store.finish_step("run-1", old.token, 0, StepOutcome::Finished(json!(0)), 4).await.unwrap_err(), fenced);
+    assert_eq!(
+        store
+            .finish_step("run-1", old.token, 0, StepOutcome::Finished(kuralle::JsonText::from(json!(0))), 4)
+            .await
+            .unwrap_err(),
+        fenced
+    );
     assert_eq!(store.renew_lease(&old, HOUR).await.unwrap_err(), fenced);
     assert_eq!(store.release_lease(&old).await.unwrap_err(), fenced);
     assert_eq!(store.get_run("run-1").await.unwrap(), Some(record.clone()), "fenced writes change nothing");
@@ -827,4 +865,10 @@ pub async fn queue_claims_each_runnable_run_once<S: RunStore>(store: S) {
     store.notify_runnable().await.unwrap();
     assert!(store.claim_runnable("next", HOUR, 100).await.unwrap().is_empty());
     store.release_lease(&next_lease).await.unwrap();
+}
+
+/// A step's stored JSON text as a tree, for comparing with what was written (a store may give
+/// the text back with other spacing or key order).
+fn tree(text: &Option<kuralle::JsonText>) -> Option<Value> {
+    text.as_ref().map(kuralle::JsonText::to_value)
 }

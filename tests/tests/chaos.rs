@@ -122,7 +122,7 @@ async fn random_kills_over_hundreds_of_mixed_runs_lose_and_double_nothing() {
                 assert!(!runs_of.is_empty(), "{run_id}: step {} finished but never ran", step.ordinal);
             } else {
                 assert_eq!(step.name, "ship", "{run_id}: only at-most-once calls may fail: {step:?}");
-                assert_eq!(step.error.as_ref().unwrap()["kind"], "indeterminate");
+                assert_eq!(step.error.as_ref().unwrap().to_value()["kind"], "indeterminate");
                 indeterminate += 1;
             }
             // No finished step ran again.

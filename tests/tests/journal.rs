@@ -165,7 +165,7 @@ async fn an_at_most_once_step_left_running_is_indeterminate_and_not_rerun() {
     let steps = memory.steps("r").await.unwrap();
     let step = steps.iter().find(|s| s.kind == StepKind::Tool).unwrap();
     assert_eq!(step.status, StepStatus::Failed);
-    assert_eq!(step.error.as_ref().unwrap()["kind"], "indeterminate");
+    assert_eq!(step.error.as_ref().unwrap().to_value()["kind"], "indeterminate");
 }
 
 #[tokio::test]
@@ -276,7 +276,7 @@ async fn durable_now_and_uuid_replay_their_first_values() {
         .unwrap()
         .iter()
         .filter(|s| s.kind != StepKind::Tool && s.kind != StepKind::Model)
-        .map(|s| s.result.clone().unwrap())
+        .map(|s| s.result.as_ref().unwrap().to_value())
         .collect();
     assert_eq!(recorded, [again["now"].clone(), again["id"].clone()]);
     let kinds: Vec<StepKind> = memory.steps("r").await.unwrap().iter().map(|s| s.kind).collect();
@@ -298,7 +298,8 @@ async fn parallel_calls_are_journaled_in_source_order() {
     ]);
     rt(AgentDef::new("r", "x").tool(tool), model, store.clone()).run(RunRequest::new("go").run_id("r")).await.unwrap();
     let steps = store.steps("r").await.unwrap();
-    let tools: Vec<_> = steps.iter().filter(|s| s.kind == StepKind::Tool).map(|s| s.result.clone().unwrap()).collect();
+    let tools: Vec<_> =
+        steps.iter().filter(|s| s.kind == StepKind::Tool).map(|s| s.result.as_ref().unwrap().to_value()).collect();
     assert_eq!(tools, [json!(1), json!(2), json!(3)]);
 }
 

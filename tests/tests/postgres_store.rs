@@ -89,7 +89,10 @@ async fn version_1_database_upgrades_and_keeps_data() {
     assert_eq!((old.status, old.epoch, old.version, old.state), (RunStatus::Paused, 2, 5, json!({"turn": 7}).into()));
     let steps = store.steps("old").await.unwrap();
     assert_eq!(steps.len(), 1);
-    assert_eq!((steps[0].status, steps[0].result.clone()), (StepStatus::Finished, Some(json!({"paid": 100}))));
+    assert_eq!(
+        (steps[0].status, steps[0].result.as_ref().map(kuralle::JsonText::to_value)),
+        (StepStatus::Finished, Some(json!({"paid": 100})))
+    );
     let lease = store.acquire_lease("old", "worker", Duration::from_secs(30)).await.unwrap();
     assert_eq!(lease.token, 1);
     assert_eq!(store.append_steps("old", lease.token, vec![step("k1")]).await.unwrap(), [1], "the journal continues");
@@ -256,7 +259,7 @@ async fn terminated_connections_are_retryable_and_lose_nothing() {
     for (key, ordinal) in acknowledged {
         assert_eq!(steps[ordinal as usize].key, key);
     }
-    store.finish_step("run-1", fence, 0, StepOutcome::Finished(json!("ok")), 2).await.unwrap();
+    store.finish_step("run-1", fence, 0, StepOutcome::Finished(kuralle::JsonText::from(json!("ok"))), 2).await.unwrap();
 }
 
 /// `notify_runnable` on one store wakes a `wait_runnable` on another (another process, in

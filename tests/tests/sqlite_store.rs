@@ -44,8 +44,14 @@ async fn reopen_after_drop_keeps_everything() {
     store.create_run(run("run-1", RunStatus::Running, 10), own(&store, "run-1").await).await.unwrap();
     store.create_run(run("run-2", RunStatus::Finished, 20), own(&store, "run-2").await).await.unwrap();
     store.append_steps("run-1", 1, vec![step("a"), step("b"), step("c")]).await.unwrap();
-    store.finish_step("run-1", 1, 0, StepOutcome::Finished(json!({"ok": "✓ déjà vu"})), 11).await.unwrap();
-    store.finish_step("run-1", 1, 1, StepOutcome::Failed(json!({"kind": "timeout"})), 12).await.unwrap();
+    store
+        .finish_step("run-1", 1, 0, StepOutcome::Finished(kuralle::JsonText::from(json!({"ok": "✓ déjà vu"}))), 11)
+        .await
+        .unwrap();
+    store
+        .finish_step("run-1", 1, 1, StepOutcome::Failed(kuralle::JsonText::from(json!({"kind": "timeout"}))), 12)
+        .await
+        .unwrap();
     let mut updated = store.get_run("run-1").await.unwrap().unwrap();
     updated.state = json!({"turn": 2}).into();
     updated.status = RunStatus::Paused;
@@ -214,7 +220,10 @@ async fn a_full_disk_is_retryable_and_loses_nothing_acknowledged() {
     // A large result cannot be written either; the step stays running.
     let big = json!("r".repeat(64 * 1024));
     if let Some((ordinal, _)) = acknowledged.first() {
-        let error = store.finish_step("run-1", 1, *ordinal, StepOutcome::Finished(big.clone()), 2).await.unwrap_err();
+        let error = store
+            .finish_step("run-1", 1, *ordinal, StepOutcome::Finished(kuralle::JsonText::from(big.clone())), 2)
+            .await
+            .unwrap_err();
         assert_unavailable(&error, "full");
     }
     // Reads still work, and show exactly the acknowledged writes.
@@ -230,8 +239,11 @@ async fn a_full_disk_is_retryable_and_loses_nothing_acknowledged() {
     assert_eq!(keys, acknowledged);
     let next = acknowledged.len() as u64;
     assert_eq!(store.append_steps("run-1", 1, vec![step("after")]).await.unwrap(), [next]);
-    store.finish_step("run-1", 1, next, StepOutcome::Finished(big.clone()), 3).await.unwrap();
-    assert_eq!(store.steps("run-1").await.unwrap()[next as usize].result.as_ref(), Some(&big));
+    store.finish_step("run-1", 1, next, StepOutcome::Finished(kuralle::JsonText::from(big.clone())), 3).await.unwrap();
+    assert_eq!(
+        store.steps("run-1").await.unwrap()[next as usize].result.as_ref().map(kuralle::JsonText::to_value),
+        Some(big)
+    );
 }
 
 /// Makes files immutable (`chattr +i`, which stops writes even for root) until dropped.
@@ -265,18 +277,21 @@ async fn a_file_that_cannot_be_written_is_retryable_and_loses_nothing_acknowledg
     };
     let error = store.append_steps("run-1", 1, vec![step("b")]).await.unwrap_err();
     assert_unavailable(&error, "I/O error");
-    let error = store.finish_step("run-1", 1, 0, StepOutcome::Finished(json!(1)), 2).await.unwrap_err();
+    let error = store
+        .finish_step("run-1", 1, 0, StepOutcome::Finished(kuralle::JsonText::from(json!(1))), 2)
+        .await
+        .unwrap_err();
     assert!(error.is_retryable(), "{error:?}");
     drop(guard);
 
     // Writable again: the store keeps working and nothing acknowledged was lost.
-    store.finish_step("run-1", 1, 0, StepOutcome::Finished(json!(1)), 3).await.unwrap();
+    store.finish_step("run-1", 1, 0, StepOutcome::Finished(kuralle::JsonText::from(json!(1))), 3).await.unwrap();
     assert_eq!(store.append_steps("run-1", 1, vec![step("b")]).await.unwrap(), [1]);
     drop(store);
     let store = SqliteStore::open(&path).unwrap();
     let steps = store.steps("run-1").await.unwrap();
     assert_eq!(steps.len(), 2);
-    assert_eq!(steps[0].result, Some(json!(1)));
+    assert_eq!(steps[0].result.as_ref().map(kuralle::JsonText::to_value), Some(json!(1)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -135,7 +135,8 @@ async fn check(store: &dyn RunStore, ids: &[String], ledger: &[Effect], cut_off:
                 continue;
             }
             assert!(!effects.is_empty(), "{run_id}: the payment ran");
-            let final_pid = step.result.as_ref().and_then(|r| r["pid"].as_u64()).expect("pay finished with a pid");
+            let final_pid =
+                step.result.as_ref().and_then(|r| r.to_value()["pid"].as_u64()).expect("pay finished with a pid");
             let (last, earlier) = effects.split_last().unwrap();
             assert_eq!(
                 u64::from(last.pid),

@@ -8,7 +8,9 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::{TurnCtx, journal_failure, plan::Ready};
-use crate::{Event, PreparedCall, StepOutcome, Tool, ToolContext, ToolError, ToolEvent, journal::effects::Scope};
+use crate::{
+    Event, JsonText, PreparedCall, StepOutcome, Tool, ToolContext, ToolError, ToolEvent, journal::effects::Scope,
+};
 
 /// How long a timed-out or interrupted call may take to notice its token before it is dropped.
 pub(crate) const CANCEL_GRACE: Duration = Duration::from_millis(50);
@@ -23,11 +25,12 @@ pub(crate) async fn execute_journaled(
     let Ready { tool, call, key, ordinal, reused } = ready;
     let result = execute(turn, &tool, call, &key, site).await;
     let outcome = match &result {
-        Ok(v) => Some(StepOutcome::Finished(v.clone())),
+        // Serialized once, straight into the text the store keeps (no copy of the tree).
+        Ok(v) => Some(StepOutcome::Finished(JsonText::from(v))),
         // A cancellation is not an outcome of the call, only of this attempt: the step
         // stays `running` so a resumed run tries again.
         Err(e) if !e.is_final() => None,
-        Err(e) => Some(StepOutcome::Failed(serde_json::to_value(e).unwrap_or(Value::Null))),
+        Err(e) => Some(StepOutcome::Failed(JsonText::serialize_from(e).unwrap_or_default())),
     };
     if let (Some(outcome), Some(ordinal)) = (outcome, ordinal)
         && let Err(e) = turn.journal.finish(&key, ordinal, outcome, reused).await
@@ -41,7 +44,7 @@ pub(crate) async fn execute_journaled(
 /// so every later replay reports the same thing.
 pub(crate) async fn indeterminate(turn: &TurnCtx, name: &str, key: String, ordinal: u64) -> Result<Value, ToolError> {
     let error = ToolError::Indeterminate { tool: name.to_owned(), key: key.clone() };
-    let outcome = StepOutcome::Failed(serde_json::to_value(&error).unwrap_or(Value::Null));
+    let outcome = StepOutcome::Failed(JsonText::serialize_from(&error).unwrap_or_default());
     if let Err(e) = turn.journal.finish(&key, ordinal, outcome, false).await {
         return Err(journal_failure(turn, name, "record the outcome", e));
     }

@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 use super::Lookup;
 use crate::{
-    StepKind, StepOutcome, ToolCallRequest, ToolError,
+    JsonText, StepKind, StepOutcome, ToolCallRequest, ToolError,
     dispatch::{
         TurnCtx,
         call::{self, CallSite},
@@ -138,7 +138,7 @@ impl Scope {
             },
         };
         let value = make();
-        if let Err(e) = turn.journal.finish(&key, ordinal, StepOutcome::Finished(value.clone()), false).await {
+        if let Err(e) = turn.journal.finish(&key, ordinal, StepOutcome::Finished(JsonText::from(&value)), false).await {
             return Err(journal_failure(turn, what, "record the step", e));
         }
         Ok(value)

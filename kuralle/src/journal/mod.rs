@@ -17,7 +17,8 @@ pub use key::{approval_key, canonical_json, effect_key, effect_key_for, helper_k
 use serde_json::Value;
 
 use crate::{
-    NewStep, RunError, RunStore, StepKind, StepOutcome, StepRecord, StepStatus, keymap::KeyMap, runtime::lease::Fence,
+    JsonText, NewStep, RunError, RunStore, StepKind, StepOutcome, StepRecord, StepStatus, keymap::KeyMap,
+    runtime::lease::Fence,
 };
 
 /// Milliseconds since the Unix epoch, as stored in records.
@@ -47,20 +48,21 @@ struct State {
 }
 
 /// What replay needs of a step: a journal of 10,000 steps is held in memory for the whole
-/// turn, so the cache keeps this, not the store's full record.
+/// turn, so the cache keeps this, not the store's full record. Values stay the store's JSON
+/// text (shared, not copied): a replayed step is decoded from it only when it is looked up.
 enum Cached {
     Running(u64),
     /// `None` when the turn cannot look the step up again and its result stays in the store.
-    Finished(Option<Value>),
-    Failed(Value),
+    Finished(Option<JsonText>),
+    Failed(JsonText),
 }
 
 impl From<StepRecord> for Cached {
     fn from(s: StepRecord) -> Self {
         match s.status {
             StepStatus::Running => Self::Running(s.ordinal),
-            StepStatus::Finished => Self::Finished(Some(s.result.unwrap_or(Value::Null))),
-            StepStatus::Failed => Self::Failed(s.error.unwrap_or(Value::Null)),
+            StepStatus::Finished => Self::Finished(Some(s.result.unwrap_or_default())),
+            StepStatus::Failed => Self::Failed(s.error.unwrap_or_default()),
         }
     }
 }
@@ -70,7 +72,7 @@ struct Deferred {
     key: String,
     kind: StepKind,
     name: String,
-    value: Value,
+    value: JsonText,
     started_at_ms: i64,
 }
 
@@ -139,21 +141,26 @@ impl Journal {
         key::tool_key_at(&self.namespace, callsite, name, args)
     }
 
-    /// Reads a finished step's result in place, without copying it.
-    pub(crate) fn with_result<T>(&self, key: &str, f: impl FnOnce(&Value) -> T) -> Option<T> {
-        let state = self.state();
-        match state.by_key.get(key)? {
-            Cached::Finished(result) => Some(f(result.as_ref().unwrap_or(&Value::Null))),
+    /// A finished step's result as its JSON text (shared, not copied), for a caller that
+    /// decodes it straight into its own type.
+    pub(crate) fn result_text(&self, key: &str) -> Option<JsonText> {
+        match self.state().by_key.get(key)? {
+            Cached::Finished(result) => Some(result.clone().unwrap_or_default()),
             Cached::Running(_) | Cached::Failed(_) => None,
         }
     }
 
     pub(crate) fn lookup(&self, key: &str) -> Lookup {
-        match self.state().by_key.get(key) {
-            None => Lookup::Fresh,
-            Some(Cached::Running(ordinal)) => Lookup::Running(*ordinal),
-            Some(Cached::Finished(result)) => Lookup::Finished(result.clone().unwrap_or(Value::Null)),
-            Some(Cached::Failed(error)) => Lookup::Failed(error.clone()),
+        // The text is cloned (a reference count) under the lock and parsed outside it.
+        let found = match self.state().by_key.get(key) {
+            None => return Lookup::Fresh,
+            Some(Cached::Running(ordinal)) => return Lookup::Running(*ordinal),
+            Some(Cached::Finished(result)) => Ok(result.clone()),
+            Some(Cached::Failed(error)) => Err(error.clone()),
+        };
+        match found {
+            Ok(result) => Lookup::Finished(result.map_or(Value::Null, |text| text.to_value())),
+            Err(error) => Lookup::Failed(error.to_value()),
         }
     }
 
@@ -178,7 +185,7 @@ impl Journal {
         key: String,
         kind: StepKind,
         name: &str,
-        value: Value,
+        value: JsonText,
     ) -> Result<(), RunError> {
         self.flush().await?;
         self.reserve(1)?;
@@ -195,7 +202,7 @@ impl Journal {
     /// Writes intents for `(key, kind, name)` in order, in one append (preceded by a deferred
     /// finished step, if any, in the same commit); returns the intents' ordinals.
     pub(crate) async fn begin(&self, intents: Vec<(String, StepKind, String)>) -> Result<Vec<u64>, RunError> {
-        let mut deferred = self.state().deferred.take();
+        let deferred = self.state().deferred.take();
         if intents.is_empty() && deferred.is_none() {
             return Ok(Vec::new());
         }
@@ -211,13 +218,14 @@ impl Journal {
         };
         let new: Vec<NewStep> = intents.iter().map(|(key, kind, name)| step(key, *kind, name, started_at_ms)).collect();
         let token = self.fence.token();
-        let appended = match &mut deferred {
+        let appended = match &deferred {
             None => self.store.append_steps(&self.run_id, token, new).await,
             Some(d) => {
                 let done = step(&d.key, d.kind, &d.name, d.started_at_ms);
-                // The value moves into the store: this turn never reads a finished model
-                // response again (its callsite is behind it), so the cache keeps none.
-                let outcome = StepOutcome::Finished(std::mem::take(&mut d.value));
+                // The store shares the text (a reference count); this turn never reads a
+                // finished model response again (its callsite is behind it), so the cache
+                // keeps none and the deferred copy is dropped below.
+                let outcome = StepOutcome::Finished(d.value.clone());
                 self.store.append_finished_with_intents(&self.run_id, token, done, outcome, now_ms(), new).await
             }
         };
@@ -243,7 +251,7 @@ impl Journal {
 
     /// Records the outcome of the step at `ordinal` (whose key is `key`). `reused` says whether
     /// this turn may look the key up again (a user-chosen idempotency key two calls can share);
-    /// otherwise the cache keeps only that the step finished, not a second copy of its result.
+    /// otherwise the cache keeps only that the step finished, not its result.
     pub(crate) async fn finish(
         &self,
         key: &str,
@@ -252,6 +260,7 @@ impl Journal {
         reused: bool,
     ) -> Result<(), RunError> {
         let at = now_ms();
+        // Clones of the text share it with the store's copy: a reference count each.
         let cached = match &outcome {
             StepOutcome::Finished(v) if reused => Some(v.clone()),
             _ => None,

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -404,8 +404,9 @@ async fn model_step(
 ) -> Result<Option<ModelResponse>, RunError> {
     let journal = &ctx.journal;
     let key = journal.key(&callsite.to_string(), &json!("model"));
-    if let Some(replayed) = journal.with_result(&key, |v| ModelResponse::deserialize(v)) {
-        let response = replayed.map_err(|e| {
+    if let Some(replayed) = journal.result_text(&key) {
+        // Straight from the journal's text into the typed response: no tree in between.
+        let response = replayed.decode::<ModelResponse>().map_err(|e| {
             RunError::Store(StoreError::Corrupt(format!("journaled model response is unreadable: {e}")))
         })?;
         if !response.text.is_empty() && ctx.events.is_listening() {
@@ -460,8 +461,10 @@ async fn model_step(
     // Before journaling, so a replay gives the model the same answers.
     super::response::dedupe_call_ids(&mut response.tool_calls);
     super::response::cap_arguments(&mut response.tool_calls, rt.max_result_bytes.saturating_sub(response.text.len()));
-    let value = serde_json::to_value(&response).unwrap_or(Value::Null);
-    let size = crate::stores::json_len(&value);
+    // Written once, from the typed response, as the text the store keeps; measured by its
+    // length. A `ModelResponse` always serializes (its maps have string keys).
+    let value = JsonText::serialize_from(&response).unwrap_or_default();
+    let size = value.len();
     if size > rt.max_result_bytes {
         return Err(RunError::ResponseTooLarge { size, limit: rt.max_result_bytes });
     }
@@ -604,12 +607,12 @@ async fn record_under(store: &dyn RunStore, fence: &Fence, run_id: &str, decisio
         }
         return Err(RunError::AlreadyDecided { run_id: run_id.to_owned(), request_id: request_id() });
     }
-    let value = serde_json::to_value(RecordedDecision {
+    let value = JsonText::serialize_from(&RecordedDecision {
         approved: decision.approved,
         by: decision.by.clone(),
         reason: decision.reason.clone(),
     })
-    .unwrap_or(Value::Null);
+    .unwrap_or_default();
     for p in undecided {
         if let Some(&(ordinal, _)) = recorded.get(&p.decision_key) {
             let outcome = StepOutcome::Finished(value.clone());

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{DEFAULT_MAX_VALUE_BYTES, check_len, check_value_size};
+use super::{DEFAULT_MAX_VALUE_BYTES, check_len};
 use crate::journal::now_ms;
 use crate::keymap::KeyMap;
 use crate::store::{
@@ -44,11 +44,11 @@ use crate::store::{
 /// let step = NewStep { key: "k1".into(), kind: StepKind::Tool, name: "echo".into(), epoch: 0, started_at_ms: 2 };
 /// let ordinals = store.append_steps("run-1", lease.token, vec![step]).await?;
 /// assert_eq!(ordinals, [0]);
-/// store.finish_step("run-1", lease.token, 0, StepOutcome::Finished(serde_json::json!("hi")), 3).await?;
+/// store.finish_step("run-1", lease.token, 0, StepOutcome::Finished(kuralle::JsonText::from(serde_json::json!("hi"))), 3).await?;
 ///
 /// // A clone sees the same journal.
 /// let steps = store.clone().steps("run-1").await?;
-/// assert_eq!(steps[0].result, Some(serde_json::json!("hi")));
+/// assert_eq!(steps[0].result.as_ref().expect("finished"), &serde_json::json!("hi"));
 /// # Ok::<(), kuralle::StoreError>(())
 /// # }).unwrap();
 /// ```
@@ -224,8 +224,8 @@ impl MemoryStore {
 
     fn check_outcome_size(&self, outcome: &StepOutcome) -> Result<(), StoreError> {
         match outcome {
-            StepOutcome::Finished(value) => check_value_size("step result", value, self.max_value_bytes),
-            StepOutcome::Failed(value) => check_value_size("step error", value, self.max_value_bytes),
+            StepOutcome::Finished(text) => check_len("step result", text.len(), self.max_value_bytes),
+            StepOutcome::Failed(text) => check_len("step error", text.len(), self.max_value_bytes),
         }
     }
 

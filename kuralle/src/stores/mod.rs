@@ -86,11 +86,6 @@ fn json_str_len(text: &str) -> usize {
         .sum::<usize>()
 }
 
-/// Rejects a value whose compact JSON text is longer than `max` bytes.
-pub(crate) fn check_value_size(what: &str, value: &Value, max: usize) -> Result<(), StoreError> {
-    check_len(what, json_len(value), max)
-}
-
 /// Rejects JSON text longer than `max` bytes.
 pub(crate) fn check_len(what: &str, len: usize, max: usize) -> Result<(), StoreError> {
     if len > max {

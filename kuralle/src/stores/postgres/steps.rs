@@ -6,9 +6,9 @@ use super::PostgresStore;
 use super::codec::{decode, encode, to_i64, to_u64};
 use super::errors::{Fail, retrying};
 use super::runs::{fence_param, fenced, get};
-use crate::StoreError;
 use crate::store::{NewStep, StepKind, StepOutcome, StepRecord, StepStatus};
-use crate::stores::check_value_size;
+use crate::stores::check_len;
+use crate::{JsonText, StoreError};
 
 /// A step outcome as its `status`, `result` and `error` columns.
 type OutcomeColumns = (&'static str, Option<serde_json::Value>, Option<serde_json::Value>);
@@ -48,13 +48,14 @@ impl PostgresStore {
     fn outcome_columns(&self, outcome: &StepOutcome) -> Result<OutcomeColumns, StoreError> {
         let max = self.inner.options.max_value_bytes;
         Ok(match outcome {
-            StepOutcome::Finished(value) => {
-                check_value_size("step result", value, max)?;
-                (StepStatus::Finished.as_str(), Some(encode(value)), None)
+            // JSONB at the boundary: the text becomes a tree only here.
+            StepOutcome::Finished(text) => {
+                check_len("step result", text.len(), max)?;
+                (StepStatus::Finished.as_str(), Some(encode(&text.to_value())), None)
             }
-            StepOutcome::Failed(value) => {
-                check_value_size("step error", value, max)?;
-                (StepStatus::Failed.as_str(), None, Some(encode(value)))
+            StepOutcome::Failed(text) => {
+                check_len("step error", text.len(), max)?;
+                (StepStatus::Failed.as_str(), None, Some(encode(&text.to_value())))
             }
         })
     }
@@ -172,8 +173,12 @@ fn step_from_row(row: &tokio_postgres::Row) -> Result<StepRecord, StoreError> {
         epoch: to_u64("kuralle_steps.epoch", get(row, 4)?)?,
         status: StepStatus::parse(&status)
             .ok_or_else(|| StoreError::Corrupt(format!("unknown step status `{status}`")))?,
-        result: get::<Option<serde_json::Value>>(row, 6)?.map(|v| decode("kuralle_steps.result", v)).transpose()?,
-        error: get::<Option<serde_json::Value>>(row, 7)?.map(|v| decode("kuralle_steps.error", v)).transpose()?,
+        result: get::<Option<serde_json::Value>>(row, 6)?
+            .map(|v| decode("kuralle_steps.result", v).map(JsonText::from))
+            .transpose()?,
+        error: get::<Option<serde_json::Value>>(row, 7)?
+            .map(|v| decode("kuralle_steps.error", v).map(JsonText::from))
+            .transpose()?,
         started_at_ms: get(row, 8)?,
         finished_at_ms: get(row, 9)?,
     })

@@ -3,10 +3,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use rusqlite::ErrorCode;
-use serde_json::Value;
-
+use crate::JsonText;
 use crate::store::{RunRecord, RunStatus, StepKind, StepRecord, StepStatus, StoreError};
+use rusqlite::ErrorCode;
 
 pub(super) struct RawStep {
     pub(super) ordinal: i64,
@@ -30,8 +29,8 @@ impl RawStep {
             status: StepStatus::parse(&self.status)
                 .ok_or_else(|| StoreError::Corrupt(format!("unknown step status `{}`", self.status)))?,
             epoch: to_u64("steps.epoch", self.epoch)?,
-            result: self.result.as_deref().map(|text| parse_json("steps.result", text)).transpose()?,
-            error: self.error.as_deref().map(|text| parse_json("steps.error", text)).transpose()?,
+            result: self.result.map(|text| parse_json("steps.result", text)).transpose()?,
+            error: self.error.map(|text| parse_json("steps.error", text)).transpose()?,
             key: self.key,
             name: self.name,
             started_at_ms: self.started_at_ms,
@@ -49,45 +48,9 @@ pub(super) fn prepare_run(run: &RunRecord, max_value_bytes: usize) -> Result<(i6
     }))
 }
 
-/// `value` as compact JSON text, serialized and measured in one pass: past `max` bytes the
-/// writer only counts, so an oversized value costs no more memory than the limit.
-pub(super) fn to_json(what: &str, value: &Value, max: usize) -> Result<String, StoreError> {
-    let mut out = Capped { text: Vec::new(), len: 0, max };
-    serde_json::to_writer(&mut out, value)
-        .map_err(|e| StoreError::LimitExceeded(format!("{what} cannot be serialized: {e}")))?;
-    if out.len > max {
-        return Err(StoreError::LimitExceeded(format!(
-            "{what} is {} bytes of JSON; the limit is {max} bytes",
-            out.len
-        )));
-    }
-    // serde_json writes valid UTF-8.
-    String::from_utf8(out.text).map_err(|e| StoreError::LimitExceeded(format!("{what} is not UTF-8: {e}")))
-}
-
-/// A JSON text buffer that stops growing past `max` bytes but keeps counting.
-struct Capped {
-    text: Vec<u8>,
-    len: usize,
-    max: usize,
-}
-
-impl std::io::Write for Capped {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.len += bytes.len();
-        if self.len <= self.max {
-            self.text.extend_from_slice(bytes);
-        }
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-pub(super) fn parse_json(column: &str, text: &str) -> Result<Value, StoreError> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("{column} holds invalid JSON: {e}")))
+/// A column's JSON text, checked to be one JSON value and kept as stored.
+pub(super) fn parse_json(column: &str, text: String) -> Result<JsonText, StoreError> {
+    JsonText::parse(text).map_err(|e| StoreError::Corrupt(format!("{column} holds invalid JSON: {e}")))
 }
 
 pub(super) fn parse_run_status(text: &str) -> Result<RunStatus, StoreError> {

@@ -26,10 +26,10 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
 
-use self::codec::{Mapper, prepare_run, to_i64, to_json};
+use self::codec::{Mapper, prepare_run, to_i64};
 use self::schema::configure_writer;
 use self::writer::{FnJob, Job, writer_loop};
-use super::DEFAULT_MAX_VALUE_BYTES;
+use super::{DEFAULT_MAX_VALUE_BYTES, check_len};
 use crate::store::{
     Lease, NewStep, RunFilter, RunRecord, RunStore, RunSummary, StepOutcome, StepRecord, StoreError, StoreFuture,
 };
@@ -110,14 +110,14 @@ impl Default for SqliteOptions {
 /// store.create_run(run, lease.token).await?;
 /// let step = NewStep { key: "k1".into(), kind: StepKind::Tool, name: "echo".into(), epoch: 0, started_at_ms: 2 };
 /// let ordinals = store.append_steps("run-1", lease.token, vec![step]).await?;
-/// store.finish_step("run-1", lease.token, ordinals[0], StepOutcome::Finished(serde_json::json!("hi")), 3).await?;
+/// store.finish_step("run-1", lease.token, ordinals[0], StepOutcome::Finished(kuralle::JsonText::from(serde_json::json!("hi"))), 3).await?;
 /// drop(store);
 ///
 /// // Everything acknowledged is there after reopening.
 /// let store = SqliteStore::open(&path)?;
 /// let steps = store.steps("run-1").await?;
 /// assert_eq!(steps[0].status, StepStatus::Finished);
-/// assert_eq!(steps[0].result, Some(serde_json::json!("hi")));
+/// assert_eq!(steps[0].result.as_ref().expect("finished"), &serde_json::json!("hi"));
 /// # drop(store);
 /// # std::fs::remove_dir_all(&dir).unwrap();
 /// # Ok(())
@@ -306,11 +306,14 @@ impl SqliteStore {
     }
 }
 
-/// Serializes an outcome on the caller's thread, so the writer only runs SQL.
-fn prepare_outcome(outcome: &StepOutcome, max: usize) -> Result<sql::PreparedOutcome, StoreError> {
+/// Checks an outcome's size on the caller's thread, so the writer only runs SQL.
+fn prepare_outcome(outcome: StepOutcome, max: usize) -> Result<sql::PreparedOutcome, StoreError> {
     match outcome {
-        StepOutcome::Finished(value) => to_json("step result", value, max).map(|text| ("finished", Some(text), None)),
-        StepOutcome::Failed(value) => to_json("step error", value, max).map(|text| ("failed", None, Some(text))),
+        // Stored as the runtime wrote it: the text is checked by its length, never re-serialized.
+        StepOutcome::Finished(text) => {
+            check_len("step result", text.len(), max).map(|()| ("finished", Some(text), None))
+        }
+        StepOutcome::Failed(text) => check_len("step error", text.len(), max).map(|()| ("failed", None, Some(text))),
     }
 }
 
@@ -376,7 +379,7 @@ impl RunStore for SqliteStore {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
         let max = self.inner.options.max_value_bytes;
-        let prepared = prepare_outcome(&outcome, max);
+        let prepared = prepare_outcome(outcome, max);
         Box::pin(self.write(move |conn| {
             sql::check_fence(conn, errors, &run_id, fence)?;
             sql::finish(conn, errors, &run_id, ordinal, prepared?, finished_at_ms)
@@ -399,7 +402,7 @@ impl RunStore for SqliteStore {
         steps.push(finished);
         steps.extend(intents);
         let epochs = steps.iter().map(|step| to_i64("step epoch", step.epoch)).collect::<Result<Vec<_>, _>>();
-        let prepared = prepare_outcome(&outcome, max);
+        let prepared = prepare_outcome(outcome, max);
         // One job, so one savepoint in one commit: the response and its calls' intents land
         // together or not at all.
         Box::pin(self.write(move |conn| {

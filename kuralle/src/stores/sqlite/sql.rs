@@ -4,6 +4,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::codec::{Mapper, RawStep, parse_run_status, to_u64};
+use crate::JsonText;
 use crate::store::{Lease, NewStep, RunFilter, RunRecord, RunSummary, StepRecord, StoreError};
 
 /// Reserves the next ordinals and inserts the intents; runs inside the writer's savepoint, so
@@ -307,7 +308,7 @@ pub(super) fn delete_run(conn: &Connection, errors: Mapper, run_id: &str) -> Res
 }
 
 /// A step outcome ready to write: `(status, result JSON, error JSON)`.
-pub(super) type PreparedOutcome = (&'static str, Option<String>, Option<String>);
+pub(super) type PreparedOutcome = (&'static str, Option<JsonText>, Option<JsonText>);
 
 pub(super) fn finish(
     conn: &Connection,
@@ -317,6 +318,7 @@ pub(super) fn finish(
     (status, result, error): PreparedOutcome,
     finished_at_ms: i64,
 ) -> Result<(), StoreError> {
+    let (result, error) = (result.as_ref().map(JsonText::as_str), error.as_ref().map(JsonText::as_str));
     // An ordinal beyond SQLite's integers names no step.
     let stored_ordinal = i64::try_from(ordinal).unwrap_or(-1);
     let updated = conn
