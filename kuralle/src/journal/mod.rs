@@ -13,7 +13,9 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-pub use key::{approval_key, canonical_json, effect_key, effect_key_for, helper_key, override_key, tool_key};
+pub use key::{
+    approval_key, canonical_json, effect_key, effect_key_for, helper_key, override_key, tool_key, tool_key_raw,
+};
 use serde_json::Value;
 
 use crate::{
