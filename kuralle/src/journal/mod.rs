@@ -141,6 +141,11 @@ impl Journal {
         key::tool_key_at(&self.namespace, callsite, name, args)
     }
 
+    /// [`tool_key`](Self::tool_key) from the raw argument text, without parsing it into a `Value`.
+    pub(crate) fn tool_key_raw(&self, callsite: &str, name: &str, raw: &str) -> Result<String, serde_json::Error> {
+        key::tool_key_raw_at(&self.namespace, callsite, name, raw)
+    }
+
     /// Reads a finished step's result in place, without copying it.
     pub(crate) fn with_result<T>(&self, key: &str, f: impl FnOnce(&Value) -> T) -> Option<T> {
         let state = self.state();
