@@ -74,8 +74,9 @@ pub fn match_raw_args<'a>(raw: &'a str, table: &ArgTable, slots: &mut [Option<&'
         return false;
     }
     // `serde_json` refuses nesting deeper than 128 counting the arguments object; a field read
-    // alone starts one level lower. Texts with that many brackets anywhere take the `Value` path.
-    if raw.bytes().filter(|b| matches!(b, b'[' | b'{')).count() >= 128 {
+    // alone starts one level lower. Texts with that many brackets anywhere take the `Value` path
+    // (a shorter text cannot hold that many).
+    if raw.len() >= 128 && raw.bytes().filter(|b| matches!(b, b'[' | b'{')).count() >= 128 {
         return false;
     }
     if raw.trim().is_empty() {
