@@ -102,7 +102,11 @@ const _: () = {
         }
 
         // Validation happens here, before anything runs: bad arguments become a typed
-        // `ToolError::InvalidInput` for the model to correct, naming the field.
+        // `ToolError::InvalidInput` for the model to correct, naming the field. (The real
+        // expansion also writes `prepare_raw`, which the runtime calls with the model's raw
+        // text: the same fields read straight from the text without a `Value`, and this
+        // `prepare` on the parsed `Value` whenever that fails, for its error; and
+        // `parallel_safe_raw`, the same constant without parsing.)
         fn prepare(&self, args: &Value) -> Result<Box<dyn PreparedCall>, ToolError> {
             Ok(Box::new(GetWeatherCall { input: parse(args)? }))
         }

@@ -4,14 +4,19 @@
 //! - `direct_fn`: the fn alone.
 //! - `serde_floor`: raw argument text → the typed arguments (`serde_json::from_str` into a
 //!   derived struct) → the fn → the result as a `serde_json::Value`.
-//! - `from_raw_json`: what the runtime does with a model's call: `parse_args` (raw text →
-//!   `Value`, which the journal key and events need), `Tool::prepare` (validation into the
-//!   typed arguments), the call, the result serialized, the outcome collected.
+//! - `from_raw_json`: what the runtime does to invoke a model's call (`dispatch::plan`):
+//!   `RawArgs` over the raw text, `Tool::prepare_raw` (the text validated straight into the
+//!   typed arguments; `#[tool]` builds no `Value`), `Tool::parallel_safe_raw`, the call, the
+//!   result serialized, the outcome collected. Not included, as before: the journal key
+//!   (journaling, not invocation), which the runtime now derives from the text too.
+//! - `from_raw_json_with_key`: the same plus that key (`journal::tool_key_raw`: the text
+//!   canonicalized and hashed with SHA-256), everything the runtime does with the text of a
+//!   journaled call short of the journal's own writes.
 //! - `through_tool_execute`: the same from an already-parsed `Value`.
 //!
 //! `cargo bench -p kuralle --bench tool_call` prints criterion's times and, at the end, the
 //! ratio `from_raw_json / serde_floor` measured interleaved in the same run.
-//! `KURALLE_TOOL_CALL_ONLY=floor|raw cargo bench -p kuralle --bench tool_call` runs 100,000
+//! `KURALLE_TOOL_CALL_ONLY=floor|raw|keyed cargo bench -p kuralle --bench tool_call` runs 100,000
 //! iterations of one of them and exits, for `valgrind --tool=callgrind`.
 
 use std::{
@@ -21,7 +26,7 @@ use std::{
 
 use criterion::{Criterion, criterion_group};
 use futures::{FutureExt, StreamExt};
-use kuralle::{Tool, ToolContext, ToolError, ToolEvent, parse_args, tool};
+use kuralle::{RawArgs, Tool, ToolContext, ToolError, ToolEvent, tool};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -48,8 +53,24 @@ fn serde_floor(raw: &str) -> Value {
 }
 
 fn from_raw_json(raw: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
-    let args = parse_args("add3", raw)?;
-    let mut events = Add3.prepare(&args)?.execute(ctx.clone());
+    // The runtime moves the model's `String` in; here it is copied from the constant.
+    let args = RawArgs::new(raw);
+    let call = Add3.prepare_raw(&args)?;
+    black_box(Add3.parallel_safe_raw(&args));
+    run(call.execute(ctx.clone()))
+}
+
+fn from_raw_json_with_key(raw: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
+    let args = RawArgs::new(raw);
+    let call = Add3.prepare_raw(&args)?;
+    black_box(Add3.parallel_safe_raw(&args));
+    let key = kuralle::journal::tool_key_raw("run-1", 0, 0, "add3", args.text())
+        .map_err(|e| ToolError::invalid_input("add3", e.to_string()))?;
+    black_box(key);
+    run(call.execute(ctx.clone()))
+}
+
+fn run(mut events: kuralle::ToolStream) -> Result<Value, ToolError> {
     loop {
         match events.next().now_or_never().flatten() {
             Some(ToolEvent::Outcome(out)) => return out,
@@ -71,6 +92,9 @@ fn bench(c: &mut Criterion) {
     });
     group.bench_function("serde_floor", |b| b.iter(|| black_box(serde_floor(black_box(RAW)))));
     group.bench_function("from_raw_json", |b| b.iter(|| black_box(from_raw_json(black_box(RAW), &ctx))));
+    group.bench_function("from_raw_json_with_key", |b| {
+        b.iter(|| black_box(from_raw_json_with_key(black_box(RAW), &ctx)))
+    });
     group.bench_function("through_tool_execute", |b| {
         b.iter(|| {
             let stream = Add3.execute(black_box(&args), ctx.clone());
@@ -117,6 +141,7 @@ fn main() {
         for _ in 0..100_000 {
             match which.as_str() {
                 "floor" => drop(black_box(serde_floor(black_box(RAW)))),
+                "keyed" => drop(black_box(from_raw_json_with_key(black_box(RAW), &ctx))),
                 _ => drop(black_box(from_raw_json(black_box(RAW), &ctx))),
             }
         }

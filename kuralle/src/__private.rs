@@ -13,12 +13,14 @@ pub use std::{boxed::Box, string::String, sync::OnceLock, vec::Vec};
 pub use futures::{self, Stream};
 pub use schemars::{self, JsonSchema};
 pub use serde::{self, Deserialize, Serialize};
-pub use serde_json::{self, Value};
+pub use serde_json::{self, Value, value::RawValue};
 pub use serde_path_to_error;
 
 pub use crate::generator::{Emit, Emitter, Generator, Slot, emitter, forward, outcome_stream, returning, tool_stream};
-pub use crate::input::{ArgTable, arg as parse_arg, match_args, parse_input};
-pub use crate::{Agent, AgentDef, PreparedCall, Tool, ToolContext, ToolError, ToolEvent, ToolSet, ToolStream, Yielded};
+pub use crate::input::{ArgTable, arg as parse_arg, match_args, match_raw_args, parse_input, raw_arg as parse_raw_arg};
+pub use crate::{
+    Agent, AgentDef, PreparedCall, RawArgs, Tool, ToolContext, ToolError, ToolEvent, ToolSet, ToolStream, Yielded,
+};
 pub use schemars::{Schema, SchemaGenerator};
 
 use serde::de::DeserializeOwned;
@@ -115,14 +117,40 @@ impl<T: JsonSchema> ToolParamSchema for T {}
 /// tools whose input struct derives `Deserialize`.
 pub const fn param_is_deserialize<T: ToolParam>() {}
 
-/// Argument `name` of a tool, from its value in the arguments object (see [`ArgTable`]).
-/// Emitted spanned on the param's type, so a type without `Deserialize` is reported there.
+/// Argument `name` of a tool, from its value in the arguments object (see [`ArgTable`]), or
+/// from the text of its value in the raw arguments (see [`match_raw_args`]). Emitted spanned on
+/// the param's type, so a type without `Deserialize` is reported there, once for both paths.
 ///
 /// # Errors
-/// [`ToolError::InvalidInput`] naming the field.
+/// From a `Value`: [`ToolError::InvalidInput`] naming the field. From text: `None` when the
+/// text is not one, and the caller takes the `Value` path.
 #[inline]
-pub fn arg<T: ToolParam>(tool: &str, name: &'static str, value: Option<&Value>) -> Result<T, ToolError> {
-    parse_arg(tool, name, value)
+pub fn arg<T: ToolParam, S: ArgSlot>(tool: &str, name: &'static str, value: S) -> S::Out<T> {
+    value.parse::<T>(tool, name)
+}
+
+/// Where an argument's value comes from: a `Value` in the arguments object, or its text.
+pub trait ArgSlot {
+    /// What parsing yields: a result with the error, or an option.
+    type Out<T>;
+    /// Argument `T` from this value.
+    fn parse<T: DeserializeOwned>(self, tool: &str, name: &'static str) -> Self::Out<T>;
+}
+
+impl ArgSlot for Option<&Value> {
+    type Out<T> = Result<T, ToolError>;
+
+    fn parse<T: DeserializeOwned>(self, tool: &str, name: &'static str) -> Result<T, ToolError> {
+        parse_arg(tool, name, self)
+    }
+}
+
+impl ArgSlot for Option<&RawValue> {
+    type Out<T> = Option<T>;
+
+    fn parse<T: DeserializeOwned>(self, _: &str, _: &'static str) -> Option<T> {
+        parse_raw_arg(self)
+    }
 }
 
 /// An argument's schema and whether it may be left out (an `Option`), for an [`ArgTable`].

@@ -222,7 +222,7 @@ pub use store::{
     StepStatus, StoreError, StoreFuture,
 };
 pub use tool::{
-    MAX_TOOL_ARGS_BYTES, PreparedCall, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded, parse_args,
+    MAX_TOOL_ARGS_BYTES, PreparedCall, RawArgs, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded, parse_args,
 };
 pub use transcript::Transcript;
 

@@ -196,6 +196,12 @@ impl Policy {
         })
     }
 
+    /// Whether every call is allowed whatever its arguments (no rules, an allowing fallback),
+    /// so the runtime need not parse them for the policy.
+    pub(crate) fn allows_everything(&self) -> bool {
+        self.rules.is_empty() && matches!(self.fallback, Verdict::Allow)
+    }
+
     /// The verdict for a call of `tool` with the model's raw (parsed, not yet validated)
     /// arguments. Never panics: a panicking rule denies.
     pub fn check(&self, tool: &str, args: &Value) -> Verdict {

@@ -1,6 +1,10 @@
 //! The `Tool` contract: what `#[tool]` implements and what the runtime dispatches.
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{
+    fmt,
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
 
 use futures::stream::{self, BoxStream, StreamExt};
 use serde::{Deserialize, Serialize};
@@ -109,6 +113,14 @@ pub trait Tool: Send + Sync + 'static {
         false
     }
 
+    /// [`parallel_safe`](Tool::parallel_safe) from the model's raw argument text. The default
+    /// parses the text (once per [`RawArgs`]) and asks `parallel_safe`; a tool whose answer does
+    /// not depend on its arguments (`#[tool]` without `parallel_safe = expr`) answers without
+    /// parsing. The runtime asks it only of calls whose text is a JSON object.
+    fn parallel_safe_raw(&self, args: &RawArgs) -> bool {
+        args.value(self.name()).is_ok_and(|v| self.parallel_safe(v))
+    }
+
     /// Upper bound on one call's duration. When it passes, the call's
     /// [`ToolContext::cancellation`](crate::ToolContext::cancellation) token fires, the model
     /// gets [`ToolError::Timeout`], and a call that has not stopped 50 ms later is aborted.
@@ -153,6 +165,17 @@ pub trait Tool: Send + Sync + 'static {
     /// # Errors
     /// [`ToolError::InvalidInput`] naming the field and the problem.
     fn prepare(&self, args: &Value) -> Result<Box<dyn PreparedCall>, ToolError>;
+
+    /// [`prepare`](Tool::prepare) from the model's raw argument text, which is how the runtime
+    /// validates a model's call. The default parses the text with [`parse_args`] (once per
+    /// [`RawArgs`]) and calls `prepare`. `#[tool]` reads the text straight into its typed input
+    /// when it can, and takes the default path (whose errors name the field) when it cannot.
+    ///
+    /// # Errors
+    /// As [`prepare`](Tool::prepare) and [`parse_args`].
+    fn prepare_raw(&self, args: &RawArgs) -> Result<Box<dyn PreparedCall>, ToolError> {
+        self.prepare(args.value(self.name())?)
+    }
 
     /// Validates `args` and runs the call: progress values, then one outcome.
     fn execute(&self, args: &Value, ctx: ToolContext) -> ToolStream {
@@ -323,6 +346,61 @@ impl ToolSet {
 impl<T: Tool> From<T> for ToolSet {
     fn from(tool: T) -> Self {
         Self::new().with(tool)
+    }
+}
+
+/// A model's raw argument text, parsed into a `Value` (by [`parse_args`]) only when something
+/// asks for it, and then once.
+///
+/// ```
+/// use kuralle::{RawArgs, Tool, ToolContext, tool};
+///
+/// /// Echo back the provided text.
+/// #[tool]
+/// async fn echo(text: String) -> String {
+///     text
+/// }
+///
+/// let args = RawArgs::new(r#"{"text": "hi"}"#);
+/// assert!(Echo.prepare_raw(&args).is_ok());
+/// assert_eq!(args.value("echo").unwrap()["text"], "hi");
+/// assert!(Echo.prepare_raw(&RawArgs::new(r#"{"text": 1}"#)).is_err());
+/// ```
+#[derive(Debug, Default)]
+pub struct RawArgs {
+    text: String,
+    parsed: OnceLock<Result<Value, ToolError>>,
+    /// Arguments given as a `Value` (a nested `ctx.tool` call), without text.
+    given: bool,
+}
+
+impl RawArgs {
+    /// Arguments from their raw text.
+    pub fn new(text: impl Into<String>) -> Self {
+        Self { text: text.into(), parsed: OnceLock::new(), given: false }
+    }
+
+    /// Arguments already parsed (a nested call's), which have no text.
+    pub(crate) fn from_value(value: Value) -> Self {
+        Self { text: String::new(), parsed: OnceLock::from(Ok(value)), given: true }
+    }
+
+    /// The arguments, when they were given as a `Value` rather than as text.
+    pub(crate) fn given(&self) -> Option<&Value> {
+        if self.given { self.parsed.get().and_then(|p| p.as_ref().ok()) } else { None }
+    }
+
+    /// The raw text.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The arguments parsed by [`parse_args`] (errors name `tool`), parsed on the first call.
+    ///
+    /// # Errors
+    /// As [`parse_args`].
+    pub fn value(&self, tool: &str) -> Result<&Value, ToolError> {
+        self.parsed.get_or_init(|| parse_args(tool, &self.text)).as_ref().map_err(Clone::clone)
     }
 }
 

@@ -99,3 +99,88 @@ fn huge_arguments() {
     // The size limit is on raw text; a Value handed to `prepare` directly is validated as is.
     assert!(GetWeather.prepare(&serde_json::json!({ "city": big })).is_ok());
 }
+
+/// Every argument back, to tell two inputs apart.
+#[tool]
+async fn echo_all(
+    city: String,
+    units: Option<Units>,
+    days: Option<u8>,
+    place: Option<Place>,
+    tags: Option<Vec<String>>,
+    extra: Option<serde_json::Value>,
+    ratio: Option<f64>,
+) -> String {
+    format!("{city}|{units:?}|{days:?}|{place:?}|{tags:?}|{extra:?}|{ratio:?}")
+}
+
+/// The call's outcome (or the validation error) from `prepare_raw` on the text, and from
+/// `prepare` on the `Value` `parse_args` makes of it.
+fn both_paths(text: &str) -> (Result<serde_json::Value, ToolError>, Result<serde_json::Value, ToolError>) {
+    let run = |prepared: Result<Box<dyn kuralle::PreparedCall>, ToolError>| {
+        prepared.and_then(|call| {
+            let events: Vec<kuralle::ToolEvent> = futures::executor::block_on(futures::StreamExt::collect(
+                call.execute(kuralle::ToolContext::detached()),
+            ));
+            match events.into_iter().last() {
+                Some(kuralle::ToolEvent::Outcome(out)) => out,
+                other => panic!("no outcome: {other:?}"),
+            }
+        })
+    };
+    let raw = run(EchoAll.prepare_raw(&kuralle::RawArgs::new(text)));
+    let parsed = run(parse_args("echo_all", text).and_then(|v| EchoAll.prepare(&v)));
+    (raw, parsed)
+}
+
+/// `#[tool]` reads raw text straight into its input without a `Value`; whatever the text, the
+/// outcome (the input it built, or the error naming the field) is the one the `Value` path gives.
+#[test]
+fn raw_text_and_parsed_value_give_the_same_input_or_error() {
+    let deep = format!("{{\"city\":\"a\",\"extra\":{}1{}}}", "[".repeat(126), "]".repeat(126));
+    let deeper = format!("{{\"city\":\"a\",\"extra\":{}1{}}}", "[".repeat(127), "]".repeat(127));
+    let big = serde_json::json!({ "city": "x".repeat(MAX_TOOL_ARGS_BYTES) }).to_string();
+    let texts = [
+        "",
+        "  ",
+        "{}",
+        "[1]",
+        "\"Paris\"",
+        "null",
+        "{",
+        "{} x",
+        r#"{"city":"Paris"}"#,
+        r#" { "city" : "Pa\"ris\u00e9\ud83d\ude00" , "units" : "celsius" } "#,
+        r#"{"city":"Paris","units":"kelvin"}"#,
+        r#"{"city":"Paris","units":null,"days":null}"#,
+        r#"{"city":"Paris","days":300}"#,
+        r#"{"city":"Paris","days":-1}"#,
+        r#"{"city":"Paris","days":1.0}"#,
+        r#"{"city":"Paris","days":7}"#,
+        r#"{"city":5}"#,
+        r#"{"city":null}"#,
+        r#"{"city":"Paris","x":1}"#,
+        r#"{"x":1,"city":5}"#,
+        r#"{"city":"a","city":"b"}"#,
+        r#"{"city":5,"city":"b"}"#,
+        r#"{"city":"b","city":5}"#,
+        r#"{"\u0063ity":"escaped key"}"#,
+        r#"{"city":"Paris","place":{"lat":"north"}}"#,
+        r#"{"city":"Paris","place":{"lat":1.5,"lat":2}}"#,
+        r#"{"city":"Paris","place":{"lat":1,"x":2}}"#,
+        r#"{"city":"Paris","tags":["a",1]}"#,
+        r#"{"city":"Paris","tags":["a","b"],"extra":{"k":[1,2.5,-0,12345678901234567890,{"z":null}]}}"#,
+        r#"{"city":"Paris","ratio":1e400}"#,
+        r#"{"city":"Paris","ratio":5e-324,"extra":123456789012345678901234567890}"#,
+        r#"{"__kuralle_oversized_arguments":{"bytes":5000000,"limit":1048576}}"#,
+        &deep,
+        &deeper,
+        &big,
+    ];
+    for text in texts {
+        let (raw, parsed) = both_paths(text);
+        let shown = &text[..text.len().min(80)];
+        assert_eq!(raw, parsed, "{shown}");
+    }
+    assert!(both_paths(r#"{"city":"a","city":"b"}"#).0.is_ok_and(|v| v.as_str().unwrap().starts_with("b|")));
+}

@@ -128,7 +128,7 @@ fn serde_bound(tool: &ToolFn<'_>) -> Option<TokenStream> {
 ///
 /// With serde attributes the derives are kept, the parse and schema go through a probe (see
 /// `InputOf`), and one check per param type reports a missing `Deserialize`.
-fn input_fns(tool: &ToolFn<'_>) -> TokenStream {
+fn input_fns(tool: &ToolFn<'_>, reads_raw: bool) -> TokenStream {
     let p = private();
     let input = &tool.input_ident;
     let ident = &tool.struct_ident;
@@ -168,8 +168,28 @@ fn input_fns(tool: &ToolFn<'_>) -> TokenStream {
     let fields = tool.args().zip(&names).enumerate().map(|(i, ((ident, ty, _), name))| {
         let span = ty.span();
         let at = private_at(span);
-        let parse = quote_spanned!(span=> #at::arg::<#ty>(__kuralle_tool, #name, __kuralle_slots[#i]));
+        let parse = quote_spanned!(span=> #at::arg::<#ty, _>(__kuralle_tool, #name, __kuralle_slots[#i]));
         quote!(#ident: #parse?,)
+    });
+    // The same spanned call as above (a type without `Deserialize` is reported once).
+    let raw_fields = tool.args().zip(&names).enumerate().map(|(i, ((ident, ty, _), name))| {
+        let span = ty.span();
+        let at = private_at(span);
+        let parse = quote_spanned!(span=> #at::arg::<#ty, _>(__kuralle_tool, #name, __kuralle_slots[#i]));
+        quote!(#ident: #parse?,)
+    });
+    // The input straight from the raw text, or `None` to take the `Value` path.
+    let parse_raw = reads_raw.then(|| {
+        quote! {
+            fn __kuralle_parse_raw(__kuralle_args: &str) -> #p::Option<#input> {
+                let __kuralle_tool = #name;
+                let mut __kuralle_slots: [#p::Option<&#p::RawValue>; #count] = [#p::Option::None; #count];
+                if !#p::match_raw_args(__kuralle_args, &__KURALLE_ARGS, &mut __kuralle_slots) {
+                    return #p::Option::None;
+                }
+                #p::Option::Some(#input { #(#raw_fields)* })
+            }
+        }
     });
     quote! {
         static __KURALLE_ARGS: #p::ArgTable = #p::ArgTable {
@@ -184,6 +204,8 @@ fn input_fns(tool: &ToolFn<'_>) -> TokenStream {
             #p::match_args(__kuralle_tool, __kuralle_args, &__KURALLE_ARGS, &mut __kuralle_slots)?;
             #p::Result::Ok(#input { #(#fields)* })
         }
+
+        #parse_raw
 
         fn __kuralle_input_schema() -> &'static #p::Value {
             static __KURALLE_INPUT_SCHEMA: #p::OnceLock<#p::Value> = #p::OnceLock::new();
@@ -222,14 +244,19 @@ fn impls(tool: &ToolFn<'_>) -> TokenStream {
         }
     });
 
-    let parallel_safe = args.parallel_safe.as_ref().map(|ps| match &ps.value {
-        ParallelSafe::Always => quote!(fn parallel_safe(&self, _: &#p::Value) -> bool { true }),
-        ParallelSafe::Predicate(expr) => {
+    // A constant answer needs no parsed arguments; a predicate reads them.
+    let parallel_safe = match args.parallel_safe.as_ref().map(|ps| &ps.value) {
+        None => quote!(fn parallel_safe_raw(&self, _: &#p::RawArgs) -> bool { false }),
+        Some(ParallelSafe::Always) => quote! {
+            fn parallel_safe(&self, _: &#p::Value) -> bool { true }
+            fn parallel_safe_raw(&self, _: &#p::RawArgs) -> bool { true }
+        },
+        Some(ParallelSafe::Predicate(expr)) => {
             let at = private_at(expr.span());
             let check = quote_spanned!(expr.span()=> #at::parallel_safe(&(#expr), __kuralle_raw_args));
             quote!(fn parallel_safe(&self, __kuralle_raw_args: &#p::Value) -> bool { #check })
         }
-    });
+    };
     let timeout = args.timeout_ms.as_ref().map(|t| {
         let ms = t.value;
         quote_spanned!(t.span=> fn timeout(&self) -> #p::Option<#p::Duration> {
@@ -258,7 +285,25 @@ fn impls(tool: &ToolFn<'_>) -> TokenStream {
         quote!(fn idempotency_key(&self) -> #p::Option<#p::String> { #p::Option::Some(#key) })
     });
 
-    let input_fns = input_fns(tool);
+    // Tools with a lean input (no serde attributes) read the raw text straight into it; one that
+    // keeps its arguments as a `Value` for `on_error` needs the `Value` anyway.
+    let reads_raw = !tool.derives_input() && !keeps_raw;
+    let prepare_raw = reads_raw.then(|| {
+        quote! {
+            fn prepare_raw(
+                &self,
+                __kuralle_args: &#p::RawArgs,
+            ) -> #p::Result<#p::Box<dyn #p::PreparedCall>, #p::ToolError> {
+                match __kuralle_parse_raw(__kuralle_args.text()) {
+                    #p::Option::Some(__kuralle_input) => {
+                        #p::Result::Ok(#p::boxed_call(__KuralleCall { input: __kuralle_input }))
+                    }
+                    #p::Option::None => self.prepare(__kuralle_args.value(<Self as #p::ToolName>::NAME)?),
+                }
+            }
+        }
+    });
+    let input_fns = input_fns(tool, reads_raw);
     let execute = execute(tool);
     let debug_name = ident.to_string();
 
@@ -317,6 +362,8 @@ fn impls(tool: &ToolFn<'_>) -> TokenStream {
                 let __kuralle_input = __kuralle_parse(__kuralle_args)?;
                 #p::Result::Ok(#p::boxed_call(__KuralleCall { input: __kuralle_input, #raw_init }))
             }
+
+            #prepare_raw
         }
 
         struct __KuralleCall {

@@ -21,7 +21,7 @@ type Slot = Result<(Result<Value, ToolError>, bool), Pending>;
 /// Runs one batch; returns its outcomes in source order and the calls waiting for approval.
 pub(super) async fn run(
     turn: &Arc<TurnCtx>,
-    batch: Vec<Planned>,
+    mut batch: Vec<Planned>,
 ) -> Result<(Vec<CallOutcome>, Vec<Pending>), RunError> {
     if turn.events.is_listening() {
         turn.emit(Event::ToolBatchStart {
@@ -31,22 +31,30 @@ pub(super) async fn run(
                 .collect(),
         })
         .await;
-        for p in &batch {
-            let args = match &p.parsed {
-                Ok((_, args)) => args.clone(),
-                Err(_) => Value::String(p.req.arguments.clone()),
-            };
-            turn.emit(Event::ToolCall { call_id: p.req.call_id.clone(), name: p.req.name.clone(), args }).await;
+        // Built before any is sent: a planned call holds its validated call, which is `Send`
+        // but not `Sync`, so no borrow of the batch may live across an await.
+        let calls: Vec<Event> = batch
+            .iter()
+            .map(|p| {
+                let args = match p.parsed.as_ref().map(|_| p.args.value(&p.req.name)) {
+                    Ok(Ok(args)) => args.clone(),
+                    _ => Value::String(p.args.text().to_owned()),
+                };
+                Event::ToolCall { call_id: p.req.call_id.clone(), name: p.req.name.clone(), args }
+            })
+            .collect();
+        for call in calls {
+            turn.emit(call).await;
         }
     }
 
     let interrupted = turn.interrupt.is_cancelled();
     let mut plans: Vec<Plan> = batch
-        .iter()
+        .iter_mut()
         .map(|p| match (&p.parsed, interrupted) {
             // An interrupt before the batch started: nothing in it runs, but every call
             // still gets a result so the transcript never holds a dangling call.
-            (Ok((t, _)), true) => Plan::Done(Err(ToolError::Cancelled { tool: t.name().to_owned() }), false),
+            (Ok(t), true) => Plan::Done(Err(ToolError::Cancelled { tool: t.name().to_owned() }), false),
             _ => plan::plan(turn, p),
         })
         .collect();

@@ -8,40 +8,81 @@ use serde_json::Value;
 
 use super::{Pending, RecordedDecision, TurnCtx};
 use crate::{
-    PreparedCall, Tool, ToolCallRequest, ToolError, Verdict,
+    PreparedCall, RawArgs, Tool, ToolCallRequest, ToolError, Verdict,
     journal::{Journal, Lookup, approval_key, override_key},
     runtime::event::PendingApproval,
-    tool::parse_args,
 };
 
-/// A model-issued call after parsing and classification.
+/// A call after validation and classification.
 pub(crate) struct Planned {
+    /// The request; its `arguments` text has moved into `args`.
     pub(crate) req: ToolCallRequest,
     pub(crate) callsite: String,
-    /// The tool and its parsed arguments, or why the call cannot run (unknown tool, bad JSON).
-    pub(crate) parsed: Result<(Arc<dyn Tool>, Value), ToolError>,
+    /// The arguments: the model's raw text, parsed into a `Value` only when something needs
+    /// one (a policy, an approval, an event someone receives, a `parallel_safe = expr`).
+    pub(crate) args: RawArgs,
+    /// The tool, or why the call cannot run (unknown tool, arguments that are not a JSON object).
+    pub(crate) parsed: Result<Arc<dyn Tool>, ToolError>,
+    /// The validated call, or why validation refused it; taken by [`plan`].
+    pub(crate) prepared: Option<Result<Box<dyn PreparedCall>, ToolError>>,
     pub(crate) parallel: bool,
+}
+
+impl Planned {
+    /// Validates `args` for `tool` (found by the request's name, if it was) and classifies the call.
+    pub(crate) fn new(
+        mut req: ToolCallRequest,
+        callsite: String,
+        args: RawArgs,
+        tool: Result<Arc<dyn Tool>, ToolError>,
+    ) -> Self {
+        req.arguments = String::new();
+        let (parsed, prepared, parallel) = match tool {
+            Err(e) => (Err(e), None, false),
+            Ok(tool) => {
+                let prepared = match args.given() {
+                    Some(value) => tool.prepare(value),
+                    None => tool.prepare_raw(&args),
+                };
+                // A refused call may still be valid JSON (then only validation refused it):
+                // the text was parsed on the way to that answer, and is not parsed again.
+                match prepared {
+                    Err(e) if prepared_on_invalid_json(&args, tool.name()) => (Err(e), None, false),
+                    prepared => {
+                        let parallel = is_parallel_safe(tool.as_ref(), &args);
+                        (Ok(tool), Some(prepared), parallel)
+                    }
+                }
+            }
+        };
+        Self { req, callsite, args, parsed, prepared, parallel }
+    }
+}
+
+/// Whether the arguments are not a JSON object `parse_args` accepts.
+fn prepared_on_invalid_json(args: &RawArgs, tool: &str) -> bool {
+    args.value(tool).is_err()
 }
 
 /// Whether `tool` allows this call to run beside its siblings. A panicking predicate fails
 /// closed: the model can never make a call parallel-safe.
-fn is_parallel_safe(tool: &dyn Tool, args: &Value) -> bool {
-    std::panic::catch_unwind(AssertUnwindSafe(|| tool.parallel_safe(args))).unwrap_or(false)
+fn is_parallel_safe(tool: &dyn Tool, args: &RawArgs) -> bool {
+    std::panic::catch_unwind(AssertUnwindSafe(|| tool.parallel_safe_raw(args))).unwrap_or(false)
 }
 
-/// Parses and classifies one model response's calls, in source order; the `i`-th call gets
+/// Validates and classifies one model response's calls, in source order; the `i`-th call gets
 /// callsite `first_callsite + i`.
 pub(super) fn parse(turn: &TurnCtx, calls: Vec<ToolCallRequest>, first_callsite: u64) -> Vec<Planned> {
     calls
         .into_iter()
         .enumerate()
-        .map(|(i, req)| {
-            let parsed = match turn.tools.get(&req.name) {
+        .map(|(i, mut req)| {
+            let tool = match turn.tools.get(&req.name) {
                 None => Err(ToolError::UnknownTool { tool: req.name.clone(), available: turn.tools.names() }),
-                Some(tool) => parse_args(&req.name, &req.arguments).map(|args| (Arc::clone(tool), args)),
+                Some(tool) => Ok(Arc::clone(tool)),
             };
-            let parallel = parsed.as_ref().is_ok_and(|(tool, args)| is_parallel_safe(tool.as_ref(), args));
-            Planned { req, callsite: (first_callsite + i as u64).to_string(), parsed, parallel }
+            let args = RawArgs::new(std::mem::take(&mut req.arguments));
+            Planned::new(req, (first_callsite + i as u64).to_string(), args, tool)
         })
         .collect()
 }
@@ -77,26 +118,48 @@ pub(crate) enum Job {
 }
 
 /// Decides, without running anything, how a call is answered.
-pub(crate) fn plan(turn: &TurnCtx, p: &Planned) -> Plan {
-    let (tool, args) = match &p.parsed {
-        Ok((tool, args)) => (tool, args),
+pub(crate) fn plan(turn: &TurnCtx, p: &mut Planned) -> Plan {
+    let tool = match &p.parsed {
+        Ok(tool) => tool,
         Err(e) => return Plan::Done(Err(e.clone()), false),
     };
-    // The one place a call's arguments become the tool's typed input.
-    let call = match tool.prepare(args) {
-        Ok(c) => c,
-        Err(e) => return Plan::Done(Err(e), false),
+    // Validated once, in `Planned::new`: the one place a call's arguments became the tool's
+    // typed input.
+    let call = match p.prepared.take() {
+        Some(Ok(c)) => c,
+        Some(Err(e)) => return Plan::Done(Err(e), false),
+        None => return Plan::Done(Err(ToolError::failed(tool.name(), "the call was planned twice")), false),
     };
+    let args = &p.args;
     let j = &turn.journal;
     let user_key = call.idempotency_key();
     let reused = user_key.is_some();
     let key = match user_key {
         Some(user_key) => override_key(j.run_id(), j.epoch(), tool.name(), &user_key),
-        None => j.tool_key(&p.callsite, tool.name(), args),
+        None => match args.given() {
+            Some(value) => j.tool_key(&p.callsite, tool.name(), value),
+            // The same key as of the parsed `Value`, without building it.
+            None => match j.tool_key_raw(&p.callsite, tool.name(), args.text()) {
+                Ok(key) => key,
+                Err(e) => {
+                    let message = format!("the arguments are not valid JSON ({e})");
+                    return Plan::Done(Err(ToolError::invalid_input(tool.name(), message)), false);
+                }
+            },
+        },
     };
     // The policy comes before the journal and before `replay = false`, so neither a replay,
-    // a non-replayed tool nor a nested call gets around it.
-    let needs_approval = match turn.policy.check(tool.name(), args) {
+    // a non-replayed tool nor a nested call gets around it. A policy without rules allows
+    // everything without looking at the arguments.
+    let verdict = if turn.policy.allows_everything() {
+        Verdict::Allow
+    } else {
+        match args.value(tool.name()) {
+            Ok(value) => turn.policy.check(tool.name(), value),
+            Err(e) => return Plan::Done(Err(e), false),
+        }
+    };
+    let needs_approval = match verdict {
         Verdict::Deny { reason } => {
             return Plan::Done(
                 Err(ToolError::Denied { tool: tool.name().to_owned(), by: "policy".into(), reason }),
@@ -112,6 +175,10 @@ pub(crate) fn plan(turn: &TurnCtx, p: &Planned) -> Plan {
     let key = if tool.replay() { key } else { nonreplay_key(j, &key) };
     let lookup = j.lookup(&key);
     if needs_approval && matches!(lookup, Lookup::Fresh | Lookup::Running(_)) {
+        let args = match args.value(tool.name()) {
+            Ok(value) => value,
+            Err(e) => return Plan::Done(Err(e), false),
+        };
         let decision_key = approval_key(j.run_id(), j.epoch(), &key, tool.name(), args);
         match j.lookup(&decision_key) {
             Lookup::Finished(v) => match serde_json::from_value::<RecordedDecision>(v) {

@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 use super::Lookup;
 use crate::{
-    JsonText, StepKind, StepOutcome, ToolCallRequest, ToolError,
+    JsonText, RawArgs, StepKind, StepOutcome, ToolCallRequest, ToolError,
     dispatch::{
         TurnCtx,
         call::{self, CallSite},
@@ -72,17 +72,10 @@ impl Scope {
             let message = format!("the arguments must be a JSON object, not {}", crate::tool::kind(&args));
             return (Err(ToolError::invalid_input(name, message)), false);
         }
-        let planned = Planned {
-            req: ToolCallRequest {
-                call_id: format!("nested:{callsite}"),
-                name: name.to_owned(),
-                arguments: String::new(),
-            },
-            callsite,
-            parsed: Ok((tool, args)),
-            parallel: false,
-        };
-        match plan::plan(turn, &planned) {
+        let req =
+            ToolCallRequest { call_id: format!("nested:{callsite}"), name: name.to_owned(), arguments: String::new() };
+        let mut planned = Planned::new(req, callsite, RawArgs::from_value(args), Ok(tool));
+        match plan::plan(turn, &mut planned) {
             Plan::Done(result, replayed) => (result, replayed),
             Plan::Job(Job::Indeterminate { key, ordinal }) => {
                 (call::indeterminate(turn, name, key, ordinal).await, false)

@@ -1,6 +1,9 @@
 //! Effect keys: SHA-256 over canonical JSON (RFC 8785, JCS), identical to the TypeScript
 //! original's.
 
+use std::{borrow::Cow, fmt};
+
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -17,6 +20,29 @@ pub fn tool_key(run_id: &str, epoch: u64, callsite: u64, name: &str, args: &Valu
     tool_key_at(&namespace(run_id, epoch), &callsite.to_string(), name, args)
 }
 
+/// [`tool_key`] from the model's raw argument text, without parsing it into a `Value`: for
+/// every text [`parse_args`](crate::parse_args) accepts, the same key as `tool_key` of the
+/// parsed arguments (blank text is `{}`; of a key given twice, the last value counts, as in
+/// the parsed `Value`).
+///
+/// # Errors
+/// The text is not valid JSON, or nests deeper than `serde_json` parses (128).
+///
+/// ```
+/// let raw = r#"{ "amount" : 100 }"#;
+/// let key = kuralle::journal::tool_key_raw("run-1", 0, 0, "charge", raw).unwrap();
+/// assert_eq!(key, "7ad746a1841bb374d6535a0049d01d8861d11c1f1b37ca7c6a333a12f2725fa9");
+/// ```
+pub fn tool_key_raw(
+    run_id: &str,
+    epoch: u64,
+    callsite: u64,
+    name: &str,
+    raw: &str,
+) -> Result<String, serde_json::Error> {
+    tool_key_raw_at(&namespace(run_id, epoch), &callsite.to_string(), name, raw)
+}
+
 /// [`tool_key`] with the namespace and callsite given as text (nested callsites are
 /// `"<parent>.<n>"`). Writes the canonical material straight into the hasher.
 pub(crate) fn tool_key_at(namespace: &str, callsite: &str, name: &str, args: &Value) -> String {
@@ -28,6 +54,174 @@ pub(crate) fn tool_key_at(namespace: &str, callsite: &str, name: &str, args: &Va
         h.string(name);
         h.raw(b"}");
     })
+}
+
+/// [`tool_key_at`] from the model's raw argument text, without building a `Value`: the same
+/// key as `tool_key_at(.., &parse_args(raw)?)` for every text [`parse_args`] accepts (blank
+/// text is `{}`; of a key given twice the last value counts, as in the parsed `Value`).
+///
+/// # Errors
+/// The text is not valid JSON (or nests deeper than `serde_json` parses).
+///
+/// [`parse_args`]: crate::parse_args
+pub(crate) fn tool_key_raw_at(
+    namespace: &str,
+    callsite: &str,
+    name: &str,
+    raw: &str,
+) -> Result<String, serde_json::Error> {
+    let mut args = Vec::with_capacity(raw.len());
+    write_canonical_raw(raw, &mut args)?;
+    Ok(hash_material(namespace, callsite, |h| {
+        h.raw(b"{\"args\":");
+        h.raw(&args);
+        h.raw(b",\"name\":");
+        h.string(name);
+        h.raw(b"}");
+    }))
+}
+
+/// The canonical JSON of raw JSON text (blank text is `{}`), written as [`write_canonical`]
+/// writes the `Value` `serde_json` parses from it, but straight from the parser's events.
+fn write_canonical_raw(raw: &str, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+    if raw.trim().is_empty() {
+        out.extend_from_slice(b"{}");
+        return Ok(());
+    }
+    let mut de = serde_json::Deserializer::from_str(raw);
+    Canon(out).deserialize(&mut de)?;
+    de.end()
+}
+
+/// A JSON value as it is parsed, written canonically into the buffer. Objects are written
+/// member by member, then their members reordered in place.
+struct Canon<'o>(&'o mut Vec<u8>);
+
+impl<'de> DeserializeSeed<'de> for Canon<'_> {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Canon<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        self.0.raw(b"null");
+        Ok(())
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<(), E> {
+        self.0.raw(if v { b"true" } else { b"false" });
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<(), E> {
+        write_number(&v.into(), self.0);
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<(), E> {
+        write_number(&v.into(), self.0);
+        Ok(())
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        // As `Value` holds it: `serde_json` never yields a non-finite double from text.
+        match serde_json::Number::from_f64(v) {
+            Some(n) => write_number(&n, self.0),
+            None => self.0.raw(b"null"),
+        }
+        Ok(())
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        self.0.string(v);
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let out = self.0;
+        out.raw(b"[");
+        let mut first = true;
+        loop {
+            let mark = out.len();
+            if !first {
+                out.raw(b",");
+            }
+            if seq.next_element_seed(Canon(&mut *out))?.is_none() {
+                out.truncate(mark);
+                break;
+            }
+            first = false;
+        }
+        out.raw(b"]");
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let out = self.0;
+        let start = out.len();
+        // Each member's key and where its canonical value was written.
+        let mut members: Vec<(Cow<'de, str>, usize, usize)> = Vec::new();
+        while let Some(Key(key)) = map.next_key()? {
+            let at = out.len();
+            map.next_value_seed(Canon(&mut *out))?;
+            members.push((key, at, out.len()));
+        }
+        // A stable sort keeps members with one key in text order: the last one counts.
+        members.sort_by(|(a, ..), (b, ..)| utf16_cmp(a, b));
+        let mut object = Vec::with_capacity(out.len() - start + members.len() * 8 + 2);
+        object.raw(b"{");
+        let mut first = true;
+        for (i, (key, from, to)) in members.iter().enumerate() {
+            if members.get(i + 1).is_some_and(|(next, ..)| next == key) {
+                continue;
+            }
+            if !first {
+                object.raw(b",");
+            }
+            first = false;
+            object.string(key);
+            object.raw(b":");
+            object.raw(&out[*from..*to]);
+        }
+        object.raw(b"}");
+        out.truncate(start);
+        out.extend_from_slice(&object);
+        Ok(())
+    }
+}
+
+/// An object key, borrowed from the text when it has no escapes.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> de::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object key")
+            }
+
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+
+            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
+    }
 }
 
 /// Hashes `{"callsite":…,"payload":…,"runId":…}` (keys already in canonical order), with the
@@ -319,6 +513,7 @@ mod tests {
             let args: Value = serde_json::from_str(raw).unwrap();
             assert_eq!(canonical_json(&args), canonical, "{raw}");
             assert_eq!(tool_key("run-1", 0, 0, "charge", &args), key, "{raw}");
+            assert_eq!(tool_key_raw_at("run-1#0", "0", "charge", raw).unwrap(), key, "{raw}");
         }
     }
 
@@ -329,6 +524,36 @@ mod tests {
         assert_eq!(canonical_json(&a), r#"{"id":9007199254740993}"#);
         assert_ne!(tool_key("r", 0, 0, "t", &a), tool_key("r", 0, 0, "t", &b));
         assert_eq!(canonical_json(&json!([i64::MIN, u64::MAX])), "[-9223372036854775808,18446744073709551615]");
+    }
+
+    /// The raw-text key is the parsed `Value`'s key on texts the generated values do not
+    /// reach: whitespace, escapes, duplicate keys, numbers at the edges; and it refuses what
+    /// the parse refuses.
+    #[test]
+    fn raw_text_keys_match_parsed_keys_on_edge_texts() {
+        let texts = [
+            "",
+            "  \n ",
+            "{}",
+            " { \"a\" : [ 1 , 2.50 , -0 , -0.0 , 1E3 , 1e-7 , 12345678901234567890 , -9223372036854775808 ] } ",
+            r#"{"id":9007199254740993,"big":123456789012345678901234567890,"neg":-9007199254740993}"#,
+            r#"{"a":1,"b":2,"a":3}"#,
+            r#"{"a":{"x":1},"a":{"y":[{"z":1,"z":2}]}}"#,
+            r#"{"\u0061":1,"a":2}"#,
+            r#"{"s":"\ud83d\ude00\u00e9\n\t\b\f\r\/\\\"\u0000\u001f\u007f\u2028"}"#,
+            r#"{"\uff5a":1,"\ud83d\ude00":2,"z":3,"":4}"#,
+            r#"{"f":[0.1,1.7976931348623157e308,5e-324,4.35,100,1e21,1e20,123e-20]}"#,
+            r#"{"n":null,"t":true,"f":false,"e":[],"o":{}}"#,
+        ];
+        for raw in texts {
+            let args = crate::parse_args("t", raw).unwrap();
+            assert_eq!(tool_key_raw_at("r#0", "3", "t", raw).unwrap(), tool_key_at("r#0", "3", "t", &args), "{raw}");
+        }
+        for bad in ["{", "{\"a\":}", "{} x", "{\"a\":1e400}", "[1", &format!("{}1{}", "[".repeat(200), "]".repeat(200))]
+        {
+            assert!(serde_json::from_str::<Value>(bad).is_err(), "{bad}");
+            assert!(tool_key_raw_at("r#0", "3", "t", bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -362,6 +587,23 @@ mod properties {
         }
     }
 
+    /// JSON text with every non-ASCII character written as `\\u` escapes (surrogate pairs
+    /// above the BMP); valid because non-ASCII only ever occurs inside strings.
+    fn escaped(text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        for c in text.chars() {
+            if c.is_ascii() {
+                out.push(c);
+            } else {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+        }
+        out
+    }
+
     fn keys_sorted(v: &Value) -> bool {
         match v {
             Value::Array(items) => items.iter().all(keys_sorted),
@@ -385,6 +627,31 @@ mod properties {
             let material = format!("{{\"callsite\":\"0\",\"payload\":{{\"args\":{text},\"name\":\"t\"}},\"runId\":\"r#0\"}}");
             let expected = hex(&Sha256::digest(material.as_bytes()));
             prop_assert_eq!(tool_key("r", 0, 0, "t", &v), expected);
+        }
+
+        /// The key computed from a value's text (compact, pretty, or with every non-ASCII
+        /// character escaped) is the key of the value.
+        #[test]
+        fn raw_text_keys_match_value_keys(v in json_value(), escape in any::<bool>()) {
+            let expected = tool_key_at("r#0", "1.2", "t", &v);
+            let compact = if escape { escaped(&v.to_string()) } else { v.to_string() };
+            prop_assert_eq!(tool_key_raw_at("r#0", "1.2", "t", &compact).unwrap(), expected.clone(), "{}", compact);
+            let pretty = serde_json::to_string_pretty(&v).unwrap();
+            prop_assert_eq!(tool_key_raw_at("r#0", "1.2", "t", &pretty).unwrap(), expected);
+        }
+
+        /// Objects with repeated keys: the raw-text key is the key of what `serde_json` parses.
+        #[test]
+        fn raw_text_keys_match_with_repeated_keys(
+            entries in proptest::collection::vec(("[ab\u{e9}]{0,2}", json_value()), 0..8),
+        ) {
+            let members: Vec<String> = entries
+                .iter()
+                .map(|(k, v)| format!("{}:{v}", Value::String(k.clone())))
+                .collect();
+            let raw = format!("{{{}}}", members.join(","));
+            let parsed: Value = serde_json::from_str(&raw).unwrap();
+            prop_assert_eq!(tool_key_raw_at("r#0", "0", "t", &raw).unwrap(), tool_key_at("r#0", "0", "t", &parsed));
         }
 
         /// Members come out in UTF-16 code-unit order of their keys.

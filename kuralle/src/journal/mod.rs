@@ -13,7 +13,9 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-pub use key::{approval_key, canonical_json, effect_key, effect_key_for, helper_key, override_key, tool_key};
+pub use key::{
+    approval_key, canonical_json, effect_key, effect_key_for, helper_key, override_key, tool_key, tool_key_raw,
+};
 use serde_json::Value;
 
 use crate::{
@@ -139,6 +141,11 @@ impl Journal {
     /// The key of the tool call `name(args)` at `callsite`.
     pub(crate) fn tool_key(&self, callsite: &str, name: &str, args: &Value) -> String {
         key::tool_key_at(&self.namespace, callsite, name, args)
+    }
+
+    /// [`tool_key`](Self::tool_key) from the raw argument text, without parsing it into a `Value`.
+    pub(crate) fn tool_key_raw(&self, callsite: &str, name: &str, raw: &str) -> Result<String, serde_json::Error> {
+        key::tool_key_raw_at(&self.namespace, callsite, name, raw)
     }
 
     /// A finished step's result as its JSON text (shared, not copied), for a caller that
