@@ -16,6 +16,11 @@ fn options(schema: &str) -> PostgresOptions {
     PostgresOptions { schema: schema.to_owned(), ..PostgresOptions::default() }
 }
 
+/// The schema version recorded in `schema`'s version table.
+async fn stored_version(client: &tokio_postgres::Client, schema: &str) -> i32 {
+    client.query_one(&format!("SELECT version FROM \"{schema}\".kuralle_schema_version"), &[]).await.unwrap().get(0)
+}
+
 /// Eight stores connect to one fresh schema at once: the advisory lock lets one migrate while
 /// the others wait, and all of them end up working on the same tables.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -43,12 +48,7 @@ async fn concurrent_connects_migrate_once() {
         assert!(store.get_run("run-1").await.unwrap().is_some(), "all stores share the tables");
     }
     let client = connect(&url).await.unwrap();
-    let version: i32 = client
-        .query_one(&format!("SELECT version FROM \"{schema}\".kuralle_schema_version"), &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(version, PostgresStore::SCHEMA_VERSION);
+    assert_eq!(stored_version(&client, &schema).await, PostgresStore::SCHEMA_VERSION);
 }
 
 /// A database left by schema version 1 (runs and journals, no leases) upgrades on connect and
@@ -97,12 +97,7 @@ async fn version_1_database_upgrades_and_keeps_data() {
     assert_eq!(lease.token, 1);
     assert_eq!(store.append_steps("old", lease.token, vec![step("k1")]).await.unwrap(), [1], "the journal continues");
 
-    let version: i32 = client
-        .query_one(&format!("SELECT version FROM \"{schema}\".kuralle_schema_version"), &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(version, PostgresStore::SCHEMA_VERSION);
+    assert_eq!(stored_version(&client, &schema).await, PostgresStore::SCHEMA_VERSION);
     // Connecting again finds nothing to do.
     PostgresStore::connect_with(&url, options(&schema)).await.unwrap();
 }

@@ -218,7 +218,7 @@ impl MemoryStore {
         steps.extend(intents);
         let ordinals = state.append(run_id, fence, steps)?;
         // The step was just appended `Running` under a checked fence: finishing it cannot fail.
-        state.finish(run_id, fence, ordinals[0], outcome, finished_at_ms)?;
+        state.finish(run_id, ordinals[0], outcome, finished_at_ms)?;
         Ok(ordinals)
     }
 
@@ -240,7 +240,7 @@ impl MemoryStore {
         let mut state = self.lock();
         state.check_fence(run_id, fence)?;
         self.check_outcome_size(&outcome)?;
-        state.finish(run_id, fence, ordinal, outcome, finished_at_ms)
+        state.finish(run_id, ordinal, outcome, finished_at_ms)
     }
 
     fn acquire_now(&self, run_id: &str, owner: &str, ttl: Duration) -> Result<Lease, StoreError> {
@@ -339,16 +339,15 @@ impl State {
         Ok(ordinals)
     }
 
-    /// Records the outcome of the `Running` step at `ordinal` (its size already checked).
+    /// Records the outcome of the `Running` step at `ordinal`; the caller has checked the fence
+    /// and the size under the same lock.
     fn finish(
         &mut self,
         run_id: &str,
-        fence: u64,
         ordinal: u64,
         outcome: StepOutcome,
         finished_at_ms: i64,
     ) -> Result<(), StoreError> {
-        self.check_fence(run_id, fence)?;
         let Some(entry) = self.runs.get_mut(run_id) else {
             return Err(StoreError::RunNotFound(run_id.to_owned()));
         };
