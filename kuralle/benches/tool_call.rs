@@ -4,6 +4,10 @@
 //! - `direct_fn`: the fn alone.
 //! - `serde_floor`: raw argument text → the typed arguments (`serde_json::from_str` into a
 //!   derived struct) → the fn → the result as a `serde_json::Value`.
+//!
+//! Both paths start from the text as a model client hands it over, an owned `String` (made
+//! outside the measurement), and drop it when done: the runtime moves the model's `String` into
+//! [`RawArgs`], and a hand-written loop drops its own.
 //! - `from_raw_json`: what the runtime does to invoke a model's call (`dispatch::plan`):
 //!   `RawArgs` over the raw text, `Tool::prepare_raw` (the text validated straight into the
 //!   typed arguments; `#[tool]` builds no `Value`), `Tool::parallel_safe_raw`, the call, the
@@ -17,14 +21,16 @@
 //! `cargo bench -p kuralle --bench tool_call` prints criterion's times and, at the end, the
 //! ratio `from_raw_json / serde_floor` measured interleaved in the same run.
 //! `KURALLE_TOOL_CALL_ONLY=floor|raw|keyed cargo bench -p kuralle --bench tool_call` runs 100,000
-//! iterations of one of them and exits, for `valgrind --tool=callgrind`.
+//! iterations of one of them and exits, for callgrind, counting only the measured function
+//! (not the making of its input): `KURALLE_TOOL_CALL_ONLY=raw valgrind --tool=callgrind
+//! --toggle-collect='tool_call::measured' target/release/deps/tool_call-*`.
 
 use std::{
     hint::black_box,
     time::{Duration, Instant},
 };
 
-use criterion::{Criterion, criterion_group};
+use criterion::{BatchSize::SmallInput, Criterion, criterion_group};
 use futures::{FutureExt, StreamExt};
 use kuralle::{RawArgs, Tool, ToolContext, ToolError, ToolEvent, tool};
 use serde::Deserialize;
@@ -46,21 +52,36 @@ struct Add3Args {
 
 const RAW: &str = r#"{"a": 1, "b": 2, "label": "sum"}"#;
 
-fn serde_floor(raw: &str) -> Value {
-    let args: Add3Args = serde_json::from_str(raw).unwrap();
+/// The text as a model client hands it over.
+fn input() -> String {
+    black_box(RAW).to_owned()
+}
+
+/// One call of the path `which` names, alone, for `callgrind --toggle-collect`.
+#[inline(never)]
+fn measured(which: &str, raw: String, ctx: &ToolContext) {
+    match which {
+        "floor" => drop(black_box(serde_floor(raw))),
+        "keyed" => drop(black_box(from_raw_json_with_key(raw, ctx))),
+        _ => drop(black_box(from_raw_json(raw, ctx))),
+    }
+}
+
+fn serde_floor(raw: String) -> Value {
+    let args: Add3Args = serde_json::from_str(&raw).unwrap();
     let out = add3(args.a, args.b, args.label).now_or_never().unwrap();
     serde_json::to_value(out).unwrap()
 }
 
-fn from_raw_json(raw: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
-    // The runtime moves the model's `String` in; here it is copied from the constant.
+fn from_raw_json(raw: String, ctx: &ToolContext) -> Result<Value, ToolError> {
+    // The runtime moves the model's `String` in.
     let args = RawArgs::new(raw);
     let call = Add3.prepare_raw(&args)?;
     black_box(Add3.parallel_safe_raw(&args));
     run(call.execute(ctx.clone()))
 }
 
-fn from_raw_json_with_key(raw: &str, ctx: &ToolContext) -> Result<Value, ToolError> {
+fn from_raw_json_with_key(raw: String, ctx: &ToolContext) -> Result<Value, ToolError> {
     let args = RawArgs::new(raw);
     let call = Add3.prepare_raw(&args)?;
     black_box(Add3.parallel_safe_raw(&args));
@@ -90,10 +111,12 @@ fn bench(c: &mut Criterion) {
             black_box(out)
         });
     });
-    group.bench_function("serde_floor", |b| b.iter(|| black_box(serde_floor(black_box(RAW)))));
-    group.bench_function("from_raw_json", |b| b.iter(|| black_box(from_raw_json(black_box(RAW), &ctx))));
+    group.bench_function("serde_floor", |b| b.iter_batched(input, |raw| black_box(serde_floor(raw)), SmallInput));
+    group.bench_function("from_raw_json", |b| {
+        b.iter_batched(input, |raw| black_box(from_raw_json(raw, &ctx)), SmallInput)
+    });
     group.bench_function("from_raw_json_with_key", |b| {
-        b.iter(|| black_box(from_raw_json_with_key(black_box(RAW), &ctx)))
+        b.iter_batched(input, |raw| black_box(from_raw_json_with_key(raw, &ctx)), SmallInput)
     });
     group.bench_function("through_tool_execute", |b| {
         b.iter(|| {
@@ -111,14 +134,16 @@ fn ratio_summary(_: &mut Criterion) {
     let ctx = ToolContext::detached();
     let (mut floor, mut raw) = (Vec::new(), Vec::new());
     for _ in 0..200 {
+        let inputs: Vec<String> = (0..200).map(|_| input()).collect();
         let start = Instant::now();
-        for _ in 0..200 {
-            black_box(serde_floor(black_box(RAW)));
+        for text in inputs {
+            black_box(serde_floor(text));
         }
         floor.push(start.elapsed());
+        let inputs: Vec<String> = (0..200).map(|_| input()).collect();
         let start = Instant::now();
-        for _ in 0..200 {
-            let _ = black_box(from_raw_json(black_box(RAW), &ctx));
+        for text in inputs {
+            let _ = black_box(from_raw_json(text, &ctx));
         }
         raw.push(start.elapsed());
     }
@@ -139,11 +164,7 @@ fn main() {
     if let Ok(which) = std::env::var("KURALLE_TOOL_CALL_ONLY") {
         let ctx = ToolContext::detached();
         for _ in 0..100_000 {
-            match which.as_str() {
-                "floor" => drop(black_box(serde_floor(black_box(RAW)))),
-                "keyed" => drop(black_box(from_raw_json_with_key(black_box(RAW), &ctx))),
-                _ => drop(black_box(from_raw_json(black_box(RAW), &ctx))),
-            }
+            measured(&which, input(), &ctx);
         }
         return;
     }

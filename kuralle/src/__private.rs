@@ -13,11 +13,15 @@ pub use std::{boxed::Box, string::String, sync::OnceLock, vec::Vec};
 pub use futures::{self, Stream};
 pub use schemars::{self, JsonSchema};
 pub use serde::{self, Deserialize, Serialize};
+// `RawValue` is not named by generated code. Without this re-export, the missing-`Deserialize`
+// error lists `&RawValue` among the other implementors by a schemars-private path.
 pub use serde_json::{self, Value, value::RawValue};
 pub use serde_path_to_error;
 
 pub use crate::generator::{Emit, Emitter, Generator, Slot, emitter, forward, outcome_stream, returning, tool_stream};
-pub use crate::input::{ArgTable, arg as parse_arg, match_args, match_raw_args, parse_input, raw_arg as parse_raw_arg};
+pub use crate::input::{
+    ArgTable, RawArg, arg as parse_arg, match_args, match_raw_args, parse_input, raw_arg as parse_raw_arg,
+};
 pub use crate::{
     Agent, AgentDef, PreparedCall, RawArgs, Tool, ToolContext, ToolError, ToolEvent, ToolSet, ToolStream, Yielded,
 };
@@ -145,7 +149,7 @@ impl ArgSlot for Option<&Value> {
     }
 }
 
-impl ArgSlot for Option<&RawValue> {
+impl ArgSlot for Option<RawArg<'_>> {
     type Out<T> = Option<T>;
 
     fn parse<T: DeserializeOwned>(self, _: &str, _: &'static str) -> Option<T> {

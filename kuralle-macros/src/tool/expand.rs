@@ -183,7 +183,7 @@ fn input_fns(tool: &ToolFn<'_>, reads_raw: bool) -> TokenStream {
         quote! {
             fn __kuralle_parse_raw(__kuralle_args: &str) -> #p::Option<#input> {
                 let __kuralle_tool = #name;
-                let mut __kuralle_slots: [#p::Option<&#p::RawValue>; #count] = [#p::Option::None; #count];
+                let mut __kuralle_slots: [#p::Option<#p::RawArg<'_>>; #count] = [#p::Option::None; #count];
                 if !#p::match_raw_args(__kuralle_args, &__KURALLE_ARGS, &mut __kuralle_slots) {
                     return #p::Option::None;
                 }
@@ -417,7 +417,7 @@ fn execute(tool: &ToolFn<'_>) -> TokenStream {
         // No progress: a one-item stream, without the generator's slot.
         return quote! {
             let __kuralle_call = *self;
-            #p::outcome_stream(#p::Box::pin(#body))
+            #p::outcome_stream(#body)
         };
     }
     quote! {

@@ -1,4 +1,7 @@
-//! Raw arguments → a tool's input struct, with errors that name the field.
+//! Arguments → a tool's input struct, with errors that name the field.
+//!
+//! This module holds the `Value` path, which every error comes from; [`raw`] reads the
+//! model's text straight into the fields when it can, and hands everything else to this path.
 //!
 //! `#[tool]` does not derive `Deserialize` for its input struct: serde's derive (a visitor, a
 //! field enum, sequence and map paths) was about half of what a tool cost to compile. The
@@ -19,9 +22,13 @@
 
 use schemars::{Schema, SchemaGenerator};
 use serde::de::{self, DeserializeOwned, DeserializeSeed, Error as _, Visitor, value::BorrowedStrDeserializer};
-use serde_json::{Map, Value, map::Iter, value::RawValue};
+use serde_json::{Map, Value, map::Iter};
 
 use crate::ToolError;
+
+mod raw;
+
+pub use raw::{RawArg, match_raw_args, raw_arg};
 
 /// The model-facing arguments of a `#[tool]` fn, in declaration order, as the macro writes
 /// them into a `static`: JSON names, doc comments, and how to build each one's schema.
@@ -61,84 +68,6 @@ pub fn match_args<'a>(
         }
     }
     Ok(())
-}
-
-/// Pairs the members of a model's raw argument text with `table`'s names without building a
-/// `Value`: `slots[i]` receives the text of `table.names[i]`'s value, if present (of a name
-/// given twice, the last). `false` when the text is not a JSON object of known names, is
-/// larger than [`MAX_TOOL_ARGS_BYTES`](crate::MAX_TOOL_ARGS_BYTES), or may nest deeper than
-/// its fields can be read alone exactly as within the object: then the caller takes the
-/// `Value` path, which says what is wrong.
-pub fn match_raw_args<'a>(raw: &'a str, table: &ArgTable, slots: &mut [Option<&'a RawValue>]) -> bool {
-    if raw.len() > crate::MAX_TOOL_ARGS_BYTES {
-        return false;
-    }
-    // `serde_json` refuses nesting deeper than 128 counting the arguments object; a field read
-    // alone starts one level lower. Texts with that many brackets anywhere take the `Value` path
-    // (a shorter text cannot hold that many).
-    if raw.len() >= 128 && raw.bytes().filter(|b| matches!(b, b'[' | b'{')).count() >= 128 {
-        return false;
-    }
-    if raw.trim().is_empty() {
-        return true;
-    }
-    let mut de = serde_json::Deserializer::from_str(raw);
-    de::Deserializer::deserialize_map(&mut de, RawMembers { names: table.names, slots }).is_ok() && de.end().is_ok()
-}
-
-/// The members of the arguments object, matched with the names as they are parsed.
-struct RawMembers<'s, 'a> {
-    names: &'static [&'static str],
-    slots: &'s mut [Option<&'a RawValue>],
-}
-
-impl<'a> Visitor<'a> for RawMembers<'_, 'a> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("an arguments object")
-    }
-
-    fn visit_map<A: de::MapAccess<'a>>(self, mut map: A) -> Result<(), A::Error> {
-        while let Some(i) = map.next_key_seed(NameIndex(self.names))? {
-            let Some(i) = i else { return Err(A::Error::custom("unknown argument")) };
-            self.slots[i] = Some(map.next_value::<&'a RawValue>()?);
-        }
-        Ok(())
-    }
-}
-
-/// A key as its position among the names.
-struct NameIndex(&'static [&'static str]);
-
-impl<'de> DeserializeSeed<'de> for NameIndex {
-    type Value = Option<usize>;
-
-    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Option<usize>, D::Error> {
-        deserializer.deserialize_str(self)
-    }
-}
-
-impl Visitor<'_> for NameIndex {
-    type Value = Option<usize>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("an argument name")
-    }
-
-    fn visit_str<E>(self, key: &str) -> Result<Option<usize>, E> {
-        Ok(self.0.iter().position(|name| *name == key))
-    }
-}
-
-/// Argument `T` from the text of its value (or its absence, which only an `Option` accepts),
-/// or `None` when it is not one: then the caller takes the `Value` path, which names the
-/// field and the problem.
-pub fn raw_arg<T: DeserializeOwned>(value: Option<&RawValue>) -> Option<T> {
-    match value {
-        None => T::deserialize(Missing("")).ok(),
-        Some(text) => serde_json::from_str(text.get()).ok(),
-    }
 }
 
 /// Deserializes argument `name` from its value, or from its absence (which only an `Option`
