@@ -148,30 +148,12 @@ fn events(slot: Slot<Value>, body: Pin<Box<dyn Future<Output = ToolEvent> + Send
         .boxed()
 }
 
-/// The [`ToolStream`] of a tool without progress: `body`'s outcome alone, in one allocation
-/// (a boxed future inside a boxed `stream::once` was two, a tenth of a trivial call's cost).
-pub fn outcome_stream<F: Future<Output = ToolEvent> + Send + 'static>(body: F) -> ToolStream {
-    Box::pin(OutcomeOnly { body: Some(body) })
-}
-
-pin_project_lite::pin_project! {
-    /// A future's output as a one-item stream.
-    struct OutcomeOnly<F> {
-        #[pin]
-        body: Option<F>,
-    }
-}
-
-impl<F: Future<Output = ToolEvent>> Stream for OutcomeOnly<F> {
-    type Item = ToolEvent;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<ToolEvent>> {
-        let mut this = self.project();
-        let Some(body) = this.body.as_mut().as_pin_mut() else { return Poll::Ready(None) };
-        let event = std::task::ready!(body.poll(cx));
-        this.body.set(None);
-        Poll::Ready(Some(event))
-    }
+/// The [`ToolStream`] of a tool without progress: `body`'s outcome alone. (The body is boxed
+/// by the caller so this is compiled once, not once per tool. Generic over the body, the
+/// stream would need one allocation instead of two, about 100 of a trivial call's 2,900
+/// instructions, but 100 tools took 0.6 s longer to build: 8.0x plain fns instead of 6.7x.)
+pub fn outcome_stream(body: Pin<Box<dyn Future<Output = ToolEvent> + Send>>) -> ToolStream {
+    futures::stream::once(body).boxed()
 }
 
 /// Drives a tool's progress stream to its end, forwarding progress (as JSON) to `sink`.

@@ -417,7 +417,7 @@ fn execute(tool: &ToolFn<'_>) -> TokenStream {
         // No progress: a one-item stream, without the generator's slot.
         return quote! {
             let __kuralle_call = *self;
-            #p::outcome_stream(#body)
+            #p::outcome_stream(#p::Box::pin(#body))
         };
     }
     quote! {

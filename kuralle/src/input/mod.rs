@@ -27,6 +27,7 @@ use serde_json::{Map, Value, map::Iter};
 use crate::ToolError;
 
 mod raw;
+mod scalar;
 
 pub use raw::{RawArg, match_raw_args, raw_arg};
 

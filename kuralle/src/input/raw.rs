@@ -11,7 +11,7 @@
 
 use serde::de::{self, DeserializeOwned, DeserializeSeed, Error as _, Visitor};
 
-use super::{ArgTable, Missing};
+use super::{ArgTable, Missing, scalar::Scalar};
 
 /// The text of one member's value in the raw arguments, as [`match_raw_args`] found it. Only
 /// the value's own parse ([`raw_arg`]) says whether it is JSON.
@@ -220,7 +220,7 @@ impl Visitor<'_> for NameIndex {
 pub fn raw_arg<T: DeserializeOwned>(value: Option<RawArg<'_>>) -> Option<T> {
     match value {
         None => T::deserialize(Missing("")).ok(),
-        Some(text) => serde_json::from_str(text.get()).ok(),
+        Some(text) => T::deserialize(Scalar(text.get())).ok(),
     }
 }
 
