@@ -1,7 +1,7 @@
 //! One batch of calls: intents in one append, calls that run through a bounded pool (a lone
 //! call inline), answers back in source order, events around them.
 
-use std::{sync::Arc, time::Instant};
+use std::sync::Arc;
 
 use futures::{StreamExt, stream};
 use serde_json::Value;
@@ -82,7 +82,7 @@ pub(super) async fn run(
     let alone = runs == 1;
     for (i, (p, plan)) in batch.iter().zip(plans).enumerate() {
         let span = trace::tool_span(turn.journal.run_id(), &p.req.call_id, &p.req.name);
-        let started = Instant::now();
+        let started = trace::started(&span);
         match plan {
             Plan::Done(result, replayed) => {
                 trace::tool_done(&span, &result, replayed, started);
