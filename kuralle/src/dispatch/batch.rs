@@ -120,11 +120,15 @@ pub(super) async fn run(
             }
         }
     }
-    let ran: Vec<_> = if jobs.len() == 1 {
-        let mut jobs = jobs;
-        vec![jobs.remove(0).await]
-    } else {
-        stream::iter(jobs).buffer_unordered(turn.max_concurrency.max(1)).collect().await
+    // A batch answered wholly from the journal (every call of a resumed run) builds no pool:
+    // one per serial call was a twentieth of resuming 10,000 serial calls.
+    let ran: Vec<_> = match jobs.len() {
+        0 => Vec::new(),
+        1 => {
+            let mut jobs = jobs;
+            vec![jobs.remove(0).await]
+        }
+        _ => stream::iter(jobs).buffer_unordered(turn.max_concurrency.max(1)).collect().await,
     };
     for (i, result) in ran {
         slots[i] = Some(Ok((result, false)));
