@@ -139,7 +139,8 @@ pub(super) async fn run(
     for (p, slot) in batch.into_iter().zip(slots) {
         match slot.expect("every slot is filled: answered at once or by its job") {
             Ok((result, replayed)) => {
-                outcomes.push(CallOutcome { call_id: p.req.call_id, name: p.req.name, result, replayed });
+                let arguments = p.args.into_text();
+                outcomes.push(CallOutcome { call_id: p.req.call_id, name: p.req.name, arguments, result, replayed });
             }
             Err(waiting) => pending.push(waiting),
         }

@@ -56,6 +56,9 @@ impl TurnCtx {
 pub(crate) struct CallOutcome {
     pub(crate) call_id: String,
     pub(crate) name: String,
+    /// The call's raw argument text, given back (not copied) so the run can put the call in
+    /// the transcript without having cloned every request before dispatch.
+    pub(crate) arguments: String,
     pub(crate) result: Result<Value, ToolError>,
     pub(crate) replayed: bool,
 }
@@ -68,13 +71,13 @@ impl CallOutcome {
             Err(e) => error_value(e),
         }
     }
+}
 
-    /// [`model_value`](Self::model_value), consuming the outcome.
-    pub(crate) fn into_model_value(self) -> Value {
-        match self.result {
-            Ok(v) => v,
-            Err(e) => error_value(&e),
-        }
+/// The value the model receives for `result`: the value, or an error object.
+pub(crate) fn into_model_value(result: Result<Value, ToolError>) -> Value {
+    match result {
+        Ok(v) => v,
+        Err(e) => error_value(&e),
     }
 }
 
