@@ -99,7 +99,7 @@ fn write_canonical_raw(raw: &str, out: &mut Vec<u8>) -> Result<(), serde_json::E
 }
 
 /// A JSON value as it is parsed, written canonically into the buffer. Objects are written
-/// member by member as they come, and reordered in place only when their keys were not
+/// member by member as they come, and reordered ([`Reorder`]) only when their keys were not
 /// already in canonical order (or repeated).
 struct Canon<'o>(&'o mut Vec<u8>);
 
@@ -175,29 +175,67 @@ impl<'de> Visitor<'de> for Canon<'_> {
         let out = self.0;
         let start = out.len();
         out.raw(b"{");
-        // Each member's key and where its canonical `"key":value` was written.
-        let mut members: Vec<(Cow<'de, str>, usize, usize)> = Vec::new();
-        // Whether every key so far came after the one before (so none is repeated either).
+        let mut last: Option<Cow<'de, str>> = None;
+        // Whether every key came after the one before (so none is repeated either).
         let mut ordered = true;
         while let Some(Key(key)) = map.next_key()? {
-            if let Some((last, ..)) = members.last() {
+            if let Some(last) = &last {
                 out.raw(b",");
                 ordered &= utf16_cmp(last, &key).is_lt();
             }
+            out.string(&key);
+            out.raw(b":");
+            map.next_value_seed(Canon(&mut *out))?;
+            last = Some(key);
+        }
+        out.raw(b"}");
+        // Models usually write keys in order: then the object is canonical as written, and no
+        // member list was kept for it.
+        if !ordered {
+            // Rare: the object just written is read back (its values are canonical already)
+            // and its members reordered.
+            let written = out.split_off(start);
+            let mut de = serde_json::Deserializer::from_slice(&written);
+            Reorder(out).deserialize(&mut de).map_err(de::Error::custom)?;
+        }
+        Ok(())
+    }
+}
+
+/// An object whose members are in canonical form but not in canonical order, rewritten with
+/// its members sorted; of a key given twice, the last one counts, as in a parsed `Value`.
+struct Reorder<'o>(&'o mut Vec<u8>);
+
+impl<'de> DeserializeSeed<'de> for Reorder<'_> {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Reorder<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let out = self.0;
+        let start = out.len();
+        // Each member's key and where its canonical `"key":value` was written.
+        let mut members: Vec<(Cow<'de, str>, usize, usize)> = Vec::new();
+        while let Some(Key(key)) = map.next_key()? {
             let at = out.len();
             out.string(&key);
             out.raw(b":");
             map.next_value_seed(Canon(&mut *out))?;
             members.push((key, at, out.len()));
         }
-        out.raw(b"}");
-        // Models usually write keys in order: then the object is already canonical.
-        if ordered {
-            return Ok(());
-        }
         // A stable sort keeps members with one key in text order: the last one counts.
         members.sort_by(|(a, ..), (b, ..)| utf16_cmp(a, b));
-        let mut object = Vec::with_capacity(out.len() - start);
+        let mut object = Vec::with_capacity(out.len() - start + members.len() + 2);
         object.raw(b"{");
         let mut first = true;
         for (i, (key, from, to)) in members.iter().enumerate() {
