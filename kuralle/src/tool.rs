@@ -395,6 +395,11 @@ impl RawArgs {
         &self.text
     }
 
+    /// The raw text, taken back (empty for arguments given as a `Value`).
+    pub(crate) fn into_text(self) -> String {
+        self.text
+    }
+
     /// The arguments parsed by [`parse_args`] (errors name `tool`), parsed on the first call.
     ///
     /// # Errors

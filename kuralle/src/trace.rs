@@ -32,16 +32,24 @@ pub(crate) fn tool_span(run_id: &str, call_id: &str, tool: &str) -> Span {
     )
 }
 
+/// When a call recorded in `span` started; `None` when no subscriber wants the span, so a
+/// replayed call (10,000 of them in a long run's resume) reads no clock.
+pub(crate) fn started(span: &Span) -> Option<Instant> {
+    (!span.is_disabled()).then(Instant::now)
+}
+
 /// Records how a tool call ended: `"ok"`, the error kind (`"denied"`, `"timeout"`, ...), and
-/// whether the journal answered it.
-pub(crate) fn tool_done(span: &Span, result: &Result<Value, ToolError>, replayed: bool, started: Instant) {
+/// whether the journal answered it. Nothing when the span is disabled (`started` is `None`).
+pub(crate) fn tool_done(span: &Span, result: &Result<Value, ToolError>, replayed: bool, started: Option<Instant>) {
+    let Some(started) = started else { return };
     span.record("replayed", replayed);
     span.record("outcome", outcome_of(result));
     record_duration(span, started);
 }
 
 /// Records a call that waits for a human decision.
-pub(crate) fn tool_pending(span: &Span, started: Instant) {
+pub(crate) fn tool_pending(span: &Span, started: Option<Instant>) {
+    let Some(started) = started else { return };
     span.record("replayed", false);
     span.record("outcome", "pending_approval");
     record_duration(span, started);

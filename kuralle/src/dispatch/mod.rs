@@ -56,6 +56,9 @@ impl TurnCtx {
 pub(crate) struct CallOutcome {
     pub(crate) call_id: String,
     pub(crate) name: String,
+    /// The call's raw argument text, given back (not copied) so the run can put the call in
+    /// the transcript without having cloned every request before dispatch.
+    pub(crate) arguments: String,
     pub(crate) result: Result<Value, ToolError>,
     pub(crate) replayed: bool,
 }
@@ -68,13 +71,13 @@ impl CallOutcome {
             Err(e) => error_value(e),
         }
     }
+}
 
-    /// [`model_value`](Self::model_value), consuming the outcome.
-    pub(crate) fn into_model_value(self) -> Value {
-        match self.result {
-            Ok(v) => v,
-            Err(e) => error_value(&e),
-        }
+/// The value the model receives for `result`: the value, or an error object.
+pub(crate) fn into_model_value(result: Result<Value, ToolError>) -> Value {
+    match result {
+        Ok(v) => v,
+        Err(e) => error_value(&e),
     }
 }
 
@@ -105,18 +108,26 @@ pub(crate) async fn dispatch(
     first_callsite: u64,
 ) -> Result<Dispatched, RunError> {
     let planned = plan::parse(turn, calls, first_callsite);
+    let sizes = batch_sizes(&planned);
 
-    let mut done = Dispatched::default();
-    let mut rest = planned.into_iter().peekable();
-    while let Some(first) = rest.next() {
-        let mut calls = vec![first];
-        if calls[0].parallel {
-            while rest.peek().is_some_and(|p| p.parallel) {
-                calls.extend(rest.next());
-            }
-        }
+    let one_batch = sizes.len() == 1;
+    // Outcomes are moved once: a lone batch's are the answer, several batches' go into one
+    // buffer sized for all of them.
+    let outcomes = Vec::with_capacity(if one_batch { 0 } else { planned.len() });
+    let mut done = Dispatched { outcomes, pending: Vec::new() };
+    let mut rest = planned.into_iter();
+    for size in sizes {
+        // A planned call is a few hundred bytes, so batches are cut with their sizes known
+        // instead of grown call by call; the last one (every call, when they share one batch)
+        // is collected from the whole remaining iterator, which keeps the planned calls' buffer.
+        let calls: Vec<plan::Planned> =
+            if size == rest.len() { std::mem::take(&mut rest).collect() } else { rest.by_ref().take(size).collect() };
         let (outcomes, pending) = batch::run(turn, calls).await?;
-        done.outcomes.extend(outcomes);
+        if one_batch {
+            done.outcomes = outcomes;
+        } else {
+            done.outcomes.extend(outcomes);
+        }
         if let Some(e) = turn.take_fatal() {
             return Err(e);
         }
@@ -128,6 +139,24 @@ pub(crate) async fn dispatch(
         }
     }
     Ok(done)
+}
+
+/// How many calls each batch takes, in order: a parallel-safe call joins the parallel-safe
+/// calls right after it; any other call is a batch of its own.
+fn batch_sizes(planned: &[plan::Planned]) -> Vec<usize> {
+    let mut sizes = Vec::new();
+    let mut i = 0;
+    while i < planned.len() {
+        let mut end = i + 1;
+        if planned[i].parallel {
+            while planned.get(end).is_some_and(|p| p.parallel) {
+                end += 1;
+            }
+        }
+        sizes.push(end - i);
+        i = end;
+    }
+    sizes
 }
 
 /// What one model response's calls came to.

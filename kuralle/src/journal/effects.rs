@@ -6,7 +6,7 @@ use std::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
-    time::{Instant, SystemTime, UNIX_EPOCH},
+    time::{SystemTime, UNIX_EPOCH},
 };
 
 use serde_json::{Value, json};
@@ -56,7 +56,7 @@ impl Scope {
     pub(crate) async fn tool(&self, name: &str, args: Value) -> Result<Value, ToolError> {
         let callsite = self.next_callsite();
         let span = trace::tool_span(self.turn.journal.run_id(), &format!("nested:{callsite}"), name);
-        let started = Instant::now();
+        let started = trace::started(&span);
         let (result, replayed) = self.nested(name, args, callsite).instrument(span.clone()).await;
         trace::tool_done(&span, &result, replayed, started);
         result

@@ -70,15 +70,20 @@ pub(crate) fn tool_key_raw_at(
     name: &str,
     raw: &str,
 ) -> Result<String, serde_json::Error> {
-    let mut args = Vec::with_capacity(raw.len());
-    write_canonical_raw(raw, &mut args)?;
-    Ok(hash_material(namespace, callsite, |h| {
-        h.raw(b"{\"args\":");
-        h.raw(&args);
-        h.raw(b",\"name\":");
-        h.string(name);
-        h.raw(b"}");
-    }))
+    // The whole material in one buffer, hashed in one call: the canonical arguments are
+    // written in place between the material's head and tail, and the hasher is not fed the
+    // material piece by piece.
+    let mut material = Vec::with_capacity(raw.len() + callsite.len() + name.len() + namespace.len() + 64);
+    material.raw(b"{\"callsite\":");
+    material.string(callsite);
+    material.raw(b",\"payload\":{\"args\":");
+    write_canonical_raw(raw, &mut material)?;
+    material.raw(b",\"name\":");
+    material.string(name);
+    material.raw(b"},\"runId\":");
+    material.string(namespace);
+    material.raw(b"}");
+    Ok(hex(&Sha256::digest(&material)))
 }
 
 /// The canonical JSON of raw JSON text (blank text is `{}`), written as [`write_canonical`]
@@ -94,7 +99,8 @@ fn write_canonical_raw(raw: &str, out: &mut Vec<u8>) -> Result<(), serde_json::E
 }
 
 /// A JSON value as it is parsed, written canonically into the buffer. Objects are written
-/// member by member, then their members reordered in place.
+/// member by member as they come, and reordered ([`Reorder`]) only when their keys were not
+/// already in canonical order (or repeated).
 struct Canon<'o>(&'o mut Vec<u8>);
 
 impl<'de> DeserializeSeed<'de> for Canon<'_> {
@@ -168,16 +174,68 @@ impl<'de> Visitor<'de> for Canon<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let out = self.0;
         let start = out.len();
-        // Each member's key and where its canonical value was written.
+        out.raw(b"{");
+        let mut last: Option<Cow<'de, str>> = None;
+        // Whether every key came after the one before (so none is repeated either).
+        let mut ordered = true;
+        while let Some(Key(key)) = map.next_key()? {
+            if let Some(last) = &last {
+                out.raw(b",");
+                ordered &= utf16_cmp(last, &key).is_lt();
+            }
+            out.string(&key);
+            out.raw(b":");
+            map.next_value_seed(Canon(&mut *out))?;
+            last = Some(key);
+        }
+        out.raw(b"}");
+        // Models usually write keys in order: then the object is canonical as written, and no
+        // member list was kept for it.
+        if !ordered {
+            // Rare: the object just written is read back (its values are canonical already)
+            // and its members reordered.
+            let written = out.split_off(start);
+            let mut de = serde_json::Deserializer::from_slice(&written);
+            Reorder(out).deserialize(&mut de).map_err(de::Error::custom)?;
+        }
+        Ok(())
+    }
+}
+
+/// An object whose members are in canonical form but not in canonical order, rewritten with
+/// its members sorted; of a key given twice, the last one counts, as in a parsed `Value`.
+struct Reorder<'o>(&'o mut Vec<u8>);
+
+impl<'de> DeserializeSeed<'de> for Reorder<'_> {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Reorder<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let out = self.0;
+        let start = out.len();
+        // Each member's key and where its canonical `"key":value` was written.
         let mut members: Vec<(Cow<'de, str>, usize, usize)> = Vec::new();
         while let Some(Key(key)) = map.next_key()? {
             let at = out.len();
+            out.string(&key);
+            out.raw(b":");
             map.next_value_seed(Canon(&mut *out))?;
             members.push((key, at, out.len()));
         }
         // A stable sort keeps members with one key in text order: the last one counts.
         members.sort_by(|(a, ..), (b, ..)| utf16_cmp(a, b));
-        let mut object = Vec::with_capacity(out.len() - start + members.len() * 8 + 2);
+        let mut object = Vec::with_capacity(out.len() - start + members.len() + 2);
         object.raw(b"{");
         let mut first = true;
         for (i, (key, from, to)) in members.iter().enumerate() {
@@ -188,8 +246,6 @@ impl<'de> Visitor<'de> for Canon<'_> {
                 object.raw(b",");
             }
             first = false;
-            object.string(key);
-            object.raw(b":");
             object.raw(&out[*from..*to]);
         }
         object.raw(b"}");
@@ -284,14 +340,18 @@ pub fn override_key(run_id: &str, epoch: u64, tool: &str, user_key: &str) -> Str
     h.finish()
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Lowercase hex of a SHA-256 digest.
+fn hex(digest: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    // Into a fixed buffer, then one string: pushing `char`s re-checked the capacity and
+    // encoded each digit as UTF-8, several hundred instructions a key.
+    let mut out = [0u8; 64];
+    for (pair, b) in out.chunks_exact_mut(2).zip(digest) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0xf)];
     }
-    out
+    // Hex digits are ASCII.
+    std::str::from_utf8(&out[..digest.len().min(32) * 2]).unwrap_or_default().to_owned()
 }
 
 /// Where canonical JSON is written: a hasher (keys) or a buffer ([`canonical_json`]).
@@ -435,10 +495,12 @@ fn write_canonical(value: &Value, out: &mut impl Sink) {
 /// A number as RFC 8785 (ECMAScript `Number.prototype.toString`) writes it; exact integers
 /// keep all their digits (see [`canonical_json`]).
 fn write_number(n: &serde_json::Number, out: &mut impl Sink) {
+    // Integers through `itoa`: `write!` went through the formatting machinery, a few hundred
+    // instructions for every number of every key.
     if let Some(i) = n.as_i64() {
-        let _ = write!(out, "{i}");
+        out.raw(itoa::Buffer::new().format(i).as_bytes());
     } else if let Some(u) = n.as_u64() {
-        let _ = write!(out, "{u}");
+        out.raw(itoa::Buffer::new().format(u).as_bytes());
     } else if let Some(f) = n.as_f64() {
         if f == 0.0 {
             // Both zeros print as `0`; ryu-js would keep the sign of -0.

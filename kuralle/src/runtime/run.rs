@@ -344,8 +344,8 @@ async fn drive(
         };
         callsite += 1;
         usage += response.usage;
-        transcript.push(Message::Assistant { content: response.text.clone(), tool_calls: response.tool_calls.clone() });
         if response.tool_calls.is_empty() {
+            transcript.push(Message::Assistant { content: response.text.clone(), tool_calls: Vec::new() });
             text = response.text;
             status = RunStatus::Finished;
             break;
@@ -355,15 +355,25 @@ async fn drive(
         callsite += n;
         if !dispatched.pending.is_empty() {
             // The turn resumes from its start once decided: everything before the pending
-            // calls replays from the journal, so only the decision is missing.
+            // calls replays from the journal, so only the decision is missing. (The transcript
+            // is rolled back to the turn's start below, so it never gets this response.)
             pending = dispatched.pending;
             status = RunStatus::Paused;
             break;
         }
+        // Dispatch reads nothing of the transcript, so the response joins it only now, its
+        // calls rebuilt from what dispatch gives back instead of copied before dispatch: every
+        // call answered, in source order, since nothing is pending.
+        let mut tool_calls = Vec::with_capacity(dispatched.outcomes.len());
+        let mut results = Vec::with_capacity(dispatched.outcomes.len());
         for o in dispatched.outcomes {
-            let (call_id, name) = (o.call_id.clone(), o.name.clone());
-            let content = truncate_owned(o.into_model_value(), agent.max_tool_result_tokens);
-            transcript.push(Message::Tool { call_id, name, content });
+            let content = truncate_owned(dispatch::into_model_value(o.result), agent.max_tool_result_tokens);
+            results.push(Message::Tool { call_id: o.call_id.clone(), name: o.name.clone(), content });
+            tool_calls.push(ToolCallRequest { call_id: o.call_id, name: o.name, arguments: o.arguments });
+        }
+        transcript.push(Message::Assistant { content: response.text, tool_calls });
+        for message in results {
+            transcript.push(message);
         }
     }
 
