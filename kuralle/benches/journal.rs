@@ -5,6 +5,8 @@
 //!   a raw 256-byte `write` + `fdatasync` in the same directory (printed ratio at the end).
 //!   Every write is fenced by a lease token, as in the runtime (the check runs inside the
 //!   write's own transaction: no extra commit).
+//! - `serial/sqlite_call_1mb_state`: the same on a run whose state (the conversation a session
+//!   carries into its turn) is 1 MB; a call must cost the same as on a fresh run.
 //! - `lease/sqlite_acquire_release`: taking and giving back a run's lease on `SqliteStore`
 //!   (two durable commits), what every turn adds.
 //! - `parallel64/sqlite`: 64 parallel calls (one `append_steps` of 64 intents, then 64
@@ -45,13 +47,18 @@ fn bench_dir() -> PathBuf {
 }
 
 fn new_run(run_id: &str) -> RunRecord {
+    run_with_state(run_id, json!({}))
+}
+
+/// A run whose stored state is `state`: a long conversation a session carries into its turn.
+fn run_with_state(run_id: &str, state: serde_json::Value) -> RunRecord {
     RunRecord {
         run_id: run_id.to_owned(),
         agent_id: "bench".to_owned(),
         status: RunStatus::Running,
         epoch: 0,
         version: 0,
-        state: json!({}).into(),
+        state: (&state).into(),
         created_at_ms: 0,
         updated_at_ms: 0,
     }
@@ -78,6 +85,8 @@ struct Caller<S> {
     next: u64,
     calls: u64,
     result: serde_json::Value,
+    /// The state each run is created with.
+    state: serde_json::Value,
 }
 
 impl<S: RunStore> Caller<S> {
@@ -85,7 +94,20 @@ impl<S: RunStore> Caller<S> {
         let fence = store.acquire_lease("run-0", "bench", Duration::from_secs(3600)).await.unwrap().token;
         store.create_run(new_run("run-0"), fence).await.unwrap();
         let result = json!({"city": "Paris", "temperature_c": 21.5, "conditions": "sunny"});
-        Self { store, fence, run: 0, run_id: "run-0".to_owned(), next: 0, calls: 0, result }
+        Self { store, fence, run: 0, run_id: "run-0".to_owned(), next: 0, calls: 0, result, state: json!({}) }
+    }
+
+    /// The same caller on a run whose state is about `bytes` long.
+    async fn with_state(store: S, bytes: usize) -> Self {
+        let mut caller = Self::new(store).await;
+        let message = json!({"role": "user", "content": "x".repeat(1000)});
+        let state = json!({"messages": vec![message; bytes / 1000]});
+        let run_id = "big-state";
+        caller.fence = caller.store.acquire_lease(run_id, "bench", Duration::from_secs(3600)).await.unwrap().token;
+        caller.store.create_run(run_with_state(run_id, state.clone()), caller.fence).await.unwrap();
+        caller.run_id = run_id.to_owned();
+        caller.state = state;
+        caller
     }
 
     async fn rotate_if_full(&mut self, calls: u64) {
@@ -96,7 +118,7 @@ impl<S: RunStore> Caller<S> {
             self.next = 0;
             self.fence =
                 self.store.acquire_lease(&self.run_id, "bench", Duration::from_secs(3600)).await.unwrap().token;
-            self.store.create_run(new_run(&self.run_id), self.fence).await.unwrap();
+            self.store.create_run(run_with_state(&self.run_id, self.state.clone()), self.fence).await.unwrap();
         }
     }
 
@@ -151,6 +173,11 @@ fn serial(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     group.bench_function("fdatasync", |b| b.iter(|| raw_fdatasync(&mut file)));
     group.bench_function("sqlite_call", |b| b.iter(|| runtime.block_on(caller.call())));
+    // A session's later turns carry its conversation in the run's state: a call must not
+    // rewrite that state.
+    let store = SqliteStore::open(dir.join("serial-1mb.db")).unwrap();
+    let mut big = runtime.block_on(Caller::with_state(store, 1 << 20));
+    group.bench_function("sqlite_call_1mb_state", |b| b.iter(|| runtime.block_on(big.call())));
     group.finish();
 }
 

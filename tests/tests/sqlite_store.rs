@@ -294,6 +294,33 @@ async fn a_file_that_cannot_be_written_is_retryable_and_loses_nothing_acknowledg
     assert_eq!(steps[0].result.as_ref().map(kuralle::JsonText::to_value), Some(json!(1)));
 }
 
+/// A session's later turns carry the conversation in the run's state. Journaling a call must
+/// not write that state again: SQLite rewrites a whole row to change one column, and a counter
+/// kept in the run's row made every append rewrite it (measured by what the WAL grows by, so
+/// no clock is involved).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn journaling_a_call_does_not_rewrite_a_large_run_state() {
+    let (_dir, path) = db_path();
+    let store = SqliteStore::open(&path).unwrap();
+    let fence = own(&store, "long").await;
+    let mut record = run("long", RunStatus::Running, 1);
+    let message = json!({"role": "user", "content": "x".repeat(1000)});
+    record.state = json!({"transcript": vec![message; 1024]}).into();
+    let state_len = record.state.len();
+    store.create_run(record, fence).await.unwrap();
+    let wal = path.with_extension("db-wal");
+    let before = std::fs::metadata(&wal).unwrap().len();
+    for i in 0..4 {
+        let ordinals = store.append_steps("long", fence, vec![step(&format!("k{i}"))]).await.unwrap();
+        assert_eq!(ordinals, [i]);
+        store.finish_step("long", fence, ordinals[0], StepOutcome::Finished(json!(i).into()), 2).await.unwrap();
+    }
+    let grown = std::fs::metadata(&wal).unwrap().len() - before;
+    // Eight commits of a few 4 KiB pages each, against 1 MiB of state per rewrite.
+    assert!(grown < 256 * 1024, "the WAL grew by {grown} bytes for four journaled calls");
+    assert_eq!(store.get_run("long").await.unwrap().unwrap().state.len(), state_len);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_appends_share_commits() {
     let (_dir, path) = db_path();
@@ -377,7 +404,7 @@ async fn a_store_from_the_previous_release_is_migrated_and_its_run_resumes() {
     assert_eq!(version().trim(), "1", "the fixture is a schema-1 file");
 
     let store = SqliteStore::open(&path).unwrap();
-    assert_eq!(version().trim(), "2", "opening migrated it");
+    assert_eq!(version().trim(), "3", "opening migrated it");
     let before = store.steps("order-1").await.unwrap();
     let kinds: Vec<(StepKind, StepStatus)> = before.iter().map(|s| (s.kind, s.status)).collect();
     assert_eq!(
@@ -416,6 +443,6 @@ async fn a_store_from_the_previous_release_is_migrated_and_its_run_resumes() {
     assert!(after.iter().all(|s| s.status != StepStatus::Running));
     assert_eq!(store.current_lease("order-1").await.unwrap(), None, "the turn gave its lease back");
     drop(store);
-    assert_eq!(version().trim(), "2");
+    assert_eq!(version().trim(), "3");
     assert!(SqliteStore::open(&path).is_ok(), "a migrated store reopens");
 }

@@ -9,11 +9,13 @@ use super::codec::Mapper;
 use crate::store::StoreError;
 
 /// The kuralle schema version this build reads and writes (kept in table `kuralle_schema`).
-/// 1: runs and steps. 2: leases (one owner per run, fencing tokens).
-pub(super) const SCHEMA_VERSION: i64 = 2;
+/// 1: runs and steps. 2: leases (one owner per run, fencing tokens). 3: a step's ordinal
+/// follows the journal's last (`runs.next_ordinal` is no longer kept), so an older build, which
+/// would hand out ordinals from that column, refuses the database instead.
+pub(super) const SCHEMA_VERSION: i64 = 3;
 
 /// `MIGRATIONS[v - 1]` moves a store from version `v` to `v + 1`.
-const MIGRATIONS: [&str; 1] = [LEASES];
+const MIGRATIONS: [&str; 2] = [LEASES, ORDINALS_FROM_STEPS];
 
 /// One row per run that was ever leased, kept after release and after the run is deleted so
 /// tokens never go down. Times are ms since the Unix epoch by SQLite's clock.
@@ -27,6 +29,9 @@ CREATE TABLE leases (
 );
 ";
 
+/// Nothing to change in the tables: the version alone tells older builds to keep out.
+const ORDINALS_FROM_STEPS: &str = "UPDATE kuralle_schema SET version = version WHERE id = 1;";
+
 const SCHEMA: &str = "
 CREATE TABLE kuralle_schema (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -38,7 +43,7 @@ CREATE TABLE runs (
     status TEXT NOT NULL,
     epoch INTEGER NOT NULL,
     version INTEGER NOT NULL,
-    next_ordinal INTEGER NOT NULL DEFAULT 0,
+    next_ordinal INTEGER NOT NULL DEFAULT 0, -- unused since version 3
     state TEXT NOT NULL,
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL

@@ -16,12 +16,15 @@ pub(super) fn append(
     steps: Vec<NewStep>,
     epochs: &[i64],
 ) -> Result<Vec<u64>, StoreError> {
-    let count = i64::try_from(steps.len()).map_err(|_| StoreError::LimitExceeded("too many steps".into()))?;
+    // The next ordinal is read from the journal's primary key (one index probe) rather than
+    // kept in the run's row: SQLite rewrites a whole row to update one column, so a counter
+    // beside the run's state rewrote the state (a session's whole conversation) on every
+    // append. The writer's transaction makes the read and the inserts one step.
     let first: Option<i64> = conn
         .prepare_cached(
-            "UPDATE runs SET next_ordinal = next_ordinal + ?1 WHERE run_id = ?2 RETURNING next_ordinal - ?1",
+            "SELECT (SELECT coalesce(max(ordinal) + 1, 0) FROM steps WHERE run_id = ?1) FROM runs WHERE run_id = ?1",
         )
-        .and_then(|mut stmt| stmt.query_row(params![count, run_id], |row| row.get(0)).optional())
+        .and_then(|mut stmt| stmt.query_row(params![run_id], |row| row.get(0)).optional())
         .map_err(|e| errors.map(e))?;
     let Some(first) = first else {
         return Err(StoreError::RunNotFound(run_id.to_owned()));
@@ -44,7 +47,7 @@ pub(super) fn append(
             step.started_at_ms
         ]);
         match inserted {
-            Ok(_) => ordinals.push(to_u64("runs.next_ordinal", ordinal)?),
+            Ok(_) => ordinals.push(to_u64("steps.ordinal", ordinal)?),
             Err(rusqlite::Error::SqliteFailure(e, _)) if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE => {
                 return Err(StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key });
             }
@@ -52,7 +55,7 @@ pub(super) fn append(
                 if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY =>
             {
                 return Err(StoreError::Corrupt(format!(
-                    "run `{run_id}`: ordinal {ordinal} is already taken although runs.next_ordinal points at it"
+                    "run `{run_id}`: ordinal {ordinal} is already taken although it follows the journal's last"
                 )));
             }
             Err(e) => return Err(errors.map(e)),
