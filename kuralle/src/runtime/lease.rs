@@ -9,9 +9,9 @@ use std::{
     time::Duration,
 };
 
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::renewals::{Registration, Renewals};
 use crate::{Lease, RunError, RunStore, StoreError};
 
 /// Default [`RuntimeBuilder::lease_ttl`](crate::RuntimeBuilder::lease_ttl): 30 s.
@@ -84,6 +84,10 @@ impl Fence {
         Arc::new(Self { run_id: lease.run_id.clone(), token: lease.token, lost: AtomicBool::new(false), stop })
     }
 
+    pub(crate) fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
     pub(crate) fn token(&self) -> u64 {
         self.token
     }
@@ -119,20 +123,26 @@ impl Fence {
     }
 }
 
-/// A held lease, renewed in the background every `ttl / 3` until released.
+/// A held lease, renewed by the runtime's [`Renewals`] every `ttl / 3` until released.
 pub(crate) struct Held {
     store: Arc<dyn RunStore>,
     lease: Lease,
     fence: Arc<Fence>,
-    renewer: JoinHandle<()>,
+    renewals: Arc<Renewals>,
+    registration: Registration,
 }
 
 impl Held {
     /// Starts renewing `lease`; a renewal that is fenced loses the fence (and fires `stop`).
-    pub(crate) fn start(store: Arc<dyn RunStore>, lease: Lease, ttl: Duration, stop: CancellationToken) -> Self {
+    pub(crate) fn start(
+        renewals: &Arc<Renewals>,
+        store: Arc<dyn RunStore>,
+        lease: Lease,
+        stop: CancellationToken,
+    ) -> Self {
         let fence = Fence::new(&lease, stop);
-        let renewer = tokio::spawn(renew(Arc::clone(&store), lease.clone(), ttl, Arc::clone(&fence)));
-        Self { store, lease, fence, renewer }
+        let registration = renewals.register(lease.clone(), Arc::clone(&fence));
+        Self { store, lease, fence, renewals: Arc::clone(renewals), registration }
     }
 
     pub(crate) fn fence(&self) -> &Arc<Fence> {
@@ -141,7 +151,7 @@ impl Held {
 
     /// Stops renewing and gives the run up; a lost lease is not released (it is not ours).
     pub(crate) async fn release(self) {
-        self.renewer.abort();
+        self.renewals.deregister(self.registration);
         if self.fence.is_lost() {
             return;
         }
@@ -155,22 +165,6 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         // A turn task that is aborted never reaches `release`: stop renewing at least.
-        self.renewer.abort();
-    }
-}
-
-async fn renew(store: Arc<dyn RunStore>, mut lease: Lease, ttl: Duration, fence: Arc<Fence>) {
-    let period = (ttl / 3).max(Duration::from_millis(1));
-    loop {
-        tokio::time::sleep(period).await;
-        match store.renew_lease(&lease, ttl).await {
-            Ok(renewed) => lease = renewed,
-            Err(StoreError::Fenced { .. }) => {
-                fence.lose();
-                return;
-            }
-            // A store outage: keep trying; if it outlasts the lease, the store fences us.
-            Err(e) => tracing::warn!(run_id = %lease.run_id, error = %e, "renewing the lease failed"),
-        }
+        self.renewals.deregister(self.registration);
     }
 }

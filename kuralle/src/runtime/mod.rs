@@ -3,6 +3,7 @@
 pub(crate) mod event;
 mod handle;
 pub(crate) mod lease;
+mod renewals;
 mod response;
 mod run;
 mod worker;
@@ -158,6 +159,8 @@ pub(crate) struct Inner {
     pub(crate) max_steps_per_run: u64,
     pub(crate) max_result_bytes: usize,
     pub(crate) lease_ttl: Duration,
+    /// Renews the leases this runtime's turns hold.
+    pub(crate) renewals: Arc<renewals::Renewals>,
     /// Wakes this process's idle workers when `submit` recorded a run.
     pub(crate) wake: tokio::sync::Notify,
     pub(crate) event_buffer: usize,
@@ -418,14 +421,17 @@ impl RuntimeBuilder {
                 )));
             }
         }
+        let store: Arc<dyn RunStore> = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        let lease_ttl = self.lease_ttl.unwrap_or(DEFAULT_LEASE_TTL);
         Ok(Runtime {
             inner: Arc::new(Inner {
                 agents: self.agents,
                 model: self.model,
-                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                renewals: renewals::Renewals::new(Arc::clone(&store), lease_ttl),
+                store,
                 max_steps_per_run: self.max_steps_per_run.unwrap_or(DEFAULT_MAX_STEPS_PER_RUN),
                 max_result_bytes: self.max_result_bytes.unwrap_or(DEFAULT_MAX_RESULT_BYTES),
-                lease_ttl: self.lease_ttl.unwrap_or(DEFAULT_LEASE_TTL),
+                lease_ttl,
                 wake: tokio::sync::Notify::new(),
                 event_buffer: self.event_buffer.unwrap_or(DEFAULT_EVENT_BUFFER),
             }),
