@@ -87,6 +87,11 @@ impl Timed {
         Self { model, marks: std::sync::Mutex::new(None) }
     }
 
+    /// Forgets the marks, before the next run.
+    fn reset(&self) {
+        *self.marks.lock().unwrap() = None;
+    }
+
     /// Wall and CPU time from the first request to the latest.
     fn between(&self) -> (Duration, Duration) {
         let marks = self.marks.lock().unwrap().expect("the model was asked");
@@ -113,36 +118,52 @@ fn process_cpu() -> Duration {
     cpu_time::ProcessTime::now().as_duration()
 }
 
-/// One run of `n` serial one-call turns; only the run itself is timed.
-async fn one_run(store: Store, n: usize, dir: &std::path::Path, round: usize) -> Measured {
-    let sqlite = match store {
-        Store::Memory => None,
-        Store::Sqlite => {
-            let path = dir.join(format!("runtime-{n}-{round}.db"));
-            let _ = std::fs::remove_file(&path);
-            Some(SqliteStore::open(&path).expect("open the bench database"))
-        }
-    };
-    let store_arc: Arc<dyn RunStore> = match &sqlite {
-        Some(s) => Arc::new(s.clone()),
-        None => Arc::new(MemoryStore::new()),
-    };
-    let model = Arc::new(Timed::new(ScriptedModel::new(script(n))));
-    let runtime = Runtime::builder()
-        .agent(AgentDef::new("bench", "Count.").tool(Inc).max_steps(n + 1))
-        .model_arc(Arc::clone(&model) as Arc<dyn Model>)
-        .store_arc(store_arc)
-        .max_steps_per_run(2 * n as u64 + 8)
-        .build()
-        .expect("build the runtime");
-    let before = sqlite.as_ref().map(SqliteStore::commit_count);
+/// The next run of `cell`: its serial one-call turns; only the run itself is timed.
+async fn one_run(cell: &Cell) -> Measured {
+    cell.model.reset();
+    let before = cell.sqlite.as_ref().map(SqliteStore::commit_count);
     let (start, cpu_start) = (Instant::now(), process_cpu());
-    let out = runtime.run("go").await.expect("the run finishes");
+    let out = cell.runtime.run("go").await.expect("the run finishes");
     let (elapsed, cpu) = (start.elapsed(), process_cpu() - cpu_start);
     assert_eq!(out.status, RunStatus::Finished);
-    let commits = sqlite.as_ref().zip(before).map(|(s, b)| s.commit_count() - b);
-    let (turns, turns_cpu) = model.between();
+    let commits = cell.sqlite.as_ref().zip(before).map(|(s, b)| s.commit_count() - b);
+    let (turns, turns_cpu) = cell.model.between();
     Measured { elapsed, cpu, turns, turns_cpu, commits }
+}
+
+/// One runtime, store and model for a cell's runs, as a service keeps them: each run is a new
+/// run of `n` turns in the same store (on SQLite, the same database file).
+struct Cell {
+    runtime: Runtime,
+    model: Arc<Timed>,
+    sqlite: Option<SqliteStore>,
+}
+
+impl Cell {
+    fn new(store: Store, n: usize, rounds: usize, dir: &std::path::Path) -> Self {
+        let sqlite = match store {
+            Store::Memory => None,
+            Store::Sqlite => {
+                let path = dir.join(format!("runtime-{n}.db"));
+                let _ = std::fs::remove_file(&path);
+                Some(SqliteStore::open(&path).expect("open the bench database"))
+            }
+        };
+        let store_arc: Arc<dyn RunStore> = match &sqlite {
+            Some(s) => Arc::new(s.clone()),
+            None => Arc::new(MemoryStore::new()),
+        };
+        // The runs one after the other: each takes `n + 1` turns of the script.
+        let model = Arc::new(Timed::new(ScriptedModel::new((0..rounds).flat_map(|_| script(n)))));
+        let runtime = Runtime::builder()
+            .agent(AgentDef::new("bench", "Count.").tool(Inc).max_steps(n + 1))
+            .model_arc(Arc::clone(&model) as Arc<dyn Model>)
+            .store_arc(store_arc)
+            .max_steps_per_run(2 * n as u64 + 8)
+            .build()
+            .expect("build the runtime");
+        Self { runtime, model, sqlite }
+    }
 }
 
 /// `rounds` runs of [`one_run`], one after the other, from one task on the runtime's workers,
@@ -157,12 +178,12 @@ fn in_task(
     dir: &std::path::Path,
     rounds: usize,
 ) -> Vec<Measured> {
-    let dir = dir.to_owned();
+    let cell = Cell::new(store, n, rounds, dir);
     rt.block_on(async move {
         tokio::spawn(async move {
             let mut all = Vec::with_capacity(rounds);
-            for round in 0..rounds {
-                all.push(one_run(store, n, &dir, round).await);
+            for _ in 0..rounds {
+                all.push(one_run(&cell).await);
             }
             all
         })
@@ -309,9 +330,10 @@ fn main() {
         );
         if store == Store::Memory {
             // For comparison: the same N = 10 runs started from `block_on`'s thread.
+            let cell = Cell::new(store, 10, 200, &dir);
             let (mut wall, mut cpu): (Vec<f64>, Vec<f64>) = (0..200)
-                .map(|round| {
-                    let m = rt.block_on(one_run(store, 10, &dir, round));
+                .map(|_| {
+                    let m = rt.block_on(one_run(&cell));
                     (m.elapsed.as_secs_f64() / 10.0, m.cpu.as_secs_f64() / 10.0)
                 })
                 .unzip();
