@@ -10,7 +10,7 @@ use tracing::Instrument;
 use super::{
     CallOutcome, Pending, TurnCtx,
     call::{self, CallSite},
-    plan::{self, Job, Plan, Planned, Ready},
+    plan::{self, Head, Job, Plan, Planned, Ready},
 };
 use crate::{Event, RunError, StepKind, ToolError, runtime::event::BatchCall, trace};
 
@@ -21,13 +21,13 @@ type Slot = Result<(Result<Value, ToolError>, bool), Pending>;
 /// Runs one batch; returns its outcomes in source order and the calls waiting for approval.
 pub(super) async fn run(
     turn: &Arc<TurnCtx>,
-    mut batch: Vec<Planned>,
+    batch: Vec<Planned>,
 ) -> Result<(Vec<CallOutcome>, Vec<Pending>), RunError> {
     if turn.events.is_listening() {
         turn.emit(Event::ToolBatchStart {
             calls: batch
                 .iter()
-                .map(|p| BatchCall { call_id: p.req.call_id.clone(), name: p.req.name.clone() })
+                .map(|p| BatchCall { call_id: p.head.req.call_id.clone(), name: p.head.req.name.clone() })
                 .collect(),
         })
         .await;
@@ -36,11 +36,12 @@ pub(super) async fn run(
         let calls: Vec<Event> = batch
             .iter()
             .map(|p| {
-                let args = match p.parsed.as_ref().map(|_| p.args.value(&p.req.name)) {
-                    Ok(Ok(args)) => args.clone(),
-                    _ => Value::String(p.args.text().to_owned()),
+                let head = &p.head;
+                let args = match p.check.tool().map(|_| head.args.value(&head.req.name)) {
+                    Some(Ok(args)) => args.clone(),
+                    _ => Value::String(head.args.text().to_owned()),
                 };
-                Event::ToolCall { call_id: p.req.call_id.clone(), name: p.req.name.clone(), args }
+                Event::ToolCall { call_id: head.req.call_id.clone(), name: head.req.name.clone(), args }
             })
             .collect();
         for call in calls {
@@ -49,13 +50,15 @@ pub(super) async fn run(
     }
 
     let interrupted = turn.interrupt.is_cancelled();
-    let mut plans: Vec<Plan> = batch
-        .iter_mut()
-        .map(|p| match (&p.parsed, interrupted) {
+    let (heads, checks): (Vec<Head>, Vec<plan::Check>) = batch.into_iter().map(|p| (p.head, p.check)).unzip();
+    let mut plans: Vec<Plan> = heads
+        .iter()
+        .zip(checks)
+        .map(|(head, check)| match check.tool() {
             // An interrupt before the batch started: nothing in it runs, but every call
             // still gets a result so the transcript never holds a dangling call.
-            (Ok(t), true) => Plan::Done(Err(ToolError::Cancelled { tool: t.name().to_owned() }), false),
-            _ => plan::plan(turn, p),
+            Some(t) if interrupted => Plan::Done(Err(ToolError::Cancelled { tool: t.name().to_owned() }), false),
+            _ => plan::plan(turn, head, check),
         })
         .collect();
 
@@ -75,12 +78,12 @@ pub(super) async fn run(
 
     // Answers known without running (replays, validation errors, pending approvals) fill
     // their slot at once; only calls that run go through the bounded pool.
-    let mut slots: Vec<Option<Slot>> = Vec::with_capacity(batch.len());
+    let mut slots: Vec<Option<Slot>> = Vec::with_capacity(heads.len());
     let mut jobs = Vec::new();
     let runs = plans.iter().filter(|pl| matches!(pl, Plan::Job(_))).count();
     // A lone call (every serial call) runs without a task of its own; see `execute`.
     let alone = runs == 1;
-    for (i, (p, plan)) in batch.iter().zip(plans).enumerate() {
+    for (i, (p, plan)) in heads.iter().zip(plans).enumerate() {
         let span = trace::tool_span(turn.journal.run_id(), &p.req.call_id, &p.req.name);
         let started = trace::started(&span);
         match plan {
@@ -135,8 +138,8 @@ pub(super) async fn run(
     }
 
     let mut pending = Vec::new();
-    let mut outcomes = Vec::with_capacity(batch.len());
-    for (p, slot) in batch.into_iter().zip(slots) {
+    let mut outcomes = Vec::with_capacity(heads.len());
+    for (p, slot) in heads.into_iter().zip(slots) {
         match slot.expect("every slot is filled: answered at once or by its job") {
             Ok((result, replayed)) => {
                 let arguments = p.args.into_text();

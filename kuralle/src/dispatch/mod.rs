@@ -148,8 +148,8 @@ fn batch_sizes(planned: &[plan::Planned]) -> Vec<usize> {
     let mut i = 0;
     while i < planned.len() {
         let mut end = i + 1;
-        if planned[i].parallel {
-            while planned.get(end).is_some_and(|p| p.parallel) {
+        if planned[i].head.parallel {
+            while planned.get(end).is_some_and(|p| p.head.parallel) {
                 end += 1;
             }
         }

@@ -13,19 +13,42 @@ use crate::{
     runtime::event::PendingApproval,
 };
 
-/// A call after validation and classification.
+/// A call after validation and classification: what it is ([`Head`]) and what validation
+/// said of it ([`Check`]), which [`plan`] consumes.
 pub(crate) struct Planned {
+    pub(crate) head: Head,
+    pub(crate) check: Check,
+}
+
+/// What a call is, kept for its events, span and outcome after it is planned.
+pub(crate) struct Head {
     /// The request; its `arguments` text has moved into `args`.
     pub(crate) req: ToolCallRequest,
     pub(crate) callsite: String,
     /// The arguments: the model's raw text, parsed into a `Value` only when something needs
     /// one (a policy, an approval, an event someone receives, a `parallel_safe = expr`).
     pub(crate) args: RawArgs,
-    /// The tool, or why the call cannot run (unknown tool, arguments that are not a JSON object).
-    pub(crate) parsed: Result<Arc<dyn Tool>, ToolError>,
-    /// The validated call, or why validation refused it; taken by [`plan`].
-    pub(crate) prepared: Option<Result<Box<dyn PreparedCall>, ToolError>>,
     pub(crate) parallel: bool,
+}
+
+/// What validation said of a call.
+pub(crate) enum Check {
+    /// No tool by that name, or arguments that are not a JSON object.
+    Refused(ToolError),
+    /// Arguments that are JSON but not this tool's input.
+    Invalid(Arc<dyn Tool>, ToolError),
+    /// Validated, ready to plan.
+    Valid(Arc<dyn Tool>, Box<dyn PreparedCall>),
+}
+
+impl Check {
+    /// The tool, when the call names one and its arguments are JSON.
+    pub(crate) fn tool(&self) -> Option<&Arc<dyn Tool>> {
+        match self {
+            Self::Refused(_) => None,
+            Self::Invalid(tool, _) | Self::Valid(tool, _) => Some(tool),
+        }
+    }
 }
 
 impl Planned {
@@ -37,8 +60,8 @@ impl Planned {
         tool: Result<Arc<dyn Tool>, ToolError>,
     ) -> Self {
         req.arguments = String::new();
-        let (parsed, prepared, parallel) = match tool {
-            Err(e) => (Err(e), None, false),
+        let (check, parallel) = match tool {
+            Err(e) => (Check::Refused(e), false),
             Ok(tool) => {
                 let prepared = match args.given() {
                     Some(value) => tool.prepare(value),
@@ -47,15 +70,19 @@ impl Planned {
                 // A refused call may still be valid JSON (then only validation refused it):
                 // the text was parsed on the way to that answer, and is not parsed again.
                 match prepared {
-                    Err(e) if prepared_on_invalid_json(&args, tool.name()) => (Err(e), None, false),
+                    Err(e) if prepared_on_invalid_json(&args, tool.name()) => (Check::Refused(e), false),
                     prepared => {
                         let parallel = is_parallel_safe(tool.as_ref(), &args);
-                        (Ok(tool), Some(prepared), parallel)
+                        let check = match prepared {
+                            Ok(call) => Check::Valid(tool, call),
+                            Err(e) => Check::Invalid(tool, e),
+                        };
+                        (check, parallel)
                     }
                 }
             }
         };
-        Self { req, callsite, args, parsed, prepared, parallel }
+        Self { head: Head { req, callsite, args, parallel }, check }
     }
 }
 
@@ -118,17 +145,12 @@ pub(crate) enum Job {
 }
 
 /// Decides, without running anything, how a call is answered.
-pub(crate) fn plan(turn: &TurnCtx, p: &mut Planned) -> Plan {
-    let tool = match &p.parsed {
-        Ok(tool) => tool,
-        Err(e) => return Plan::Done(Err(e.clone()), false),
-    };
+pub(crate) fn plan(turn: &TurnCtx, p: &Head, check: Check) -> Plan {
     // Validated once, in `Planned::new`: the one place a call's arguments became the tool's
     // typed input.
-    let call = match p.prepared.take() {
-        Some(Ok(c)) => c,
-        Some(Err(e)) => return Plan::Done(Err(e), false),
-        None => return Plan::Done(Err(ToolError::failed(tool.name(), "the call was planned twice")), false),
+    let (tool, call) = match check {
+        Check::Refused(e) | Check::Invalid(_, e) => return Plan::Done(Err(e), false),
+        Check::Valid(tool, call) => (tool, call),
     };
     let args = &p.args;
     let j = &turn.journal;
@@ -205,13 +227,11 @@ pub(crate) fn plan(turn: &TurnCtx, p: &mut Planned) -> Plan {
         }
     }
     match lookup {
-        Lookup::Fresh => Plan::Job(Job::Run(Ready { tool: tool.clone(), call, key, ordinal: None, reused })),
+        Lookup::Fresh => Plan::Job(Job::Run(Ready { tool, call, key, ordinal: None, reused })),
         Lookup::Finished(v) => Plan::Done(Ok(v), true),
         Lookup::Failed(e) => Plan::Done(Err(replayed_error(tool.name(), e)), true),
         Lookup::Running(ordinal) if tool.at_most_once() => Plan::Job(Job::Indeterminate { key, ordinal }),
-        Lookup::Running(ordinal) => {
-            Plan::Job(Job::Run(Ready { tool: tool.clone(), call, key, ordinal: Some(ordinal), reused }))
-        }
+        Lookup::Running(ordinal) => Plan::Job(Job::Run(Ready { tool, call, key, ordinal: Some(ordinal), reused })),
     }
 }
 

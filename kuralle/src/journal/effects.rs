@@ -74,8 +74,8 @@ impl Scope {
         }
         let req =
             ToolCallRequest { call_id: format!("nested:{callsite}"), name: name.to_owned(), arguments: String::new() };
-        let mut planned = Planned::new(req, callsite, RawArgs::from_value(args), Ok(tool));
-        match plan::plan(turn, &mut planned) {
+        let Planned { head, check } = Planned::new(req, callsite, RawArgs::from_value(args), Ok(tool));
+        match plan::plan(turn, &head, check) {
             Plan::Done(result, replayed) => (result, replayed),
             Plan::Job(Job::Indeterminate { key, ordinal }) => {
                 (call::indeterminate(turn, name, key, ordinal).await, false)
@@ -99,10 +99,10 @@ impl Scope {
                         Err(e) => return (Err(journal_failure(turn, name, "record the call", e)), false),
                     }
                 }
-                let call_id = planned.req.call_id;
+                let call_id = head.req.call_id;
                 let site = CallSite {
                     call_id: &call_id,
-                    callsite: &planned.callsite,
+                    callsite: &head.callsite,
                     parent: Some(&self.token),
                     top_level: false,
                     alone: true,
