@@ -368,36 +368,57 @@ impl<T: Tool> From<T> for ToolSet {
 /// ```
 #[derive(Debug, Default)]
 pub struct RawArgs {
-    text: String,
-    parsed: OnceLock<Result<Value, ToolError>>,
-    /// Arguments given as a `Value` (a nested `ctx.tool` call), without text.
-    given: bool,
+    source: Source,
+}
+
+/// Where a call's arguments came from.
+#[derive(Debug)]
+enum Source {
+    /// A model's text, parsed into a `Value` the first time something asks for one.
+    Text { text: String, parsed: OnceLock<Result<Value, ToolError>> },
+    /// A `Value`, without text (a nested `ctx.tool` call's).
+    Given(Value),
+}
+
+impl Default for Source {
+    fn default() -> Self {
+        Self::Text { text: String::new(), parsed: OnceLock::new() }
+    }
 }
 
 impl RawArgs {
     /// Arguments from their raw text.
     pub fn new(text: impl Into<String>) -> Self {
-        Self { text: text.into(), parsed: OnceLock::new(), given: false }
+        Self { source: Source::Text { text: text.into(), parsed: OnceLock::new() } }
     }
 
     /// Arguments already parsed (a nested call's), which have no text.
     pub(crate) fn from_value(value: Value) -> Self {
-        Self { text: String::new(), parsed: OnceLock::from(Ok(value)), given: true }
+        Self { source: Source::Given(value) }
     }
 
     /// The arguments, when they were given as a `Value` rather than as text.
     pub(crate) fn given(&self) -> Option<&Value> {
-        if self.given { self.parsed.get().and_then(|p| p.as_ref().ok()) } else { None }
+        match &self.source {
+            Source::Given(value) => Some(value),
+            Source::Text { .. } => None,
+        }
     }
 
-    /// The raw text.
+    /// The raw text (empty for arguments given as a `Value`).
     pub fn text(&self) -> &str {
-        &self.text
+        match &self.source {
+            Source::Text { text, .. } => text,
+            Source::Given(_) => "",
+        }
     }
 
     /// The raw text, taken back (empty for arguments given as a `Value`).
     pub(crate) fn into_text(self) -> String {
-        self.text
+        match self.source {
+            Source::Text { text, .. } => text,
+            Source::Given(_) => String::new(),
+        }
     }
 
     /// The arguments parsed by [`parse_args`] (errors name `tool`), parsed on the first call.
@@ -405,7 +426,12 @@ impl RawArgs {
     /// # Errors
     /// As [`parse_args`].
     pub fn value(&self, tool: &str) -> Result<&Value, ToolError> {
-        self.parsed.get_or_init(|| parse_args(tool, &self.text)).as_ref().map_err(Clone::clone)
+        match &self.source {
+            Source::Text { text, parsed } => {
+                parsed.get_or_init(|| parse_args(tool, text)).as_ref().map_err(Clone::clone)
+            }
+            Source::Given(value) => Ok(value),
+        }
     }
 }
 
