@@ -125,7 +125,6 @@ impl Fence {
 
 /// A held lease, renewed by the runtime's [`Renewals`] every `ttl / 3` until released.
 pub(crate) struct Held {
-    store: Arc<dyn RunStore>,
     lease: Lease,
     fence: Arc<Fence>,
     renewals: Arc<Renewals>,
@@ -134,15 +133,10 @@ pub(crate) struct Held {
 
 impl Held {
     /// Starts renewing `lease`; a renewal that is fenced loses the fence (and fires `stop`).
-    pub(crate) fn start(
-        renewals: &Arc<Renewals>,
-        store: Arc<dyn RunStore>,
-        lease: Lease,
-        stop: CancellationToken,
-    ) -> Self {
+    pub(crate) fn start(renewals: &Arc<Renewals>, lease: Lease, stop: CancellationToken) -> Self {
         let fence = Fence::new(&lease, stop);
         let registration = renewals.register(lease.clone(), Arc::clone(&fence));
-        Self { store, lease, fence, renewals: Arc::clone(renewals), registration }
+        Self { lease, fence, renewals: Arc::clone(renewals), registration }
     }
 
     pub(crate) fn fence(&self) -> &Arc<Fence> {
@@ -155,7 +149,7 @@ impl Held {
         if self.fence.is_lost() {
             return;
         }
-        if let Err(e) = self.store.release_lease(&self.lease).await {
+        if let Err(e) = self.renewals.store().release_lease(&self.lease).await {
             // Expiry gives it up anyway; nothing else to do.
             tracing::debug!(run_id = %self.lease.run_id, error = %e, "releasing the lease failed");
         }

@@ -31,7 +31,7 @@ pub(crate) struct Renewals {
 #[derive(Default)]
 struct State {
     next_id: u64,
-    held: HashMap<u64, Held>,
+    held: HashMap<u64, Entry>,
     /// The renewing task, once started (it ends with the Tokio runtime it was spawned on; the
     /// next registration starts another).
     task: Option<JoinHandle<()>>,
@@ -39,7 +39,8 @@ struct State {
     wakes_at: Option<Instant>,
 }
 
-struct Held {
+/// One registered lease: the latest renewal of it, its turn's fence, and when it is due.
+struct Entry {
     lease: Lease,
     fence: Arc<Fence>,
     due: Instant,
@@ -52,6 +53,11 @@ pub(crate) struct Registration(u64);
 impl Renewals {
     pub(crate) fn new(store: Arc<dyn RunStore>, ttl: Duration) -> Arc<Self> {
         Arc::new(Self { store, ttl, state: Mutex::default(), wake: Arc::new(Notify::new()) })
+    }
+
+    /// The store the leases are renewed in (the runtime's).
+    pub(crate) fn store(&self) -> &Arc<dyn RunStore> {
+        &self.store
     }
 
     /// How often a lease is renewed: a third of its TTL, so two renewals can fail before it
@@ -71,7 +77,7 @@ impl Renewals {
         let mut state = self.state();
         let id = state.next_id;
         state.next_id += 1;
-        state.held.insert(id, Held { lease, fence, due });
+        state.held.insert(id, Entry { lease, fence, due });
         if state.task.as_ref().is_none_or(JoinHandle::is_finished) {
             state.task = Some(tokio::spawn(keep(Arc::downgrade(self), Arc::clone(&self.wake))));
             state.wakes_at = None;

@@ -91,7 +91,7 @@ pub(super) async fn run_leased(
             None => lease::acquire(rt.store.as_ref(), &run_id, rt.lease_ttl, req.wait_for_lease).await?,
         };
         tracing::debug!(token = lease.token, owner = %lease.owner, "took the run's lease");
-        let held = Held::start(&rt.renewals, Arc::clone(&rt.store), lease, interrupt.clone());
+        let held = Held::start(&rt.renewals, lease, interrupt.clone());
         let fence = Arc::clone(held.fence());
         let result = match &decision {
             Some(d) => record_under(rt.store.as_ref(), &fence, &run_id, d).await,
