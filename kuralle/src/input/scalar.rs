@@ -99,10 +99,8 @@ impl<'de> de::Deserializer<'de> for Scalar<'de> {
     }
 
     fn deserialize_string<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
-        match self.plain_string() {
-            Some(text) => visitor.visit_borrowed_str(text),
-            None => self.json(|de| de::Deserializer::deserialize_string(de, visitor)),
-        }
+        // `serde_json` reads a `String` as it reads a `str`.
+        self.deserialize_str(visitor)
     }
 
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
