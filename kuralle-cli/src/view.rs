@@ -191,11 +191,24 @@ impl StepView {
         let Some(r) = &self.result else { return String::new() };
         match self.kind {
             StepKind::Model => {
-                let calls: Vec<&str> = r["tool_calls"]
-                    .as_array()
-                    .map(|c| c.iter().filter_map(|c| c["name"].as_str()).collect())
-                    .unwrap_or_default();
-                let text = r["text"].as_str().unwrap_or_default();
+                // A response's parts, or the text and calls of one journaled before parts.
+                let (calls, text): (Vec<&str>, String) = match r["parts"].as_array() {
+                    Some(parts) => (
+                        parts
+                            .iter()
+                            .filter(|p| p["type"] == "tool_call")
+                            .filter_map(|p| p["call"]["name"].as_str())
+                            .collect(),
+                        parts.iter().filter(|p| p["type"] == "text").filter_map(|p| p["text"].as_str()).collect(),
+                    ),
+                    None => (
+                        r["tool_calls"]
+                            .as_array()
+                            .map(|c| c.iter().filter_map(|c| c["name"].as_str()).collect())
+                            .unwrap_or_default(),
+                        r["text"].as_str().unwrap_or_default().to_owned(),
+                    ),
+                };
                 if calls.is_empty() {
                     clip(&format!("\"{text}\""), width)
                 } else {

@@ -120,11 +120,29 @@ pub struct StepCall {
     pub args: Value,
 }
 
-/// The part of a journaled model response that names its calls, read straight from the text.
+/// The part of a journaled model response that names its calls, read straight from the text:
+/// its parts, or the `tool_calls` of a response journaled before parts existed.
 #[derive(Deserialize)]
 struct ToolCalls {
     #[serde(default)]
+    parts: Option<Vec<crate::Part>>,
+    #[serde(default)]
     tool_calls: Vec<ToolCallRequest>,
+}
+
+impl ToolCalls {
+    fn into_calls(self) -> Vec<ToolCallRequest> {
+        match self.parts {
+            Some(parts) => parts
+                .into_iter()
+                .filter_map(|p| match p {
+                    crate::Part::ToolCall { call, .. } => Some(call),
+                    _ => None,
+                })
+                .collect(),
+            None => self.tool_calls,
+        }
+    }
 }
 
 /// The model-issued call behind each tool and approval step of `steps`, by ordinal.
@@ -177,7 +195,7 @@ pub fn step_calls(run_id: &str, steps: &[StepRecord]) -> HashMap<u64, StepCall> 
                 .result
                 .as_ref()
                 .and_then(|r| r.decode::<ToolCalls>().ok())
-                .map(|r| r.tool_calls)
+                .map(ToolCalls::into_calls)
                 .unwrap_or_default();
             for (i, req) in requests.iter().enumerate() {
                 let Ok(args) = parse_args(&req.name, &req.arguments) else { continue };

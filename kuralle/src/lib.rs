@@ -209,7 +209,9 @@ pub use json_text::JsonText;
 pub use kuralle_macros::agent;
 #[doc = include_str!("../docs/tool.md")]
 pub use kuralle_macros::tool;
-pub use model::{FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, ToolCallRequest, Usage};
+pub use model::{
+    FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, Origin, Part, ToolCallRequest, Usage,
+};
 pub use policy::{Policy, Verdict};
 pub use runtime::{
     DEFAULT_EVENT_BUFFER, DEFAULT_LEASE_TTL, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN, Decision,

@@ -6,12 +6,13 @@ use futures::stream::{self, BoxStream, StreamExt};
 
 use crate::{
     Model, Transcript,
-    model::{FinishReason, ModelError, ModelEvent, ModelRequest, ToolCallRequest, Usage},
+    model::{FinishReason, ModelError, ModelEvent, ModelRequest, Part, ToolCallRequest, Usage},
 };
 
 /// One scripted model response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Turn {
+    parts: Vec<Part>,
     text: String,
     calls: Vec<ToolCallRequest>,
     error: Option<String>,
@@ -20,7 +21,7 @@ pub struct Turn {
 impl Turn {
     /// A response that answers with `text` and stops.
     pub fn text(text: impl Into<String>) -> Self {
-        Self { text: text.into(), calls: Vec::new(), error: None }
+        Self { parts: Vec::new(), text: text.into(), calls: Vec::new(), error: None }
     }
 
     /// A response that calls tools: `(call_id, name, raw_arguments)`; the argument text is
@@ -36,18 +37,34 @@ impl Turn {
             .into_iter()
             .map(|(id, name, args)| ToolCallRequest { call_id: id.into(), name: name.into(), arguments: args.into() })
             .collect();
-        Self { text: String::new(), calls, error: None }
+        Self { parts: Vec::new(), text: String::new(), calls, error: None }
     }
 
     /// A response that fails with a provider error after its text, if any.
     pub fn error(message: impl Into<String>) -> Self {
-        Self { text: String::new(), calls: Vec::new(), error: Some(message.into()) }
+        Self { parts: Vec::new(), text: String::new(), calls: Vec::new(), error: Some(message.into()) }
     }
 
     /// Adds text before the tool calls.
     #[must_use]
     pub fn with_text(mut self, text: impl Into<String>) -> Self {
         self.text = text.into();
+        self
+    }
+
+    /// Adds a part (reasoning, say) before the text, sent as a [`ModelEvent::Part`], so tests
+    /// can check that provider state is journaled and sent back.
+    ///
+    /// ```
+    /// use kuralle::{Part, testing::Turn};
+    /// let turn = Turn::text("42").with_part(Part::Reasoning {
+    ///     text: "6 times 7".into(), summary: vec![], signature: Some("sig".into()), encrypted: None, id: None,
+    /// });
+    /// # let _ = turn;
+    /// ```
+    #[must_use]
+    pub fn with_part(mut self, part: Part) -> Self {
+        self.parts.push(part);
         self
     }
 }
@@ -166,6 +183,10 @@ impl Model for ScriptedModel {
         "scripted"
     }
 
+    fn provider(&self) -> &str {
+        "scripted"
+    }
+
     fn stream(&self, request: ModelRequest) -> BoxStream<'static, Result<ModelEvent, ModelError>> {
         let mut script = self.lock();
         let seen = Seen::measure(script.seen.as_ref(), &request.messages);
@@ -179,7 +200,7 @@ impl Model for ScriptedModel {
         script.next = script.next.max(index + 1);
         drop(script);
 
-        let mut events = Vec::new();
+        let mut events: Vec<_> = turn.parts.into_iter().map(|part| Ok(ModelEvent::Part { part })).collect();
         // Stream word by word so consumers see real incremental deltas.
         let mut rest = turn.text.as_str();
         while !rest.is_empty() {
@@ -195,7 +216,8 @@ impl Model for ScriptedModel {
             estimate_tokens(&turn.text) + turn.calls.iter().map(|c| estimate_tokens(&c.arguments) + 1).sum::<u64>();
         let reason = if turn.calls.is_empty() { FinishReason::Stop } else { FinishReason::ToolCalls };
         events.extend(turn.calls.into_iter().map(|c| Ok(ModelEvent::ToolCall(c))));
-        events.push(Ok(ModelEvent::Finish { reason, usage: Usage { input_tokens, output_tokens } }));
+        events
+            .push(Ok(ModelEvent::Finish { reason, usage: Usage { input_tokens, output_tokens, ..Usage::default() } }));
         stream::iter(events).boxed()
     }
 }

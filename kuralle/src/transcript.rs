@@ -56,7 +56,7 @@ fn place(i: usize) -> (usize, usize) {
 /// let mut transcript = Transcript::new();
 /// transcript.push(Message::User { content: "hi".into() });
 /// let before = transcript.clone();
-/// transcript.push(Message::Assistant { content: "hello".into(), tool_calls: vec![] });
+/// transcript.push(Message::assistant_text("hello"));
 /// assert_eq!((before.len(), transcript.len()), (1, 2));
 /// assert_eq!(transcript[0], Message::User { content: "hi".into() });
 /// assert_eq!(serde_json::to_string(&before).unwrap(), r#"[{"role":"user","content":"hi"}]"#);

@@ -72,7 +72,7 @@ async fn an_oversized_argument_fails_only_its_call_and_is_not_journaled() {
     }
     let model_step = journal.iter().find(|s| s.kind == StepKind::Model).unwrap();
     let marker =
-        model_step.result.as_ref().unwrap().to_value()["tool_calls"][0]["arguments"].as_str().unwrap().to_owned();
+        model_step.result.as_ref().unwrap().to_value()["parts"][0]["call"]["arguments"].as_str().unwrap().to_owned();
     let replayed = parse_args("echo", &marker).unwrap_err();
     assert!(matches!(replayed, ToolError::InvalidInput { .. }));
     assert_eq!(replayed.to_string(), message);
@@ -234,7 +234,7 @@ async fn duplicate_call_ids_get_one_result_each_under_distinct_ids() {
         .messages
         .iter()
         .flat_map(|m| match m {
-            Message::Assistant { tool_calls, .. } => tool_calls.iter().map(|c| c.call_id.clone()).collect(),
+            m @ Message::Assistant { .. } => m.tool_calls().map(|c| c.call_id.clone()).collect(),
             _ => Vec::new(),
         })
         .collect();

@@ -9,7 +9,7 @@ use std::{
 
 use futures::StreamExt;
 use kuralle::{
-    FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, ToolCallRequest, ToolSpec, Usage,
+    FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, Part, ToolCallRequest, ToolSpec, Usage,
     models::OpenAi,
 };
 use serde_json::{Value, json};
@@ -340,7 +340,7 @@ fn call(id: &str, name: &str, args: &str) -> Result<ModelEvent, ModelError> {
 }
 
 fn finished(reason: FinishReason, input: u64, output: u64) -> Result<ModelEvent, ModelError> {
-    Ok(ModelEvent::Finish { reason, usage: Usage { input_tokens: input, output_tokens: output } })
+    Ok(ModelEvent::Finish { reason, usage: Usage { input_tokens: input, output_tokens: output, ..Usage::default() } })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -398,23 +398,24 @@ async fn one_tool_call_and_the_full_transcript_encoding() {
         messages: vec![
             Message::User { content: "Weather in Oslo and Rome?".into() },
             Message::Assistant {
-                content: "Checking both.".into(),
-                tool_calls: vec![
-                    ToolCallRequest {
+                parts: vec![
+                    Part::text("Checking both."),
+                    Part::call(ToolCallRequest {
                         call_id: "call_oslo".into(),
                         name: "get_weather".into(),
                         arguments: r#"{"city":"Oslo","units":null}"#.into(),
-                    },
-                    ToolCallRequest {
+                    }),
+                    Part::call(ToolCallRequest {
                         call_id: "call_rome".into(),
                         name: "get_weather".into(),
                         arguments: r#"{"city": "Rome""#.into(),
-                    },
+                    }),
                 ],
+                origin: None,
             },
             Message::Tool { call_id: "call_oslo".into(), name: "get_weather".into(), content: json!({"temp_c": -3}) },
             Message::Tool { call_id: "call_rome".into(), name: "get_weather".into(), content: json!("sunny, 18°C") },
-            Message::Assistant { content: "Oslo -3°C, Rome 18°C.".into(), tool_calls: vec![] },
+            Message::assistant_text("Oslo -3°C, Rome 18°C."),
             Message::User { content: "And Paris?".into() },
         ]
         .into(),
@@ -873,7 +874,7 @@ async fn a_full_agent_run_through_the_runtime_with_a_tool_round_trip() {
     let out = handle.await.unwrap();
     assert_eq!(out.text, "The tool said: hello world.");
     assert_eq!(deltas, out.text);
-    assert_eq!(out.usage, Usage { input_tokens: 100, output_tokens: 16 });
+    assert_eq!(out.usage, Usage { input_tokens: 100, output_tokens: 16, ..Usage::default() });
     assert_eq!(tool_results, [json!({"echoed": "hello world"})]);
 
     let requests = server.requests();

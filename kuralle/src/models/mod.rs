@@ -3,12 +3,17 @@
 //! With the default `openai` feature, [`OpenAi`] speaks the OpenAI-compatible
 //! chat-completions API (streaming SSE, parallel tool calls). That API is also served by
 //! Ollama, vLLM, llama.cpp server and LM Studio, so one client covers local models too.
+//! [`http`] holds what every client shares: sending with retries, typed errors, and reading
+//! within a byte limit.
 
+#[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
+pub(crate) mod http;
 #[cfg(feature = "openai")]
 mod openai;
+#[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
+pub mod sse;
 
+#[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
+pub use http::{ConfigError, options::DEFAULT_MAX_RESPONSE_BYTES};
 #[cfg(feature = "openai")]
-pub use openai::{
-    ConfigError, DEFAULT_BASE_URL, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_MODEL, OpenAi, OpenAiBuilder, assemble_events,
-    sse,
-};
+pub use openai::{DEFAULT_BASE_URL, DEFAULT_MODEL, OpenAi, OpenAiBuilder, assemble_events};

@@ -48,6 +48,12 @@ pub enum Event {
         /// The text.
         delta: String,
     },
+    /// A piece of the model's reasoning or thinking text, as the provider streams it (not
+    /// repeated when a step is replayed from the journal).
+    ReasoningDelta {
+        /// The text.
+        delta: String,
+    },
     /// A batch of tool calls is about to run (one call for a serial call).
     ToolBatchStart {
         /// The calls, in source order.

@@ -1,15 +1,119 @@
-//! What a model response must satisfy before it is journaled and sent back to the model: one
-//! call per call id, and no arguments too large to keep.
+//! A journaled model response (its parts, in order, with the provider that produced them),
+//! and what it must satisfy before it is journaled and sent back to the model: one call per
+//! call id, and no arguments too large to keep.
 //!
 //! Both fixes are applied before the response is journaled, so a replayed run sees exactly
 //! what the live run saw and gives the model the same answers.
 
 use std::collections::HashSet;
 
+use serde::{Deserialize, Serialize};
+
 use crate::{
-    MAX_TOOL_ARGS_BYTES, ToolCallRequest,
+    FinishReason, MAX_TOOL_ARGS_BYTES, Origin, Part, ToolCallRequest, Usage,
+    model::legacy_parts,
     tool::{oversized_marker, oversized_marker_parts},
 };
+
+/// A journaled model response. Journals written before parts existed hold `text` and
+/// `tool_calls` instead; they read back as the same parts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(from = "ResponseWire")]
+pub(super) struct ModelResponse {
+    pub(super) parts: Vec<Part>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) origin: Option<Origin>,
+    pub(super) finish: FinishReason,
+    pub(super) usage: Usage,
+}
+
+#[derive(Deserialize)]
+struct ResponseWire {
+    #[serde(default)]
+    parts: Option<Vec<Part>>,
+    #[serde(default)]
+    origin: Option<Origin>,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<ToolCallRequest>,
+    finish: FinishReason,
+    #[serde(default)]
+    usage: Usage,
+}
+
+impl From<ResponseWire> for ModelResponse {
+    fn from(w: ResponseWire) -> Self {
+        let parts = w.parts.unwrap_or_else(|| legacy_parts(w.text.unwrap_or_default(), w.tool_calls));
+        Self { parts, origin: w.origin, finish: w.finish, usage: w.usage }
+    }
+}
+
+impl ModelResponse {
+    /// The text parts, joined.
+    pub(super) fn text(&self) -> String {
+        let mut text = String::new();
+        for part in &self.parts {
+            if let Part::Text { text: t, .. } = part {
+                text.push_str(t);
+            }
+        }
+        text
+    }
+
+    /// Whether the response asks for tool calls.
+    pub(super) fn has_calls(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::ToolCall { .. }))
+    }
+
+    /// Bytes of text the response holds outside its calls' arguments.
+    pub(super) fn text_bytes(&self) -> usize {
+        self.parts
+            .iter()
+            .map(|p| match p {
+                Part::Text { text, signature, id } => {
+                    text.len() + signature.as_ref().map_or(0, String::len) + id.as_ref().map_or(0, String::len)
+                }
+                Part::ToolCall { call, signature, id } => {
+                    call.call_id.len()
+                        + call.name.len()
+                        + signature.as_ref().map_or(0, String::len)
+                        + id.as_ref().map_or(0, String::len)
+                }
+                Part::Reasoning { text, summary, signature, encrypted, id } => {
+                    text.len()
+                        + summary.iter().map(String::len).sum::<usize>()
+                        + [signature, encrypted, id].iter().map(|s| s.as_ref().map_or(0, String::len)).sum::<usize>()
+                }
+                Part::RedactedReasoning { data } => data.len(),
+            })
+            .sum()
+    }
+}
+
+/// Moves the calls out of `parts`, in order, leaving empty calls in their places for
+/// [`put_calls`] to fill: dispatch consumes them without a copy.
+pub(super) fn take_calls(parts: &mut [Part]) -> Vec<ToolCallRequest> {
+    parts
+        .iter_mut()
+        .filter_map(|p| match p {
+            Part::ToolCall { call, .. } => Some(std::mem::take(call)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Puts `calls` back into the call parts of `parts`, in order.
+pub(super) fn put_calls(parts: &mut [Part], calls: impl IntoIterator<Item = ToolCallRequest>) {
+    let mut calls = calls.into_iter();
+    for part in parts {
+        if let Part::ToolCall { call, .. } = part
+            && let Some(next) = calls.next()
+        {
+            *call = next;
+        }
+    }
+}
 
 /// Gives every call a distinct, non-empty id. A repeated id becomes `<id>~<n>` (the first free
 /// `n` from 2), in the assistant message and in its result alike, so the transcript answers

@@ -13,10 +13,12 @@ use super::{
     Decision, Inner, RunRequest,
     event::{EventSender, RunOutput},
     lease::{self, Fence, Held},
+    response::{ModelResponse, cap_arguments, dedupe_call_ids, put_calls, take_calls},
 };
 use crate::{
-    AgentDef, Event, FinishReason, JsonText, Message, Model, ModelError, ModelEvent, ModelRequest, RunError, RunRecord,
-    RunStatus, RunStore, StepKind, StepOutcome, StoreError, ToolCallRequest, ToolSpec, Transcript, Usage,
+    AgentDef, Event, FinishReason, JsonText, Message, Model, ModelError, ModelEvent, ModelRequest, Origin, Part,
+    RunError, RunRecord, RunStatus, RunStore, StepKind, StepOutcome, StoreError, ToolCallRequest, ToolSpec, Transcript,
+    Usage,
     dispatch::{self, Pending, RecordedDecision, TurnCtx},
     journal::{Journal, Lookup, now_ms},
     truncate::truncate_owned,
@@ -43,15 +45,6 @@ struct RunState {
     /// Calls waiting for a human decision (status `paused`).
     #[serde(default)]
     pending: Vec<Pending>,
-}
-
-/// A journaled model response.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct ModelResponse {
-    text: String,
-    tool_calls: Vec<ToolCallRequest>,
-    finish: FinishReason,
-    usage: Usage,
 }
 
 enum Opened {
@@ -344,14 +337,18 @@ async fn drive(
         };
         callsite += 1;
         usage += response.usage;
-        if response.tool_calls.is_empty() {
-            transcript.push(Message::Assistant { content: response.text.clone(), tool_calls: Vec::new() });
-            text = response.text;
+        let has_calls = response.has_calls();
+        let ModelResponse { mut parts, origin, .. } = response;
+        if !has_calls {
+            let message = Message::Assistant { parts, origin };
+            text = message.text();
+            transcript.push(message);
             status = RunStatus::Finished;
             break;
         }
-        let n = response.tool_calls.len() as u64;
-        let dispatched = dispatch::dispatch(&ctx, response.tool_calls, callsite).await?;
+        let calls = take_calls(&mut parts);
+        let n = calls.len() as u64;
+        let dispatched = dispatch::dispatch(&ctx, calls, callsite).await?;
         callsite += n;
         if !dispatched.pending.is_empty() {
             // The turn resumes from its start once decided: everything before the pending
@@ -371,7 +368,8 @@ async fn drive(
             results.push(Message::Tool { call_id: o.call_id.clone(), name: o.name.clone(), content });
             tool_calls.push(ToolCallRequest { call_id: o.call_id, name: o.name, arguments: o.arguments });
         }
-        transcript.push(Message::Assistant { content: response.text, tool_calls });
+        put_calls(&mut parts, tool_calls);
+        transcript.push(Message::Assistant { parts, origin });
         for message in results {
             transcript.push(message);
         }
@@ -419,8 +417,11 @@ async fn model_step(
         let response = replayed.decode::<ModelResponse>().map_err(|e| {
             RunError::Store(StoreError::Corrupt(format!("journaled model response is unreadable: {e}")))
         })?;
-        if !response.text.is_empty() && ctx.events.is_listening() {
-            ctx.events.send(Event::TextDelta { delta: response.text.clone() }).await;
+        if ctx.events.is_listening() {
+            let text = response.text();
+            if !text.is_empty() {
+                ctx.events.send(Event::TextDelta { delta: text }).await;
+            }
         }
         tracing::Span::current().record("replayed", true);
         return Ok(Some(response));
@@ -437,12 +438,10 @@ async fn model_step(
     };
 
     let mut stream = model.stream(request);
-    let mut response = ModelResponse {
-        text: String::new(),
-        tool_calls: Vec::new(),
-        finish: FinishReason::Stop,
-        usage: Usage::default(),
-    };
+    let mut response =
+        ModelResponse { parts: Vec::new(), origin: None, finish: FinishReason::Stop, usage: Usage::default() };
+    // Text streamed since the last part; it becomes a text part when the next part starts.
+    let mut open_text = String::new();
     let mut finished = false;
     loop {
         let next = tokio::select! {
@@ -454,10 +453,27 @@ async fn model_step(
             None => break,
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(ModelEvent::TextDelta { delta })) => {
-                response.text.push_str(&delta);
+                open_text.push_str(&delta);
                 ctx.events.send(Event::TextDelta { delta }).await;
             }
-            Some(Ok(ModelEvent::ToolCall(call))) => response.tool_calls.push(call),
+            Some(Ok(ModelEvent::ReasoningDelta { delta })) => {
+                if ctx.events.is_listening() {
+                    ctx.events.send(Event::ReasoningDelta { delta }).await;
+                }
+            }
+            Some(Ok(ModelEvent::ToolCall(call))) => {
+                close_text(&mut response.parts, &mut open_text);
+                response.parts.push(Part::call(call));
+            }
+            Some(Ok(ModelEvent::Part { part })) => {
+                if matches!(part, Part::Text { .. }) {
+                    // The part is the streamed text, complete, with its signature or id.
+                    open_text.clear();
+                } else {
+                    close_text(&mut response.parts, &mut open_text);
+                }
+                response.parts.push(part);
+            }
             Some(Ok(ModelEvent::Finish { reason, usage })) => {
                 response.finish = reason;
                 response.usage = usage;
@@ -468,9 +484,16 @@ async fn model_step(
     if !finished {
         return Err(ModelError::Protocol("the model stream ended without a finish reason".into()).into());
     }
+    close_text(&mut response.parts, &mut open_text);
+    // Provider state goes back only to its provider; a turn without any needs no origin.
+    if response.parts.iter().any(Part::is_provider_state) {
+        response.origin = Some(Origin::new(model.provider(), model.name()));
+    }
     // Before journaling, so a replay gives the model the same answers.
-    super::response::dedupe_call_ids(&mut response.tool_calls);
-    super::response::cap_arguments(&mut response.tool_calls, rt.max_result_bytes.saturating_sub(response.text.len()));
+    let mut calls = take_calls(&mut response.parts);
+    dedupe_call_ids(&mut calls);
+    cap_arguments(&mut calls, rt.max_result_bytes.saturating_sub(response.text_bytes()));
+    put_calls(&mut response.parts, calls);
     // Written once, from the typed response, as the text the store keeps; measured by its
     // length. A `ModelResponse` always serializes (its maps have string keys).
     let value = JsonText::serialize_from(&response).unwrap_or_default();
@@ -483,6 +506,13 @@ async fn model_step(
         None => journal.defer_finished(key, StepKind::Model, "model", value).await?,
     }
     Ok(Some(response))
+}
+
+/// Ends the text streamed since the last part as a text part of its own.
+fn close_text(parts: &mut Vec<Part>, open: &mut String) {
+    if !open.is_empty() {
+        parts.push(Part::text(std::mem::take(open)));
+    }
 }
 
 /// Persists the turn's end. Losing an optimistic-concurrency race re-reads and retries: the

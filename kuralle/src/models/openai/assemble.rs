@@ -1,13 +1,18 @@
 //! OpenAI chat-completion chunks → [`ModelEvent`]s: text at once, tool-call fragments gathered
-//! by `index` until the finish.
+//! by `index` until the finish, reasoning (`reasoning_content` of DeepSeek, `reasoning` of
+//! OpenRouter and vLLM) as deltas and then one part, and Gemini's thought signatures
+//! (`extra_content.google.thought_signature`) kept on their calls.
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{describe_error, excerpt, sse::SseEvent};
-use crate::model::{FinishReason, ModelError, ModelEvent, ToolCallRequest, Usage};
+use crate::model::{FinishReason, ModelError, ModelEvent, Part, ToolCallRequest, Usage};
+use crate::models::{
+    http::{describe_error, excerpt},
+    sse::SseEvent,
+};
 
 #[derive(Debug, Deserialize)]
 struct Chunk {
@@ -54,6 +59,12 @@ struct Choice {
 struct Delta {
     #[serde(default)]
     content: Option<String>,
+    /// DeepSeek's thinking text.
+    #[serde(default)]
+    reasoning_content: Option<String>,
+    /// The same, as OpenRouter and vLLM name it.
+    #[serde(default)]
+    reasoning: Option<String>,
     #[serde(default)]
     refusal: Option<String>,
     #[serde(default)]
@@ -68,6 +79,9 @@ struct ToolCallDelta {
     id: Option<String>,
     #[serde(default)]
     function: Option<FunctionDelta>,
+    /// Gemini's OpenAI-compatible endpoint: `{"google": {"thought_signature": ".."}}`.
+    #[serde(default)]
+    extra_content: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -85,6 +99,18 @@ struct WireUsage {
     prompt_tokens: Option<u64>,
     #[serde(default)]
     completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<Details>,
+    #[serde(default)]
+    completion_tokens_details: Option<Details>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Details {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -92,6 +118,7 @@ struct PartialCall {
     id: Option<String>,
     name: String,
     arguments: String,
+    signature: Option<String>,
 }
 
 /// Turns chunks into events: text at once, tool calls gathered by `index` until the finish.
@@ -100,6 +127,8 @@ pub(super) struct Assembler {
     calls: BTreeMap<usize, PartialCall>,
     last_index: Option<usize>,
     emitted_calls: bool,
+    /// Reasoning text not yet closed into a part.
+    reasoning: String,
     finish: Option<FinishReason>,
     usage: Option<Usage>,
     /// `data: [DONE]` arrived.
@@ -160,14 +189,28 @@ impl Assembler {
             self.usage = Some(Usage {
                 input_tokens: usage.prompt_tokens.unwrap_or(0),
                 output_tokens: usage.completion_tokens.unwrap_or(0),
+                cache_read_tokens: usage.prompt_tokens_details.as_ref().and_then(|d| d.cached_tokens).unwrap_or(0),
+                cache_write_tokens: 0,
+                reasoning_tokens: usage
+                    .completion_tokens_details
+                    .as_ref()
+                    .and_then(|d| d.reasoning_tokens)
+                    .unwrap_or(0),
             });
         }
         let mut out = Vec::new();
         // Only the first choice is requested (`n` is never sent); others are ignored.
         for choice in chunk.choices.unwrap_or_default().into_iter().filter(|c| c.index.unwrap_or(0) == 0) {
             if let Some(delta) = choice.delta {
+                for thinking in [delta.reasoning_content, delta.reasoning].into_iter().flatten() {
+                    if !thinking.is_empty() {
+                        self.reasoning.push_str(&thinking);
+                        out.push(ModelEvent::ReasoningDelta { delta: thinking });
+                    }
+                }
                 for text in [delta.content, delta.refusal].into_iter().flatten() {
                     if !text.is_empty() {
+                        self.close_reasoning(&mut out);
                         out.push(ModelEvent::TextDelta { delta: text });
                     }
                 }
@@ -200,6 +243,11 @@ impl Assembler {
         if let Some(id) = call.id.filter(|id| !id.is_empty()) {
             entry.id.get_or_insert(id);
         }
+        if let Some(signature) =
+            call.extra_content.as_ref().and_then(|e| e.pointer("/google/thought_signature")).and_then(Value::as_str)
+        {
+            entry.signature.get_or_insert_with(|| signature.to_owned());
+        }
         if let Some(function) = call.function {
             if let Some(name) = function.name.filter(|n| !n.is_empty())
                 && entry.name.is_empty()
@@ -214,21 +262,38 @@ impl Assembler {
         }
     }
 
+    /// The reasoning streamed so far, as one part that goes back with the turn.
+    fn close_reasoning(&mut self, out: &mut Vec<ModelEvent>) {
+        if !self.reasoning.is_empty() {
+            let text = std::mem::take(&mut self.reasoning);
+            out.push(ModelEvent::Part {
+                part: Part::Reasoning { text, summary: Vec::new(), signature: None, encrypted: None, id: None },
+            });
+        }
+    }
+
     /// The gathered tool calls, in `index` order.
     fn flush_calls(&mut self) -> Result<Vec<ModelEvent>, ModelError> {
         let calls = std::mem::take(&mut self.calls);
         self.last_index = None;
-        let mut out = Vec::with_capacity(calls.len());
+        let mut out = Vec::with_capacity(calls.len() + 1);
+        self.close_reasoning(&mut out);
         for (index, call) in calls {
             if call.name.is_empty() {
                 return Err(ModelError::Protocol(format!("tool call at index {index} has no function name")));
             }
             self.emitted_calls = true;
-            out.push(ModelEvent::ToolCall(ToolCallRequest {
+            let request = ToolCallRequest {
                 call_id: call.id.unwrap_or_else(|| format!("call_{index}")),
                 name: call.name,
                 arguments: call.arguments,
-            }));
+            };
+            out.push(match call.signature {
+                Some(signature) => {
+                    ModelEvent::Part { part: Part::ToolCall { call: request, signature: Some(signature), id: None } }
+                }
+                None => ModelEvent::ToolCall(request),
+            });
         }
         Ok(out)
     }
@@ -331,7 +396,7 @@ mod properties {
             let sent_text: String = text.iter().take(order.len()).map(String::as_str).collect();
             prop_assert_eq!(got_text, sent_text);
             let reason = if calls.is_empty() { FinishReason::Stop } else { FinishReason::ToolCalls };
-            prop_assert_eq!(events.last(), Some(&ModelEvent::Finish { reason, usage: Usage { input_tokens: 3, output_tokens: 4 } }));
+            prop_assert_eq!(events.last(), Some(&ModelEvent::Finish { reason, usage: Usage { input_tokens: 3, output_tokens: 4, ..Usage::default() } }));
         }
 
         /// Arbitrary chunk payloads (JSON-ish or not): events or a typed error, never a panic.

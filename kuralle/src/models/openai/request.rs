@@ -1,20 +1,12 @@
-//! Sending a request: the chat-completions body, retries with jittered backoff, and reading the
-//! response within [`OpenAiBuilder::max_response_bytes`](super::OpenAiBuilder::max_response_bytes)
-//! while it arrives.
+//! The chat-completions request body, and the events of a whole (non-streamed) completion.
 
-use std::time::Duration;
-
-use reqwest::header::{ACCEPT, HeaderMap};
 use serde_json::{Map, Value, json};
 
-use super::{Inner, assemble::Assembler, describe_error, excerpt};
+use super::{Inner, PROVIDER, assemble::Assembler};
 use crate::{
-    model::{Message, ModelError, ModelEvent, ModelRequest},
+    model::{Message, ModelError, ModelEvent, ModelRequest, Part, state_goes_to},
     schema,
 };
-
-/// How much of an error response body is read for its message.
-const MAX_ERROR_BODY: usize = 64 * 1024;
 
 impl Inner {
     /// The chat-completions request body for `request`.
@@ -47,99 +39,6 @@ impl Inner {
         }
         Ok(Value::Object(body))
     }
-
-    /// Sends the request, retrying 429s, 5xx answers and failed connections within the budget.
-    /// The span's `attempts` is recorded once, with the final count.
-    pub(super) async fn send(&self, body: &Value) -> Result<reqwest::Response, ModelError> {
-        let mut attempt = 0u32;
-        let result = self.send_attempts(body, &mut attempt).await;
-        tracing::Span::current().record("attempts", attempt);
-        result
-    }
-
-    async fn send_attempts(&self, body: &Value, attempt: &mut u32) -> Result<reqwest::Response, ModelError> {
-        loop {
-            *attempt += 1;
-            let attempt = *attempt;
-            let request = self.client.post(&self.endpoint).header(ACCEPT, "text/event-stream").json(body).send();
-            let (error, hint) = match tokio::time::timeout(self.timeout, request).await {
-                Err(_) => {
-                    return Err(ModelError::Transport(format!(
-                        "no response from {} within {:?}",
-                        self.endpoint, self.timeout
-                    )));
-                }
-                Ok(Err(e)) if e.is_connect() => (ModelError::Transport(error_chain(&e)), None),
-                Ok(Err(e)) => return Err(ModelError::Transport(error_chain(&e))),
-                Ok(Ok(response)) => {
-                    let status = response.status();
-                    if status.is_success() {
-                        tracing::debug!(attempt, status = status.as_u16(), "streaming the response");
-                        return Ok(response);
-                    }
-                    let status = status.as_u16();
-                    let hint = retry_after(response.headers());
-                    let message = self.error_message(response).await;
-                    match status {
-                        401 | 403 => return Err(ModelError::Auth { status, message }),
-                        429 => (ModelError::RateLimited { attempts: attempt, message }, hint),
-                        500..=599 => (ModelError::Http { status, attempts: attempt, message }, hint),
-                        _ => return Err(ModelError::Http { status, attempts: attempt, message }),
-                    }
-                }
-            };
-            if attempt > self.retry.max_retries {
-                return Err(error);
-            }
-            let delay = self.retry.delay(attempt, hint);
-            tracing::warn!(attempt, ?delay, %error, "model request failed; retrying");
-            tokio::time::sleep(delay).await;
-        }
-    }
-
-    /// The provider's message from an error response: `error.message` of a JSON body, else
-    /// the (bounded) body text, else the status text.
-    async fn error_message(&self, mut response: reqwest::Response) -> String {
-        let fallback = response.status().canonical_reason().unwrap_or("no message").to_owned();
-        let mut body = Vec::new();
-        let read = async {
-            while let Ok(Some(chunk)) = response.chunk().await {
-                body.extend_from_slice(&chunk);
-                if body.len() >= MAX_ERROR_BODY {
-                    body.truncate(MAX_ERROR_BODY);
-                    break;
-                }
-            }
-        };
-        // A body that stalls must not stall the error; whatever arrived in time is used.
-        let _ = tokio::time::timeout(self.timeout, read).await;
-        let text = String::from_utf8_lossy(&body);
-        match serde_json::from_str::<Value>(&text) {
-            Ok(value) if value.get("error").is_some() => describe_error(&value["error"]),
-            _ if text.trim().is_empty() => fallback,
-            _ => excerpt(text.trim(), 2000),
-        }
-    }
-}
-
-pub(super) fn is_json(response: &reqwest::Response) -> bool {
-    response
-        .headers()
-        .get(reqwest::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("application/json"))
-}
-
-/// Reads a whole (non-streamed) body, refusing it as soon as it passes `limit` bytes.
-pub(super) async fn read_bounded(mut response: reqwest::Response, limit: usize) -> Result<Vec<u8>, ModelError> {
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| ModelError::Transport(error_chain(&e)))? {
-        if body.len().saturating_add(chunk.len()) > limit {
-            return Err(ModelError::TooLarge { limit });
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
 }
 
 /// The events of a non-streamed `chat.completion` object: its message is treated as one delta.
@@ -156,21 +55,37 @@ pub(super) fn completion_events(body: &[u8]) -> Result<Vec<ModelEvent>, ModelErr
 fn encode_message(message: &Message) -> Value {
     match message {
         Message::User { content } => json!({"role": "user", "content": content}),
-        Message::Assistant { content, tool_calls } => {
+        Message::Assistant { parts, origin } => {
+            // DeepSeek's thinking and Gemini's signatures go back only to this wire.
+            let state = state_goes_to(origin.as_ref(), PROVIDER);
+            let mut text = String::new();
+            let mut reasoning = String::new();
+            let mut calls = Vec::new();
+            for part in parts {
+                match part {
+                    Part::Text { text: t, .. } => text.push_str(t),
+                    Part::Reasoning { text: t, .. } if state => reasoning.push_str(t),
+                    Part::ToolCall { call, signature, .. } => {
+                        let mut c = json!({
+                            "id": call.call_id,
+                            "type": "function",
+                            "function": {"name": call.name, "arguments": call.arguments},
+                        });
+                        if let Some(signature) = signature.as_ref().filter(|_| state) {
+                            c["extra_content"] = json!({"google": {"thought_signature": signature}});
+                        }
+                        calls.push(c);
+                    }
+                    Part::Reasoning { .. } | Part::RedactedReasoning { .. } => {}
+                }
+            }
             let mut m = Map::new();
             m.insert("role".into(), json!("assistant"));
-            m.insert("content".into(), if content.is_empty() { Value::Null } else { json!(content) });
-            if !tool_calls.is_empty() {
-                let calls = tool_calls
-                    .iter()
-                    .map(|c| {
-                        json!({
-                            "id": c.call_id,
-                            "type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments},
-                        })
-                    })
-                    .collect();
+            m.insert("content".into(), if text.is_empty() { Value::Null } else { json!(text) });
+            if !reasoning.is_empty() {
+                m.insert("reasoning_content".into(), json!(reasoning));
+            }
+            if !calls.is_empty() {
                 m.insert("tool_calls".into(), Value::Array(calls));
             }
             Value::Object(m)
@@ -183,32 +98,6 @@ fn encode_message(message: &Message) -> Value {
             json!({"role": "tool", "tool_call_id": call_id, "content": text})
         }
     }
-}
-
-/// The wait a 429/5xx response asks for: `retry-after-ms` (OpenAI) or `Retry-After` seconds.
-/// The HTTP-date form is ignored (the computed backoff applies).
-pub(super) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let number = |name: &str| headers.get(name)?.to_str().ok()?.trim().parse::<f64>().ok();
-    let valid = |n: f64| n.is_finite() && n >= 0.0;
-    if let Some(ms) = number("retry-after-ms").filter(|n| valid(*n)) {
-        return Some(Duration::from_secs_f64((ms / 1000.0).min(86_400.0)));
-    }
-    number("retry-after").filter(|n| valid(*n)).map(|s| Duration::from_secs_f64(s.min(86_400.0)))
-}
-
-/// An error and its sources, joined: reqwest's top-level message alone rarely says what failed.
-pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        let s = e.to_string();
-        if !text.contains(&s) {
-            text.push_str(": ");
-            text.push_str(&s);
-        }
-        source = e.source();
-    }
-    text
 }
 
 #[cfg(test)]
