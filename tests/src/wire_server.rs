@@ -220,3 +220,60 @@ async fn write_piece(socket: &mut TcpStream, part: &[u8], chunked: bool) -> std:
     tokio::time::sleep(Duration::from_millis(1)).await;
     Ok(())
 }
+
+/// A 100 MB answer, for the size limits: the head, then `first`, then `piece` repeated until
+/// `total` bytes were written or the client went away.
+pub struct Flood {
+    /// The `content-type`.
+    pub content_type: &'static str,
+    /// A `content-length` to announce (else the body is close-delimited).
+    pub length: Option<usize>,
+    /// Written once after the head.
+    pub first: String,
+    /// Written again and again.
+    pub piece: Vec<u8>,
+    /// How much of `piece` to write in all.
+    pub total: usize,
+}
+
+/// Serves one request with `flood`; returns the server's origin (`http://127.0.0.1:PORT`) and
+/// the bytes it managed to write before the client went away.
+pub async fn flood(flood: Flood) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = format!("http://{}", listener.local_addr().unwrap());
+    let written = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&written);
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        // Read the request head and body (small); then answer regardless of its content.
+        let mut request = Vec::new();
+        let mut buf = [0u8; 8192];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = socket.read(&mut buf).await.unwrap();
+            if n == 0 {
+                return;
+            }
+            request.extend_from_slice(&buf[..n]);
+        }
+        let mut head = format!("HTTP/1.1 200 OK\r\ncontent-type: {}\r\n", flood.content_type);
+        match flood.length {
+            Some(n) => head.push_str(&format!("content-length: {n}\r\n")),
+            None => head.push_str("connection: close\r\n"),
+        }
+        head.push_str("\r\n");
+        head.push_str(&flood.first);
+        if socket.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+        let mut sent = 0;
+        while sent < flood.total {
+            if socket.write_all(&flood.piece).await.is_err() {
+                return;
+            }
+            sent += flood.piece.len();
+            count.store(sent, Ordering::SeqCst);
+        }
+    });
+    (origin, written)
+}

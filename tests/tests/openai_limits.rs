@@ -7,14 +7,12 @@ use std::sync::{
     atomic::{AtomicUsize, Ordering},
 };
 
+use kuralle_tests::wire_server::{Flood, flood};
+
 use futures::StreamExt;
 use kuralle::{
     Message, Model, ModelError, ModelRequest,
     models::{DEFAULT_MAX_RESPONSE_BYTES, OpenAi},
-};
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpListener,
 };
 
 const HUNDRED_MB: usize = 100 << 20;
@@ -35,63 +33,25 @@ enum Body {
 /// Serves one request with 100 MB of `body`; returns the base URL and the bytes the server
 /// managed to write before the client went away.
 async fn server(body: Body) -> (String, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
-    let written = Arc::new(AtomicUsize::new(0));
-    let count = Arc::clone(&written);
-    tokio::spawn(async move {
-        let (mut socket, _) = listener.accept().await.unwrap();
-        // Read the request head and body (small); then answer regardless of its content.
-        let mut request = Vec::new();
-        let mut buf = [0u8; 8192];
-        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = socket.read(&mut buf).await.unwrap();
-            if n == 0 {
-                return;
-            }
-            request.extend_from_slice(&buf[..n]);
+    let (content_type, length, first, piece): (&str, Option<usize>, String, Vec<u8>) = match body {
+        Body::SseEvents => {
+            let event = format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+                "x".repeat(64 << 10)
+            );
+            ("text/event-stream", None, String::new(), event.into_bytes())
         }
-        let (content_type, length, first, piece): (&str, Option<usize>, String, Vec<u8>) = match body {
-            Body::SseEvents => {
-                let event = format!(
-                    "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
-                    "x".repeat(64 << 10)
-                );
-                ("text/event-stream", None, String::new(), event.into_bytes())
-            }
-            Body::SseEndlessLine => (
-                "text/event-stream",
-                None,
-                "data: {\"choices\":[{\"delta\":{\"content\":\"".into(),
-                vec![b'y'; 64 << 10],
-            ),
-            Body::Json | Body::JsonWithLength => {
-                let head = "{\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"".to_owned();
-                let length = matches!(body, Body::JsonWithLength).then_some(HUNDRED_MB + head.len() + 3);
-                ("application/json", length, head, vec![b'z'; 64 << 10])
-            }
-        };
-        let mut head = format!("HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\n");
-        match length {
-            Some(n) => head.push_str(&format!("content-length: {n}\r\n")),
-            None => head.push_str("connection: close\r\n"),
+        Body::SseEndlessLine => {
+            ("text/event-stream", None, "data: {\"choices\":[{\"delta\":{\"content\":\"".into(), vec![b'y'; 64 << 10])
         }
-        head.push_str("\r\n");
-        head.push_str(&first);
-        if socket.write_all(head.as_bytes()).await.is_err() {
-            return;
+        Body::Json | Body::JsonWithLength => {
+            let head = "{\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"".to_owned();
+            let length = matches!(body, Body::JsonWithLength).then_some(HUNDRED_MB + head.len() + 3);
+            ("application/json", length, head, vec![b'z'; 64 << 10])
         }
-        let mut sent = 0;
-        while sent < HUNDRED_MB {
-            if socket.write_all(&piece).await.is_err() {
-                return;
-            }
-            sent += piece.len();
-            count.store(sent, Ordering::SeqCst);
-        }
-        let _ = socket.write_all(b"\"}}]}").await;
-    });
-    (base_url, written)
+    };
+    let (origin, written) = flood(Flood { content_type, length, first, piece, total: HUNDRED_MB }).await;
+    (format!("{origin}/v1"), written)
 }
 
 fn request() -> ModelRequest {
