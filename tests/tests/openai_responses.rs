@@ -746,6 +746,59 @@ async fn a_run_sends_every_reasoning_item_and_item_id_back_exactly() {
 }
 
 #[tokio::test]
+async fn reasoning_items_survive_the_journal_into_the_next_turn_of_a_reopened_store() {
+    let enc = "gAAAAABor0C1-journaled-encrypted-reasoning==";
+    let server = Server::start(
+        vec![
+            Stream::new()
+                .reasoning("rs_j1", &["Look it up."], enc)
+                .call("fc_j1", "call_j1", "lookup", &["{\"city\":\"Oslo\"}"])
+                .completed(usage(50, 0, 40, 32)),
+            Stream::new().message("msg_j2", &["Oslo: 3 °C."]).completed(usage(80, 0, 6, 0)),
+            Stream::new().message("msg_j3", &["Tomorrow: 5 °C."]).completed(usage(120, 0, 6, 0)),
+        ]
+        .iter()
+        .map(Stream::reply)
+        .collect(),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = |store| {
+        let lookup = kuralle_tests::FnTool::new("lookup", |_, _| async move { Ok(json!({"temp_c": 3})) });
+        kuralle::Runtime::builder()
+            .agent(kuralle::AgentDef::new("weather", "Use lookup.").tool(lookup))
+            .model(client(&server).reasoning_effort("medium").build().unwrap())
+            .store(store)
+            .build()
+            .unwrap()
+    };
+    let first = runtime(kuralle::stores::SqliteStore::open(dir.path().join("runs.db")).unwrap());
+    let out = first.run(kuralle::RunRequest::new("Weather in Oslo?").session("s-j")).await.unwrap();
+    assert_eq!(out.text, "Oslo: 3 °C.");
+    drop(first);
+
+    // Another process, as it were: the store reopened, the transcript read back from it.
+    let second = runtime(kuralle::stores::SqliteStore::open(dir.path().join("runs.db")).unwrap());
+    let out = second.run(kuralle::RunRequest::new("And tomorrow?").session("s-j")).await.unwrap();
+    assert_eq!(out.text, "Tomorrow: 5 °C.");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3);
+    assert_eq!(
+        requests[2].body["input"],
+        json!([
+            {"type": "message", "role": "user", "content": "Weather in Oslo?"},
+            {"type": "reasoning", "id": "rs_j1", "encrypted_content": enc,
+             "summary": [{"type": "summary_text", "text": "Look it up."}]},
+            {"type": "function_call", "id": "fc_j1", "call_id": "call_j1", "name": "lookup", "arguments": "{\"city\":\"Oslo\"}"},
+            {"type": "function_call_output", "call_id": "call_j1", "output": "{\"temp_c\":3}"},
+            {"type": "message", "role": "assistant", "id": "msg_j2",
+             "content": [{"type": "output_text", "text": "Oslo: 3 °C.", "annotations": []}]},
+            {"type": "message", "role": "user", "content": "And tomorrow?"}
+        ])
+    );
+}
+
+#[tokio::test]
 async fn a_turn_from_the_chat_wire_sends_no_reasoning_and_no_item_ids() {
     // Turn 1 on the chat-completions wire (a DeepSeek-style model that streams its thinking),
     // turn 2 of the same session on the Responses wire.
@@ -809,6 +862,65 @@ async fn a_turn_from_the_chat_wire_sends_no_reasoning_and_no_item_ids() {
             {"type": "message", "role": "user", "content": "And Rome?"}
         ])
     );
+}
+
+#[tokio::test]
+async fn state_minted_for_another_wire_never_goes_to_this_one() {
+    // Turns that carry Responses-shaped state (item ids, encrypted reasoning) but came from
+    // another wire: the chat wire (same vendor, different wire) and Anthropic.
+    let server = Server::start(
+        (0..2).map(|_| Stream::new().message("msg_ok", &["ok"]).completed(usage(9, 0, 1, 0)).reply()).collect(),
+    )
+    .await;
+    let model = client(&server).reasoning_effort("low").build().unwrap();
+    for origin in [kuralle::Origin::new("openai", "gpt-4o"), kuralle::Origin::new("anthropic", "claude-sonnet-4-5")] {
+        let mut request = user_request("Weather in Oslo?");
+        request.messages = vec![
+            Message::User { content: "Weather in Oslo?".into() },
+            Message::Assistant {
+                parts: vec![
+                    Part::Reasoning {
+                        text: "thinking".into(),
+                        summary: vec!["Oslo.".into()],
+                        signature: Some("EqQBCkYIARgC".into()),
+                        encrypted: Some("gAAAAB-foreign".into()),
+                        id: Some("rs_foreign".into()),
+                    },
+                    Part::RedactedReasoning { data: "EmwKAhgB".into() },
+                    Part::Text {
+                        text: "Checking.".into(),
+                        signature: Some("sig".into()),
+                        id: Some("msg_foreign".into()),
+                    },
+                    Part::ToolCall {
+                        call: ToolCallRequest {
+                            call_id: "call_f1".into(),
+                            name: "lookup".into(),
+                            arguments: "{}".into(),
+                        },
+                        signature: Some("sig".into()),
+                        id: Some("fc_foreign".into()),
+                    },
+                ],
+                origin: Some(origin.clone()),
+            },
+            Message::Tool { call_id: "call_f1".into(), name: "lookup".into(), content: json!("3 °C") },
+        ]
+        .into();
+        let events = collect(&model, request).await;
+        assert!(events.iter().all(Result::is_ok), "{events:?}");
+        let requests = server.requests();
+        assert_eq!(
+            requests.last().unwrap().body["input"],
+            json!([
+                {"type": "message", "role": "user", "content": "Weather in Oslo?"},
+                {"type": "message", "role": "assistant", "content": "Checking."},
+                {"type": "function_call", "call_id": "call_f1", "name": "lookup", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "call_f1", "output": "3 °C"}
+            ]),
+            "{origin:?}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
