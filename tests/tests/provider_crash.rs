@@ -99,7 +99,8 @@ fn chat_first() -> Reply {
 }
 
 fn chat_second() -> Reply {
-    let body = sse(&[json!({"choices": [{"index": 0, "delta": {"content": "1,800 in all."}, "finish_reason": "stop"}]})]);
+    let body =
+        sse(&[json!({"choices": [{"index": 0, "delta": {"content": "1,800 in all."}, "finish_reason": "stop"}]})]);
     Reply::Sse { body, chunked: true, piece: 64 }
 }
 
