@@ -46,46 +46,148 @@ struct Wire {
 }
 
 fn wires() -> Vec<Wire> {
-    vec![Wire {
-        name: "openai chat",
-        client: |origin| {
-            Arc::new(
-                kuralle::models::OpenAi::builder()
-                    .base_url(format!("{origin}/v1"))
-                    .model("m")
-                    .max_retries(0)
-                    .build()
-                    .unwrap(),
-            )
-        },
-        stream: |n| {
-            let mut events = Vec::with_capacity(n + 4);
-            for i in 0..n {
-                let delta = if i % 4 == 0 {
-                    json!({"reasoning_content": format!("thinking about step {i} of the plan, ")})
-                } else if i % 50 == 1 {
-                    json!({"tool_calls": [{"index": i / 50, "id": format!("call_{i}"), "type": "function",
+    vec![
+        Wire {
+            name: "openai chat",
+            client: |origin| {
+                Arc::new(
+                    kuralle::models::OpenAi::builder()
+                        .base_url(format!("{origin}/v1"))
+                        .model("m")
+                        .max_retries(0)
+                        .build()
+                        .unwrap(),
+                )
+            },
+            stream: |n| {
+                let mut events = Vec::with_capacity(n + 4);
+                for i in 0..n {
+                    let delta = if i % 4 == 0 {
+                        json!({"reasoning_content": format!("thinking about step {i} of the plan, ")})
+                    } else if i % 50 == 1 {
+                        json!({"tool_calls": [{"index": i / 50, "id": format!("call_{i}"), "type": "function",
                         "function": {"name": "lookup", "arguments": ""}}]})
-                } else if i % 50 == 2 {
-                    json!({"tool_calls": [{"index": i / 50, "function": {"arguments": "{\"order\":\"A-17\",\"note\":\"fragment\"}"}}]})
-                } else {
-                    json!({"content": format!("word {i} of a long answer, ")})
-                };
-                events.push((None, json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]})));
-            }
-            events.push((
-                None,
-                json!({"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
-            ));
-            events.push((
+                    } else if i % 50 == 2 {
+                        json!({"tool_calls": [{"index": i / 50, "function": {"arguments": "{\"order\":\"A-17\",\"note\":\"fragment\"}"}}]})
+                    } else {
+                        json!({"content": format!("word {i} of a long answer, ")})
+                    };
+                    events.push((None, json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]})));
+                }
+                events.push((
+                    None,
+                    json!({"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+                ));
+                events.push((
                 None,
                 json!({"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 1200, "completion_tokens": 9000}}),
             ));
-            events
+                events
+            },
+            flood_event: |text| json!({"choices": [{"index": 0, "delta": {"content": text}}]}),
+            done_marker: true,
         },
-        flood_event: |text| json!({"choices": [{"index": 0, "delta": {"content": text}}]}),
-        done_marker: true,
-    }]
+        Wire {
+            name: "openai responses",
+            client: |origin| {
+                Arc::new(
+                    kuralle::models::OpenAiResponses::builder()
+                        .base_url(format!("{origin}/v1"))
+                        .model("m")
+                        .max_retries(0)
+                        .build()
+                        .unwrap(),
+                )
+            },
+            stream: |n| {
+                // Blocks of 50 events: a reasoning item (summary deltas), a message (text
+                // deltas), a function call (argument fragments), each opened and closed.
+                let mut events: Recorded = Vec::with_capacity(n + 4);
+                let push = |events: &mut Recorded, name: &'static str, mut data: Value| {
+                    data["type"] = json!(name);
+                    events.push((Some(name), data));
+                };
+                push(
+                    &mut events,
+                    "response.created",
+                    json!({"response": {"id": "resp_1", "status": "in_progress", "output": []}}),
+                );
+                for block in 0..n / 50 {
+                    let (rs, msg, fc) = (3 * block, 3 * block + 1, 3 * block + 2);
+                    let rs_id = format!("rs_{block}");
+                    push(
+                        &mut events,
+                        "response.output_item.added",
+                        json!({"output_index": rs, "item": {"id": rs_id, "type": "reasoning", "summary": []}}),
+                    );
+                    for i in 0..12 {
+                        push(
+                            &mut events,
+                            "response.reasoning_summary_text.delta",
+                            json!({"item_id": rs_id, "output_index": rs,
+                        "summary_index": 0, "delta": format!("thinking about step {i} of the plan, ")}),
+                        );
+                    }
+                    push(
+                        &mut events,
+                        "response.output_item.done",
+                        json!({"output_index": rs, "item": {"id": rs_id, "type": "reasoning",
+                    "encrypted_content": "gAAAAAB".repeat(40), "summary": [{"type": "summary_text", "text": "thinking about the plan"}]}}),
+                    );
+                    let msg_id = format!("msg_{block}");
+                    push(
+                        &mut events,
+                        "response.output_item.added",
+                        json!({"output_index": msg, "item": {"id": msg_id, "type": "message", "role": "assistant", "content": []}}),
+                    );
+                    let mut text = String::new();
+                    for i in 0..30 {
+                        let delta = format!("word {i} of a long answer, ");
+                        text.push_str(&delta);
+                        push(
+                            &mut events,
+                            "response.output_text.delta",
+                            json!({"item_id": msg_id, "output_index": msg, "content_index": 0, "delta": delta}),
+                        );
+                    }
+                    push(
+                        &mut events,
+                        "response.output_item.done",
+                        json!({"output_index": msg, "item": {"id": msg_id, "type": "message",
+                    "role": "assistant", "content": [{"type": "output_text", "text": text, "annotations": []}]}}),
+                    );
+                    let (fc_id, call_id) = (format!("fc_{block}"), format!("call_{block}"));
+                    let arguments = "{\"order\":\"A-17\",\"note\":\"fragment\"}";
+                    push(
+                        &mut events,
+                        "response.output_item.added",
+                        json!({"output_index": fc, "item": {"id": fc_id, "type": "function_call",
+                    "call_id": call_id, "name": "lookup", "arguments": ""}}),
+                    );
+                    push(
+                        &mut events,
+                        "response.function_call_arguments.delta",
+                        json!({"item_id": fc_id, "output_index": fc, "delta": arguments}),
+                    );
+                    push(
+                        &mut events,
+                        "response.output_item.done",
+                        json!({"output_index": fc, "item": {"id": fc_id, "type": "function_call",
+                    "call_id": call_id, "name": "lookup", "arguments": arguments}}),
+                    );
+                }
+                push(
+                    &mut events,
+                    "response.completed",
+                    json!({"response": {"id": "resp_1", "status": "completed",
+                "usage": {"input_tokens": 1200, "output_tokens": 9000, "output_tokens_details": {"reasoning_tokens": 3000}}}}),
+                );
+                events
+            },
+            flood_event: |text| json!({"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": text}),
+            done_marker: false,
+        },
+    ]
 }
 
 fn sse(events: &[(Option<&str>, Value)], done: bool) -> Vec<u8> {

@@ -748,19 +748,15 @@ async fn a_run_sends_every_reasoning_item_and_item_id_back_exactly() {
 #[tokio::test]
 async fn reasoning_items_survive_the_journal_into_the_next_turn_of_a_reopened_store() {
     let enc = "gAAAAABor0C1-journaled-encrypted-reasoning==";
-    let server = Server::start(
-        vec![
-            Stream::new()
-                .reasoning("rs_j1", &["Look it up."], enc)
-                .call("fc_j1", "call_j1", "lookup", &["{\"city\":\"Oslo\"}"])
-                .completed(usage(50, 0, 40, 32)),
-            Stream::new().message("msg_j2", &["Oslo: 3 °C."]).completed(usage(80, 0, 6, 0)),
-            Stream::new().message("msg_j3", &["Tomorrow: 5 °C."]).completed(usage(120, 0, 6, 0)),
-        ]
-        .iter()
-        .map(Stream::reply)
-        .collect(),
-    )
+    let server = Server::start(vec![
+        Stream::new()
+            .reasoning("rs_j1", &["Look it up."], enc)
+            .call("fc_j1", "call_j1", "lookup", &["{\"city\":\"Oslo\"}"])
+            .completed(usage(50, 0, 40, 32))
+            .reply(),
+        Stream::new().message("msg_j2", &["Oslo: 3 °C."]).completed(usage(80, 0, 6, 0)).reply(),
+        Stream::new().message("msg_j3", &["Tomorrow: 5 °C."]).completed(usage(120, 0, 6, 0)).reply(),
+    ])
     .await;
     let dir = tempfile::tempdir().unwrap();
     let runtime = |store| {

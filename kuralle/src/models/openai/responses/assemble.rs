@@ -269,14 +269,14 @@ impl Assembler {
         match wire {
             WireEvent::ItemAdded(ItemEvent { output_index, item }) => {
                 let index = output_index.unwrap_or(self.next_index);
-                self.next_index = self.next_index.max(index + 1);
+                self.next_index = self.next_index.max(index.saturating_add(1));
                 self.last_index = Some(index);
                 self.pending.insert(index, Pending::new(&item));
             }
             WireEvent::ItemDone(ItemEvent { output_index, item }) => {
                 let index = output_index.or_else(|| self.index_of(item.id.as_deref())).unwrap_or_else(|| {
                     let index = self.next_index;
-                    self.next_index += 1;
+                    self.next_index = index.saturating_add(1);
                     index
                 });
                 self.closed.insert(index);
@@ -300,12 +300,9 @@ impl Assembler {
             }
             WireEvent::SummaryPartAdded(d) => {
                 // Summary parts are separate paragraphs; shown as such.
-                let index = d.summary_index.unwrap_or(0);
                 if let Some(p) = self.open(&d) {
                     let had_text = p.summary.iter().any(|s| !s.is_empty());
-                    if p.summary.len() <= index {
-                        p.summary.resize(index + 1, String::new());
-                    }
+                    summary_entry(&mut p.summary, d.summary_index);
                     if had_text {
                         out.push(ModelEvent::ReasoningDelta { delta: "\n\n".into() });
                     }
@@ -315,12 +312,8 @@ impl Assembler {
                 if d.delta.is_empty() {
                     return Ok(out);
                 }
-                let index = d.summary_index.unwrap_or(0);
                 if let Some(p) = self.open(&d) {
-                    if p.summary.len() <= index {
-                        p.summary.resize(index + 1, String::new());
-                    }
-                    p.summary[index].push_str(&d.delta);
+                    summary_entry(&mut p.summary, d.summary_index).push_str(&d.delta);
                 }
                 out.push(ModelEvent::ReasoningDelta { delta: d.delta });
             }
@@ -497,6 +490,18 @@ impl Assembler {
             _ => Ok(None),
         }
     }
+}
+
+/// The summary entry `index` names: an existing one, else a new one at the end. Never more
+/// than one new entry per event, whatever index a server sends.
+fn summary_entry(summary: &mut Vec<String>, index: Option<usize>) -> &mut String {
+    let index = index.unwrap_or(0);
+    if index >= summary.len() {
+        summary.push(String::new());
+        let last = summary.len() - 1;
+        return &mut summary[last];
+    }
+    &mut summary[index]
 }
 
 /// A message's text (`output_text` and `refusal` parts, in order) and whether it refused;
@@ -771,7 +776,8 @@ mod tests {
                 "response.reasoning_summary_text.delta", "response.reasoning_summary_part.added",
                 "response.function_call_arguments.delta", "response.function_call_arguments.done",
                 "response.completed", "response.incomplete", "response.failed", "error",
-            ]), crate::strategies::json_value(), any::<Option<u8>>(), any::<Option<u8>>()).prop_map(|(t, v, i, s)| json!({
+            ]), crate::strategies::json_value(), prop_oneof![any::<Option<u8>>().prop_map(|i| i.map(u64::from)), any::<Option<u64>>()],
+               prop_oneof![any::<Option<u8>>().prop_map(|i| i.map(u64::from)), any::<Option<u64>>()]).prop_map(|(t, v, i, s)| json!({
                 "type": t, "item": v, "output_index": i, "summary_index": s, "delta": v, "response": v,
                 "arguments": v, "error": v,
             }).to_string()),
