@@ -46,9 +46,13 @@ pub const DEFAULT_RESPONSES_MODEL: &str = "gpt-5-mini";
 /// then each output item complete, with its provider state, as a [`ModelEvent::Part`]:
 /// a reasoning item, a message (replacing its streamed text, same text plus the item id), a
 /// function call (its `call_id` is what the runtime dispatches by; the item id `fc_…` is
-/// kept beside it). A `response.failed` with a rate-limit or overloaded error before any
-/// output is asked again within the retry budget. Dropping the stream cancels the request.
-/// Cloning is cheap and shares the connection pool.
+/// kept beside it). A response cut by `max_output_tokens` finishes with
+/// [`FinishReason::Length`](crate::FinishReason::Length), one the content filter stopped
+/// with `ContentFilter`; a refusal is kept as the turn's text and finishes with `Refusal`.
+/// A `response.failed` or `error` event is a typed error (context window, rate limit,
+/// overloaded, provider); a rate-limit or overloaded one before any output is asked again
+/// within the retry budget. Dropping the stream cancels the request. Cloning is cheap and
+/// shares the connection pool.
 ///
 /// ```no_run
 /// use kuralle::models::OpenAiResponses;
