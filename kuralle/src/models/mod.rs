@@ -8,6 +8,8 @@
 
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
 pub(crate) mod http;
+#[cfg(feature = "anthropic")]
+mod anthropic;
 #[cfg(feature = "openai")]
 mod openai;
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
@@ -15,5 +17,7 @@ pub mod sse;
 
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
 pub use http::{ConfigError, options::DEFAULT_MAX_RESPONSE_BYTES};
+#[cfg(feature = "anthropic")]
+pub use anthropic::{Anthropic, AnthropicBuilder, DEFAULT_ANTHROPIC_BASE_URL, DEFAULT_ANTHROPIC_MODEL};
 #[cfg(feature = "openai")]
 pub use openai::{DEFAULT_BASE_URL, DEFAULT_MODEL, OpenAi, OpenAiBuilder, assemble_events};
