@@ -6,18 +6,18 @@
 //! [`http`] holds what every client shares: sending with retries, typed errors, and reading
 //! within a byte limit.
 
-#[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
-pub(crate) mod http;
 #[cfg(feature = "anthropic")]
 mod anthropic;
+#[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
+pub(crate) mod http;
 #[cfg(feature = "openai")]
 mod openai;
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
 pub mod sse;
 
-#[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
-pub use http::{ConfigError, options::DEFAULT_MAX_RESPONSE_BYTES};
 #[cfg(feature = "anthropic")]
 pub use anthropic::{Anthropic, AnthropicBuilder, DEFAULT_ANTHROPIC_BASE_URL, DEFAULT_ANTHROPIC_MODEL};
+#[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
+pub use http::{ConfigError, options::DEFAULT_MAX_RESPONSE_BYTES};
 #[cfg(feature = "openai")]
 pub use openai::{DEFAULT_BASE_URL, DEFAULT_MODEL, OpenAi, OpenAiBuilder, assemble_events};

@@ -21,13 +21,29 @@ use crate::models::{
 /// One content block while it streams.
 #[derive(Debug)]
 enum Block {
-    Text { text: String, citations: Vec<Value> },
-    Thinking { thinking: String, signature: String },
-    Redacted { data: String },
-    ToolUse { id: String, name: String, start: Value, json: String },
+    Text {
+        text: String,
+        citations: Vec<Value>,
+    },
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
+    Redacted {
+        data: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        start: Value,
+        json: String,
+    },
     /// A block this client has no part for (a server tool's call or result): kept as the
     /// API sent it, its streamed input filled in, for a paused turn's continuation only.
-    Other { raw: Value, json: String },
+    Other {
+        raw: Value,
+        json: String,
+    },
 }
 
 /// How a response ended, for the client to finish the turn or continue a paused one.
@@ -178,7 +194,10 @@ impl Assembler {
             return Err(stream_error(&value));
         }
         let Some(blocks) = value.get("content").and_then(Value::as_array) else {
-            return Err(ModelError::Protocol(format!("a message without content: {}", excerpt(&value.to_string(), 500))));
+            return Err(ModelError::Protocol(format!(
+                "a message without content: {}",
+                excerpt(&value.to_string(), 500)
+            )));
         };
         if let Some(usage) = value.get("usage") {
             self.tokens.update(usage);
@@ -230,9 +249,10 @@ impl Assembler {
     }
 
     fn delta(&mut self, index: u64, delta: &Value, out: &mut Vec<ModelEvent>) -> Result<(), ModelError> {
-        let block = self.open.get_mut(&index).ok_or_else(|| {
-            ModelError::Protocol(format!("content_block_delta for block {index}, which is not open"))
-        })?;
+        let block = self
+            .open
+            .get_mut(&index)
+            .ok_or_else(|| ModelError::Protocol(format!("content_block_delta for block {index}, which is not open")))?;
         let string = |key: &str| delta.get(key).and_then(Value::as_str).unwrap_or("");
         // A delta of another block's kind is ignored, as the API's own SDKs do.
         match (delta.get("type").and_then(Value::as_str), block) {
@@ -337,9 +357,7 @@ impl Assembler {
     /// returned), then how it ended; a protocol error when `message_stop` never came.
     pub(super) fn end(mut self) -> Result<(Vec<ModelEvent>, Ended), ModelError> {
         if !self.stopped {
-            return Err(ModelError::Protocol(
-                "the event stream ended before message_stop (truncated response)".into(),
-            ));
+            return Err(ModelError::Protocol("the event stream ended before message_stop (truncated response)".into()));
         }
         let mut out = Vec::new();
         for (index, block) in std::mem::take(&mut self.open) {
@@ -423,7 +441,11 @@ mod tests {
         let (out, ended) = run(&events).unwrap();
         assert_eq!(
             out,
-            vec![ModelEvent::ToolCall(ToolCallRequest { call_id: "toolu_1".into(), name: "t".into(), arguments: "{\"a\":1}".into() })]
+            vec![ModelEvent::ToolCall(ToolCallRequest {
+                call_id: "toolu_1".into(),
+                name: "t".into(),
+                arguments: "{\"a\":1}".into()
+            })]
         );
         assert_eq!(ended.content, vec![json!({"type": "tool_use", "id": "toolu_1", "name": "t", "input": {"a": 1}})]);
         assert_eq!(ended.finish_reason(), FinishReason::ToolCalls);
@@ -472,7 +494,10 @@ mod tests {
             "usage": {"output_tokens": 90, "output_tokens_details": {"thinking_tokens": 60}}}));
         events.push(json!({"type": "message_stop"}));
         let (_, ended) = run(&events).unwrap();
-        assert_eq!(ended.usage, Usage { input_tokens: 10, output_tokens: 90, reasoning_tokens: 60, ..Usage::default() });
+        assert_eq!(
+            ended.usage,
+            Usage { input_tokens: 10, output_tokens: 90, reasoning_tokens: 60, ..Usage::default() }
+        );
     }
 
     /// `text` cut at the given points (char boundaries).

@@ -223,12 +223,18 @@ impl AnthropicBuilder {
         }
         if let Some(budget) = self.thinking {
             if budget < MIN_THINKING_BUDGET {
-                return Err(invalid("thinking", format!("the budget must be at least {MIN_THINKING_BUDGET} tokens, not {budget}")));
+                return Err(invalid(
+                    "thinking",
+                    format!("the budget must be at least {MIN_THINKING_BUDGET} tokens, not {budget}"),
+                ));
             }
             if budget >= self.max_tokens && !self.interleaved_thinking {
                 return Err(invalid(
                     "thinking",
-                    format!("the budget ({budget}) must be below max_tokens ({}), or use interleaved thinking", self.max_tokens),
+                    format!(
+                        "the budget ({budget}) must be below max_tokens ({}), or use interleaved thinking",
+                        self.max_tokens
+                    ),
                 ));
             }
         } else if self.interleaved_thinking {
@@ -249,7 +255,8 @@ impl AnthropicBuilder {
         if self.interleaved_thinking {
             options.headers.push(("anthropic-beta".into(), INTERLEAVED_THINKING_BETA.into()));
         }
-        let http = options.http(format!("{base_url}/v1/messages"), Some((HeaderName::from_static("x-api-key"), key)))?;
+        let http =
+            options.http(format!("{base_url}/v1/messages"), Some((HeaderName::from_static("x-api-key"), key)))?;
         Ok(Anthropic {
             inner: Arc::new(Inner {
                 http,
@@ -290,13 +297,17 @@ mod tests {
         .unwrap();
         assert_eq!(proxied.inner.http.endpoint, "http://localhost:8080/v1/messages");
 
-        assert!(Anthropic::from_lookup_if_configured(DEFAULT_ANTHROPIC_MODEL, vars(&[("ANTHROPIC_API_KEY", " ")])).is_none());
+        assert!(
+            Anthropic::from_lookup_if_configured(DEFAULT_ANTHROPIC_MODEL, vars(&[("ANTHROPIC_API_KEY", " ")]))
+                .is_none()
+        );
         let named = Anthropic::from_lookup_if_configured(
             DEFAULT_ANTHROPIC_MODEL,
             vars(&[("ANTHROPIC_API_KEY", "k"), ("ANTHROPIC_MODEL", "claude-opus-4-1")]),
         );
         assert_eq!(named.unwrap().unwrap().name(), "claude-opus-4-1");
-        let default = Anthropic::from_lookup_if_configured(DEFAULT_ANTHROPIC_MODEL, vars(&[("ANTHROPIC_API_KEY", "k")]));
+        let default =
+            Anthropic::from_lookup_if_configured(DEFAULT_ANTHROPIC_MODEL, vars(&[("ANTHROPIC_API_KEY", "k")]));
         assert_eq!(default.unwrap().unwrap().name(), DEFAULT_ANTHROPIC_MODEL);
     }
 

@@ -25,9 +25,8 @@ impl Inner {
         // thinking) is continued with thinking off for this request, which is what the API
         // documents doing itself for such a conversation.
         let current = current_turn(&messages);
-        let thinking = self.thinking.filter(|_| {
-            current.is_none_or(|i| messages[i].content.first().is_some_and(is_thinking))
-        });
+        let thinking =
+            self.thinking.filter(|_| current.is_none_or(|i| messages[i].content.first().is_some_and(is_thinking)));
         if thinking.is_none()
             && let Some(i) = current
         {
