@@ -29,10 +29,24 @@ pub(crate) const PROVIDER: &str = "anthropic";
 
 /// The base URL used when none is configured: Anthropic's API (the client appends
 /// `/v1/messages`).
+///
+/// ```
+/// use kuralle::models::{Anthropic, DEFAULT_ANTHROPIC_BASE_URL};
+/// let model = Anthropic::builder().api_key("k").model("claude-sonnet-4-5").build()?;
+/// assert_eq!(model.base_url(), DEFAULT_ANTHROPIC_BASE_URL);
+/// # Ok::<(), kuralle::models::ConfigError>(())
+/// ```
 pub const DEFAULT_ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
 
 /// The model id [`Anthropic::from_env_if_configured`] suggests when `ANTHROPIC_MODEL` is
 /// unset.
+///
+/// ```
+/// use kuralle::{Model, models::{Anthropic, DEFAULT_ANTHROPIC_MODEL}};
+/// let model = Anthropic::builder().api_key("k").model(DEFAULT_ANTHROPIC_MODEL).build()?;
+/// assert_eq!((model.name(), model.provider()), ("claude-sonnet-4-5", "anthropic"));
+/// # Ok::<(), kuralle::models::ConfigError>(())
+/// ```
 pub const DEFAULT_ANTHROPIC_MODEL: &str = "claude-sonnet-4-5";
 
 /// How many times one response that the API paused (`stop_reason: pause_turn`) is continued
