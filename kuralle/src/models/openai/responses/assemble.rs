@@ -165,7 +165,8 @@ struct Details {
 }
 
 /// What the deltas of one open item have said so far; the item's `done` event usually
-/// repeats it whole, and wins.
+/// repeats it whole, and wins. A message's text is not kept here: the runtime gathers the
+/// streamed text itself, and holding a second copy would double what a long answer costs.
 #[derive(Debug, Default)]
 struct Pending {
     kind: String,
@@ -173,8 +174,6 @@ struct Pending {
     call_id: Option<String>,
     name: Option<String>,
     arguments: String,
-    text: String,
-    refusal: bool,
     reasoning: String,
     summary: Vec<String>,
 }
@@ -284,18 +283,9 @@ impl Assembler {
                 out.extend(self.close(Some(item), pending)?);
             }
             WireEvent::TextDelta(d) | WireEvent::RefusalDelta(d) if d.delta.is_empty() => {}
-            WireEvent::TextDelta(d) => {
-                if let Some(p) = self.open(&d) {
-                    p.text.push_str(&d.delta);
-                }
-                out.push(ModelEvent::TextDelta { delta: d.delta });
-            }
+            WireEvent::TextDelta(d) => out.push(ModelEvent::TextDelta { delta: d.delta }),
             WireEvent::RefusalDelta(d) => {
                 self.refusal = true;
-                if let Some(p) = self.open(&d) {
-                    p.text.push_str(&d.delta);
-                    p.refusal = true;
-                }
                 out.push(ModelEvent::TextDelta { delta: d.delta });
             }
             WireEvent::SummaryPartAdded(d) => {
@@ -431,10 +421,11 @@ impl Assembler {
         let id = id.filter(|id| !id.is_empty());
         match kind {
             "message" => {
-                let (text, refusal) = item
-                    .as_ref()
-                    .and_then(|i| message_text(i.content.as_ref()))
-                    .unwrap_or((pending.text, pending.refusal));
+                // Without content to read, the streamed text stays as the runtime gathered it
+                // (a text part without the item id): an empty part would replace it.
+                let Some((text, refusal)) = item.as_ref().and_then(|i| message_text(i.content.as_ref())) else {
+                    return Ok(None);
+                };
                 self.refusal |= refusal;
                 if id.is_none() && text.is_empty() {
                     return Ok(None);
@@ -656,6 +647,31 @@ mod tests {
                 },
                 ModelEvent::Finish {
                     reason: FinishReason::ToolCalls,
+                    usage: Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() }
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_message_closed_without_content_leaves_its_streamed_text_alone() {
+        let data = vec![
+            json!({"type": "response.output_item.added", "output_index": 0,
+                   "item": {"type": "message", "id": "msg_1", "role": "assistant", "content": []}})
+            .to_string(),
+            json!({"type": "response.output_text.delta", "output_index": 0, "delta": "Hi"}).to_string(),
+            json!({"type": "response.output_item.done", "output_index": 0,
+                   "item": {"type": "message", "id": "msg_1", "role": "assistant"}})
+            .to_string(),
+            completed(json!([])),
+        ];
+        // No part: an empty text part with the id would replace "Hi"; the runtime keeps it.
+        assert_eq!(
+            assemble(&data).unwrap(),
+            vec![
+                ModelEvent::TextDelta { delta: "Hi".into() },
+                ModelEvent::Finish {
+                    reason: FinishReason::Stop,
                     usage: Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() }
                 },
             ]
