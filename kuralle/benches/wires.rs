@@ -167,6 +167,109 @@ fn wires() -> Vec<Wire> {
             },
             done_marker: false,
         },
+        Wire {
+            name: "openai responses",
+            client: |origin| {
+                Arc::new(
+                    kuralle::models::OpenAiResponses::builder()
+                        .base_url(format!("{origin}/v1"))
+                        .model("m")
+                        .max_retries(0)
+                        .build()
+                        .unwrap(),
+                )
+            },
+            stream: |n| {
+                // Blocks of 50 events: a reasoning item (summary deltas), a message (text
+                // deltas), a function call (argument fragments), each opened and closed.
+                let named = |mut v: Value, name: &'static str| {
+                    v["type"] = json!(name);
+                    (Some(name), v)
+                };
+                let mut events: Recorded = Vec::with_capacity(n + 4);
+                events.push(named(
+                    json!({"response": {"id": "resp_1", "status": "in_progress", "output": []}}),
+                    "response.created",
+                ));
+                for block in 0..n / 50 {
+                    let (rs, msg, fc) = (3 * block, 3 * block + 1, 3 * block + 2);
+                    let rs_id = format!("rs_{block}");
+                    events.push(named(
+                        json!({"output_index": rs, "item": {"id": rs_id, "type": "reasoning", "summary": []}}),
+                        "response.output_item.added",
+                    ));
+                    for i in 0..12 {
+                        events.push(named(
+                            json!({"item_id": rs_id, "output_index": rs, "summary_index": 0,
+                                "delta": format!("thinking about step {i} of the plan, ")}),
+                            "response.reasoning_summary_text.delta",
+                        ));
+                    }
+                    events.push(named(
+                        json!({"output_index": rs, "item": {"id": rs_id, "type": "reasoning",
+                            "encrypted_content": "gAAAAAB".repeat(40),
+                            "summary": [{"type": "summary_text", "text": "thinking about the plan"}]}}),
+                        "response.output_item.done",
+                    ));
+                    let msg_id = format!("msg_{block}");
+                    events.push(named(
+                        json!({"output_index": msg, "item": {"id": msg_id, "type": "message", "role": "assistant", "content": []}}),
+                        "response.output_item.added",
+                    ));
+                    let mut text = String::new();
+                    for i in 0..30 {
+                        let delta = format!("word {i} of a long answer, ");
+                        text.push_str(&delta);
+                        events.push(named(
+                            json!({"item_id": msg_id, "output_index": msg, "content_index": 0, "delta": delta}),
+                            "response.output_text.delta",
+                        ));
+                    }
+                    events.push(named(
+                        json!({"output_index": msg, "item": {"id": msg_id, "type": "message", "role": "assistant",
+                            "content": [{"type": "output_text", "text": text, "annotations": []}]}}),
+                        "response.output_item.done",
+                    ));
+                    let (fc_id, call_id) = (format!("fc_{block}"), format!("call_{block}"));
+                    let arguments = "{\"order\":\"A-17\",\"note\":\"fragment\"}";
+                    events.push(named(
+                        json!({"output_index": fc, "item": {"id": fc_id, "type": "function_call",
+                            "call_id": call_id, "name": "lookup", "arguments": ""}}),
+                        "response.output_item.added",
+                    ));
+                    events.push(named(
+                        json!({"item_id": fc_id, "output_index": fc, "delta": arguments}),
+                        "response.function_call_arguments.delta",
+                    ));
+                    events.push(named(
+                        json!({"output_index": fc, "item": {"id": fc_id, "type": "function_call",
+                            "call_id": call_id, "name": "lookup", "arguments": arguments}}),
+                        "response.output_item.done",
+                    ));
+                }
+                events.push(named(
+                    json!({"response": {"id": "resp_1", "status": "completed", "usage": {"input_tokens": 1200,
+                        "output_tokens": 9000, "output_tokens_details": {"reasoning_tokens": 3000}}}}),
+                    "response.completed",
+                ));
+                events
+            },
+            flood_first: || {
+                vec![(
+                    Some("response.output_item.added"),
+                    json!({"type": "response.output_item.added", "output_index": 0,
+                        "item": {"id": "msg_1", "type": "message", "role": "assistant", "content": []}}),
+                )]
+            },
+            flood_event: |text| {
+                (
+                    Some("response.output_text.delta"),
+                    json!({"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0,
+                        "content_index": 0, "delta": text}),
+                )
+            },
+            done_marker: false,
+        },
     ]
 }
 

@@ -2,7 +2,9 @@
 //!
 //! With the default `openai` feature, [`OpenAi`] speaks the OpenAI-compatible
 //! chat-completions API (streaming SSE, parallel tool calls). That API is also served by
-//! Ollama, vLLM, llama.cpp server and LM Studio, so one client covers local models too.
+//! Ollama, vLLM, llama.cpp server and LM Studio, so one client covers local models too;
+//! [`OpenAiResponses`] speaks OpenAI's Responses API, stateless, and sends reasoning items
+//! back.
 //! [`http`] holds what every client shares: sending with retries, typed errors, and reading
 //! within a byte limit.
 
@@ -21,3 +23,5 @@ pub use anthropic::{Anthropic, AnthropicBuilder, DEFAULT_ANTHROPIC_BASE_URL, DEF
 pub use http::{ConfigError, options::DEFAULT_MAX_RESPONSE_BYTES};
 #[cfg(feature = "openai")]
 pub use openai::{DEFAULT_BASE_URL, DEFAULT_MODEL, OpenAi, OpenAiBuilder, assemble_events};
+#[cfg(feature = "openai")]
+pub use openai::{DEFAULT_RESPONSES_MODEL, OpenAiResponses, OpenAiResponsesBuilder};

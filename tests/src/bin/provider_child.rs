@@ -30,6 +30,15 @@ fn model(wire: &str, origin: &str) -> Arc<dyn Model> {
                 .build()
                 .expect("chat client"),
         ),
+        "responses" => Arc::new(
+            kuralle::models::OpenAiResponses::builder()
+                .base_url(format!("{origin}/v1"))
+                .model("o4-mini")
+                .reasoning_effort("medium")
+                .retry_backoff(fast.0, fast.1)
+                .build()
+                .expect("responses client"),
+        ),
         "anthropic" => Arc::new(
             kuralle::models::Anthropic::builder()
                 .base_url(origin)
