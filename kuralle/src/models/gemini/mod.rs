@@ -128,7 +128,7 @@ impl Model for Gemini {
             let body = body?;
             // `send` spends the retry budget on 429s and 5xx itself; what it returns is final.
             // Only a stream that fails before its first event is asked again, below.
-            let first = inner.http.send(&body, inner.accept()).await?;
+            let first = inner.http.send(&body, inner.accept()).await.map_err(key_refused)?;
             let first = Arc::new(Mutex::new(Some(first)));
             let attempt = {
                 let inner = Arc::clone(&inner);
@@ -169,7 +169,7 @@ impl Inner {
         async_stream::try_stream! {
             let response = match response {
                 Some(response) => response,
-                None => self.http.send(&body, self.accept()).await?,
+                None => self.http.send(&body, self.accept()).await.map_err(key_refused)?,
             };
             let limit = self.http.max_response_bytes;
             if read::is_json(&response) {
@@ -191,5 +191,18 @@ impl Inner {
                 yield model_event;
             }
         }
+    }
+}
+
+/// Gemini answers a wrong key with 400 `INVALID_ARGUMENT` (reason `API_KEY_INVALID`), not
+/// 401; it is a credentials error all the same, and never worth retrying.
+fn key_refused(error: ModelError) -> ModelError {
+    match error {
+        ModelError::Http { status: 400, message, .. }
+            if message.contains("API key not valid") || message.contains("API_KEY_INVALID") =>
+        {
+            ModelError::Auth { status: 400, message }
+        }
+        other => other,
     }
 }
