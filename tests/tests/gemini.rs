@@ -276,6 +276,14 @@ async fn thoughts_and_a_signed_text_part_split_across_chunks() {
 }
 
 #[tokio::test]
+async fn a_zero_thinking_budget_asks_for_no_thoughts() {
+    let server = Server::start(vec![sse(&[finishing(text("ok"), "STOP")])]).await;
+    let model = client(&server).thinking_budget(0).build().unwrap();
+    collect(&model, user_request("hi")).await;
+    assert_eq!(server.requests()[0].body["generationConfig"], json!({"thinkingConfig": {"thinkingBudget": 0}}));
+}
+
+#[tokio::test]
 async fn parallel_calls_arrive_whole_without_ids_and_stop_means_tool_calls() {
     let calls = || {
         sse(&[
@@ -850,7 +858,7 @@ async fn a_prompt_over_the_context_window_is_typed() {
 async fn overloaded_in_the_stream_before_any_event_is_asked_again() {
     let overloaded = json!({"error": {"code": 503, "message": "The model is overloaded. Please try again later.", "status": "UNAVAILABLE"}});
     let server = Server::start(vec![
-        sse(&[overloaded.clone()]),
+        sse(std::slice::from_ref(&overloaded)),
         sse(&[finishing(text("second try"), "STOP")]),
         // After an event, the same error is final.
         sse(&[text("Once"), overloaded]),

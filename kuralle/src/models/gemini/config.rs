@@ -173,6 +173,11 @@ forward_http_options!(GeminiBuilder, "Gemini", "/v1beta/models/{model}:streamGen
 
 impl GeminiBuilder {
     /// The output-token limit (`generationConfig.maxOutputTokens`); sent only when set.
+    ///
+    /// ```
+    /// let model = kuralle::models::Gemini::builder().api_key("k").model("gemini-2.5-flash").max_output_tokens(1024).build();
+    /// assert!(model.is_ok());
+    /// ```
     #[must_use]
     pub fn max_output_tokens(mut self, max_output_tokens: u32) -> Self {
         self.max_output_tokens = Some(max_output_tokens);
@@ -181,6 +186,12 @@ impl GeminiBuilder {
 
     /// Sampling temperature (`generationConfig.temperature`, 0 to 2); sent only when set.
     /// Google advises leaving Gemini 3 at its default of 1.0.
+    ///
+    /// ```
+    /// let builder = kuralle::models::Gemini::builder().api_key("k").model("gemini-2.5-flash");
+    /// assert!(builder.clone().temperature(0.2).build().is_ok());
+    /// assert!(builder.temperature(3.0).build().is_err());
+    /// ```
     #[must_use]
     pub fn temperature(mut self, temperature: f64) -> Self {
         self.temperature = Some(temperature);
@@ -188,8 +199,13 @@ impl GeminiBuilder {
     }
 
     /// The thinking budget in tokens (`thinkingConfig.thinkingBudget`, Gemini 2.5): `0` turns
-    /// thinking off where the model allows it, `-1` lets the model decide. Also asks for the
-    /// thoughts (`includeThoughts: true`).
+    /// thinking off where the model allows it, `-1` lets the model decide. Any other budget
+    /// also asks for the thoughts (`includeThoughts: true`).
+    ///
+    /// ```
+    /// let model = kuralle::models::Gemini::builder().api_key("k").model("gemini-2.5-pro").thinking_budget(-1).build();
+    /// assert!(model.is_ok());
+    /// ```
     #[must_use]
     pub fn thinking_budget(mut self, tokens: i32) -> Self {
         self.thinking_budget = Some(tokens);
@@ -199,6 +215,12 @@ impl GeminiBuilder {
     /// The thinking level (`thinkingConfig.thinkingLevel`, Gemini 3): `"minimal"`, `"low"`,
     /// `"medium"` or `"high"` (which ones a model accepts varies). Also asks for the thoughts
     /// (`includeThoughts: true`).
+    ///
+    /// ```
+    /// let builder = kuralle::models::Gemini::builder().api_key("k").model("gemini-3-pro-preview");
+    /// assert!(builder.clone().thinking_level("high").build().is_ok());
+    /// assert!(builder.thinking_level("extreme").build().is_err());
+    /// ```
     #[must_use]
     pub fn thinking_level(mut self, level: impl Into<String>) -> Self {
         self.thinking_level = Some(level.into());
@@ -208,6 +230,11 @@ impl GeminiBuilder {
     /// Whether to stream (`:streamGenerateContent?alt=sse`, the default) or ask for the whole
     /// answer at once (`:generateContent`). Either way the events are the same; streaming shows
     /// text as it is written.
+    ///
+    /// ```
+    /// let model = kuralle::models::Gemini::builder().api_key("k").model("gemini-2.5-flash").streaming(false).build();
+    /// assert!(model.is_ok());
+    /// ```
     #[must_use]
     pub fn streaming(mut self, streaming: bool) -> Self {
         self.streaming = streaming;
@@ -219,6 +246,11 @@ impl GeminiBuilder {
     /// # Errors
     /// [`ConfigError`] for a missing model or key, an invalid URL, header, model id or
     /// generation setting, or an HTTP client that cannot be built.
+    ///
+    /// ```
+    /// use kuralle::models::{ConfigError, Gemini};
+    /// assert_eq!(Gemini::builder().model("gemini-2.5-flash").build().unwrap_err(), ConfigError::MissingKey("GEMINI_API_KEY"));
+    /// ```
     pub fn build(self) -> Result<Gemini, ConfigError> {
         let model = self.options.model()?;
         let key = self.options.key().map(str::to_owned).ok_or(ConfigError::MissingKey("GEMINI_API_KEY"))?;

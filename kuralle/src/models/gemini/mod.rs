@@ -60,6 +60,14 @@ pub const DEFAULT_GEMINI_MODEL: &str = "gemini-2.5-flash";
 /// with, then one [`ModelEvent::Finish`] with the token usage. Dropping the stream cancels the
 /// request. Cloning is cheap and shares the connection pool.
 ///
+/// The transcript goes back as Gemini needs it: a Gemini turn with every part it had, thought
+/// signatures on the parts they came with and call ids only where Gemini gave them; the tool
+/// results of a turn as one `user` content of `functionResponse` parts, in call order (a
+/// result that is not a JSON object is sent as `{"result": value}`). A turn from another
+/// provider goes with its text and calls only, its first call marked with the signature
+/// Google documents for calls Gemini did not produce (`skip_thought_signature_validator`),
+/// which Gemini 3 requires.
+///
 /// ```
 /// use kuralle::{Model, models::Gemini};
 ///

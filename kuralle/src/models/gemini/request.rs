@@ -61,7 +61,10 @@ impl Inner {
             thinking.insert("thinkingLevel".into(), json!(level));
         }
         if !thinking.is_empty() {
-            thinking.insert("includeThoughts".into(), json!(true));
+            // A budget of 0 turns thinking off: there are no thoughts to ask for.
+            if self.thinking_budget != Some(0) {
+                thinking.insert("includeThoughts".into(), json!(true));
+            }
             config.insert("thinkingConfig".into(), Value::Object(thinking));
         }
         if !config.is_empty() {
