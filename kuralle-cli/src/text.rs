@@ -7,7 +7,7 @@ use kuralle::{RunStatus, StepStatus};
 
 use crate::{
     time::{duration, timestamp},
-    view::{RunDetail, RunRow},
+    view::{self, RunDetail, RunRow},
 };
 
 /// Whether to colour output.
@@ -97,13 +97,14 @@ pub fn runs(rows: &[RunRow], style: Style) -> String {
 /// `runs show` as a header, the steps, and the pending approvals.
 pub fn run(detail: &RunDetail, style: Style) -> String {
     let mut out = format!(
-        "run      {}\nagent    {}\nstatus   {}\nepoch    {}\ncreated  {}\nupdated  {}\n\n",
+        "run      {}\nagent    {}\nstatus   {}\nepoch    {}\ncreated  {}\nupdated  {}\ntokens   {}\n\n",
         detail.run_id,
         detail.agent_id,
         style.run_status(detail.status, detail.status.as_str()),
         detail.epoch,
         timestamp(detail.created_at_ms),
         timestamp(detail.updated_at_ms),
+        view::tokens(&detail.usage),
     );
     if detail.steps.is_empty() {
         out.push_str("no steps journaled\n");
@@ -121,12 +122,13 @@ pub fn run(detail: &RunDetail, style: Style) -> String {
                     s.key_prefix().to_owned(),
                     s.args_preview(40),
                     s.result_preview(48),
+                    s.usage.map(|u| format!("{}/{}", u.input_tokens, u.output_tokens)).unwrap_or_default(),
                 ]
             })
             .collect();
         let steps = &detail.steps;
         out.push_str(&table(
-            &["#", "KIND", "NAME", "STATUS", "DURATION", "KEY", "ARGS", "RESULT"],
+            &["#", "KIND", "NAME", "STATUS", "DURATION", "KEY", "ARGS", "RESULT", "TOKENS IN/OUT"],
             &cells,
             |c, r, cell| match c {
                 3 => style.step_status(steps[r].status, cell),

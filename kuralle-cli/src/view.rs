@@ -2,7 +2,7 @@
 //! `--json` and the console.
 
 use kuralle::{
-    PendingApproval, RunFilter, RunStatus, RunStore, StepKind, StepRecord, StepStatus,
+    PendingApproval, RunFilter, RunStatus, RunStore, StepKind, StepRecord, StepStatus, Usage,
     inspect::{RecordedDecision, pending_approvals, recorded_decisions, step_calls},
 };
 use serde::Serialize;
@@ -83,6 +83,8 @@ pub struct RunDetail {
     pub created_at_ms: i64,
     /// Last update, milliseconds since the Unix epoch.
     pub updated_at_ms: i64,
+    /// Tokens of every model step in the journal, summed.
+    pub usage: Usage,
     /// The journal, in ordinal order.
     pub steps: Vec<StepView>,
     /// Approvals the run waits for.
@@ -166,6 +168,8 @@ pub struct StepView {
     pub result: Option<Value>,
     /// The serialized typed error, when failed.
     pub error: Option<Value>,
+    /// Tokens the step used, for a finished model step.
+    pub usage: Option<Usage>,
     /// What a resumed run does with this step.
     pub replay: Replay,
 }
@@ -239,8 +243,13 @@ pub async fn show(store: &dyn RunStore, run_id: &str) -> Result<RunDetail, CliEr
         .into_iter()
         .map(|request| PendingView { decision: decided.remove(&request.request_id), request })
         .collect();
-    let steps = steps.into_iter().map(|s| step_view(s, &mut calls)).collect();
+    let steps: Vec<StepView> = steps.into_iter().map(|s| step_view(s, &mut calls)).collect();
+    let mut usage = Usage::default();
+    for u in steps.iter().filter_map(|s| s.usage) {
+        usage += u;
+    }
     Ok(RunDetail {
+        usage,
         run_id: record.run_id.clone(),
         agent_id: record.agent_id.clone(),
         status: record.status,
@@ -261,7 +270,12 @@ fn step_view(s: StepRecord, calls: &mut std::collections::HashMap<u64, kuralle::
     } else {
         Replay::Replays
     };
+    let usage = match (s.kind, &s.result) {
+        (StepKind::Model, Some(text)) => text.decode::<ModelUsage>().ok().map(|m| m.usage),
+        _ => None,
+    };
     StepView {
+        usage,
         ordinal: s.ordinal,
         kind: s.kind,
         name: s.name,
@@ -278,6 +292,27 @@ fn step_view(s: StepRecord, calls: &mut std::collections::HashMap<u64, kuralle::
         error: s.error.map(|text| text.to_value()),
         replay,
     }
+}
+
+/// The usage of a journaled model response, read without the rest of it.
+#[derive(serde::Deserialize)]
+struct ModelUsage {
+    #[serde(default)]
+    usage: Usage,
+}
+
+/// Tokens as one line: `1200 in (800 cached, 100 written), 56 out (12 reasoning)`.
+pub fn tokens(u: &Usage) -> String {
+    let mut input = Vec::new();
+    if u.cache_read_tokens > 0 {
+        input.push(format!("{} cached", u.cache_read_tokens));
+    }
+    if u.cache_write_tokens > 0 {
+        input.push(format!("{} written to cache", u.cache_write_tokens));
+    }
+    let input = if input.is_empty() { String::new() } else { format!(" ({})", input.join(", ")) };
+    let output = if u.reasoning_tokens > 0 { format!(" ({} reasoning)", u.reasoning_tokens) } else { String::new() };
+    format!("{} in{input}, {} out{output}", u.input_tokens, u.output_tokens)
 }
 
 /// Compact JSON, clipped to `width` characters.

@@ -222,3 +222,30 @@ async fn colour_only_on_a_terminal_and_never_with_no_color() {
     assert!(coloured.contains("\x1b[33mpaused"), "paused runs are yellow on a terminal: {coloured:?}");
     assert!(!on_tty(true).contains('\x1b'), "NO_COLOR turns colour off");
 }
+
+#[tokio::test]
+async fn show_gives_tokens_per_model_step_and_for_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let store = store_arg(&db);
+
+    let run = ok_json(&["runs", "show", PAUSED, "--store", &store, "--json"]);
+    let steps = run["steps"].as_array().unwrap();
+    let mut sum = (0, 0);
+    for step in steps {
+        if step["kind"] == "model" {
+            let (i, o) =
+                (step["usage"]["input_tokens"].as_u64().unwrap(), step["usage"]["output_tokens"].as_u64().unwrap());
+            assert!(i > 0 && o > 0, "{step}");
+            sum = (sum.0 + i, sum.1 + o);
+        } else {
+            assert!(step["usage"].is_null(), "{step}");
+        }
+    }
+    assert_eq!((run["usage"]["input_tokens"].as_u64().unwrap(), run["usage"]["output_tokens"].as_u64().unwrap()), sum);
+
+    let text = ok_text(&["runs", "show", PAUSED, "--store", &store]);
+    let line = format!("tokens   {} in, {} out", sum.0, sum.1);
+    assert!(text.contains(&line), "`{line}` missing from:\n{text}");
+    assert!(text.contains("TOKENS IN/OUT"), "{text}");
+}

@@ -50,6 +50,11 @@ async fn the_console_refuses_what_it_must_and_serves_the_rest() {
     assert_eq!(status, 421);
 
     let (_, page) = http(&base, &format!("GET /runs/{PAUSED}"), &[], "").await;
+    // Tokens for the run, and for each model step of the timeline.
+    let run_tokens = page.split("<dd id=\"tokens\">").nth(1).unwrap().split('<').next().unwrap();
+    assert!(run_tokens.contains(" in, ") && run_tokens.ends_with(" out"), "{run_tokens}");
+    assert_eq!(page.matches("<td class=\"tokens\">").count(), 3, "one cell per step");
+    assert_eq!(page.matches("<td class=\"tokens\"></td>").count(), 1, "the tool step has none");
     let request = page.split("name=\"request_id\" value=\"").nth(1).unwrap().split('"').next().unwrap().to_owned();
     let decide = format!("POST /runs/{PAUSED}/decide");
     let approve = format!("request_id={request}&decision=approve&by=mallory");

@@ -85,12 +85,13 @@ pub fn run(detail: &RunDetail, operator: &str, notice: Option<&str>, error: Opti
     }
     let _ = write!(
         body,
-        r#"<dl class="meta"><dt>agent</dt><dd>{agent}</dd><dt>status</dt><dd id="status">{status}</dd><dt>turn epoch</dt><dd>{epoch}</dd><dt>created</dt><dd>{created}</dd><dt>updated</dt><dd>{updated}</dd></dl>"#,
+        r#"<dl class="meta"><dt>agent</dt><dd>{agent}</dd><dt>status</dt><dd id="status">{status}</dd><dt>turn epoch</dt><dd>{epoch}</dd><dt>created</dt><dd>{created}</dd><dt>updated</dt><dd>{updated}</dd><dt>tokens</dt><dd id="tokens">{tokens}</dd></dl>"#,
         agent = esc(&detail.agent_id),
         status = badge(detail.status.as_str()),
         epoch = detail.epoch,
         created = timestamp(detail.created_at_ms),
         updated = timestamp(detail.updated_at_ms),
+        tokens = esc(&crate::view::tokens(&detail.usage)),
     );
 
     if !detail.pending.is_empty() {
@@ -146,7 +147,7 @@ fn timeline(body: &mut String, steps: &[StepView]) {
     let t1 = steps.iter().map(|s| s.finished_at_ms.unwrap_or(s.started_at_ms)).max().unwrap_or(t0);
     let span = (t1 - t0).max(1) as f64;
     body.push_str(
-        "<table id=\"steps\"><thead><tr><th>#</th><th>kind</th><th>name</th><th>status</th><th>duration</th><th>timeline</th><th>key</th><th>replay</th><th>args</th><th>result</th></tr></thead><tbody>\n",
+        "<table id=\"steps\"><thead><tr><th>#</th><th>kind</th><th>name</th><th>status</th><th>duration</th><th>timeline</th><th>key</th><th>replay</th><th>args</th><th>result</th><th>tokens</th></tr></thead><tbody>\n",
     );
     for s in steps {
         let left = (s.started_at_ms - t0) as f64 / span * 100.0;
@@ -163,7 +164,7 @@ fn timeline(body: &mut String, steps: &[StepView]) {
         };
         let _ = writeln!(
             body,
-            r#"<tr data-ordinal="{ord}" data-kind="{kind}"><td>{ord}</td><td>{kind}</td><td>{name}</td><td><span class="badge {status_class}">{status}</span></td><td>{dur}</td><td><div class="bar"><span style="left:{left:.2}%;width:{width:.2}%"></span></div></td><td><code title="{key}">{prefix}</code></td><td>{replay}</td><td>{args}</td><td>{result}</td></tr>"#,
+            r#"<tr data-ordinal="{ord}" data-kind="{kind}"><td>{ord}</td><td>{kind}</td><td>{name}</td><td><span class="badge {status_class}">{status}</span></td><td>{dur}</td><td><div class="bar"><span style="left:{left:.2}%;width:{width:.2}%"></span></div></td><td><code title="{key}">{prefix}</code></td><td>{replay}</td><td>{args}</td><td>{result}</td><td class="tokens">{tokens}</td></tr>"#,
             ord = s.ordinal,
             kind = s.kind.as_str(),
             name = esc(&s.name),
@@ -173,6 +174,7 @@ fn timeline(body: &mut String, steps: &[StepView]) {
             prefix = esc(s.key_prefix()),
             replay = s.replay.as_str(),
             args = s.args.as_ref().map(|a| details(&s.args_preview(40), a)).unwrap_or_default(),
+            tokens = s.usage.map(|u| esc(&crate::view::tokens(&u))).unwrap_or_default(),
         );
     }
     body.push_str("</tbody></table>");
