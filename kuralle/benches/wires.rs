@@ -46,46 +46,83 @@ struct Wire {
 }
 
 fn wires() -> Vec<Wire> {
-    vec![Wire {
-        name: "openai chat",
-        client: |origin| {
-            Arc::new(
-                kuralle::models::OpenAi::builder()
-                    .base_url(format!("{origin}/v1"))
-                    .model("m")
-                    .max_retries(0)
-                    .build()
-                    .unwrap(),
-            )
-        },
-        stream: |n| {
-            let mut events = Vec::with_capacity(n + 4);
-            for i in 0..n {
-                let delta = if i % 4 == 0 {
-                    json!({"reasoning_content": format!("thinking about step {i} of the plan, ")})
-                } else if i % 50 == 1 {
-                    json!({"tool_calls": [{"index": i / 50, "id": format!("call_{i}"), "type": "function",
+    vec![
+        Wire {
+            name: "openai chat",
+            client: |origin| {
+                Arc::new(
+                    kuralle::models::OpenAi::builder()
+                        .base_url(format!("{origin}/v1"))
+                        .model("m")
+                        .max_retries(0)
+                        .build()
+                        .unwrap(),
+                )
+            },
+            stream: |n| {
+                let mut events = Vec::with_capacity(n + 4);
+                for i in 0..n {
+                    let delta = if i % 4 == 0 {
+                        json!({"reasoning_content": format!("thinking about step {i} of the plan, ")})
+                    } else if i % 50 == 1 {
+                        json!({"tool_calls": [{"index": i / 50, "id": format!("call_{i}"), "type": "function",
                         "function": {"name": "lookup", "arguments": ""}}]})
-                } else if i % 50 == 2 {
-                    json!({"tool_calls": [{"index": i / 50, "function": {"arguments": "{\"order\":\"A-17\",\"note\":\"fragment\"}"}}]})
-                } else {
-                    json!({"content": format!("word {i} of a long answer, ")})
-                };
-                events.push((None, json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]})));
-            }
-            events.push((
-                None,
-                json!({"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
-            ));
-            events.push((
+                    } else if i % 50 == 2 {
+                        json!({"tool_calls": [{"index": i / 50, "function": {"arguments": "{\"order\":\"A-17\",\"note\":\"fragment\"}"}}]})
+                    } else {
+                        json!({"content": format!("word {i} of a long answer, ")})
+                    };
+                    events.push((None, json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]})));
+                }
+                events.push((
+                    None,
+                    json!({"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+                ));
+                events.push((
                 None,
                 json!({"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 1200, "completion_tokens": 9000}}),
             ));
-            events
+                events
+            },
+            flood_event: |text| json!({"choices": [{"index": 0, "delta": {"content": text}}]}),
+            done_marker: true,
         },
-        flood_event: |text| json!({"choices": [{"index": 0, "delta": {"content": text}}]}),
-        done_marker: true,
-    }]
+        Wire {
+            name: "gemini",
+            client: |origin| {
+                Arc::new(
+                    kuralle::models::Gemini::builder()
+                        .base_url(origin)
+                        .api_key("k")
+                        .model("gemini-2.5-flash")
+                        .max_retries(0)
+                        .build()
+                        .unwrap(),
+                )
+            },
+            stream: |n| {
+                let chunk = |parts: Value| json!({"candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}], "modelVersion": "gemini-2.5-flash", "responseId": "r1"});
+                let mut events = Vec::with_capacity(n + 2);
+                for i in 0..n {
+                    let part = if i % 4 == 0 {
+                        json!({"text": format!("thinking about step {i} of the plan, "), "thought": true})
+                    } else if i % 50 == 1 {
+                        json!({"functionCall": {"name": "lookup", "args": {"order": "A-17", "note": "whole"}}, "thoughtSignature": "CiQBVKhc7pZ3sig=="})
+                    } else {
+                        json!({"text": format!("word {i} of a long answer, ")})
+                    };
+                    events.push((None, chunk(json!([part]))));
+                }
+                let mut end = chunk(json!([{"text": "", "thoughtSignature": "CiQBVKhc7pZ3end=="}]));
+                end["candidates"][0]["finishReason"] = json!("STOP");
+                events.push((None, end));
+                events.push((None, json!({"usageMetadata": {"promptTokenCount": 1200, "candidatesTokenCount": 6000, "thoughtsTokenCount": 3000}})));
+                events
+            },
+            flood_event: |text| json!({"candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}]}),
+            done_marker: false,
+        },
+    ]
 }
 
 fn sse(events: &[(Option<&str>, Value)], done: bool) -> Vec<u8> {
