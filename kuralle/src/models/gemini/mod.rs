@@ -22,7 +22,7 @@ mod request;
 
 use std::{
     fmt,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, PoisonError},
 };
 
 pub use config::GeminiBuilder;
@@ -128,24 +128,22 @@ impl Model for Gemini {
             input_tokens = tracing::field::Empty,
             output_tokens = tracing::field::Empty,
         );
-        let body = inner.body(&request).map(Arc::new);
+        let body = inner.body(&request);
         // Call ids are derived from the response and from where it stands in the run, so two
         // turns of one run that call the same tool the same way still get distinct ids.
         let turn = request.messages.len();
         let events = async_stream::try_stream! {
-            let body = body?;
-            // `send` spends the retry budget on 429s and 5xx itself; what it returns is final.
-            // Only a stream that fails before its first event is asked again, below.
-            let first = inner.http.send(&body, inner.accept()).await.map_err(key_refused)?;
-            let first = Arc::new(Mutex::new(Some(first)));
-            let attempt = {
-                let inner = Arc::clone(&inner);
-                move || {
-                    let response = first.lock().ok().and_then(|mut r| r.take());
-                    Arc::clone(&inner).read(response, Arc::clone(&body), turn)
-                }
+            let body = Arc::new(body?);
+            // `send` spends the retry budget on 429s and 5xx itself, so its failure is final:
+            // it is parked here, out of the retry below, which is for errors inside a 200
+            // answer that come before its first event.
+            let failed = Arc::new(Mutex::new(None));
+            let mut events = {
+                let (inner, failed) = (Arc::clone(&inner), Arc::clone(&failed));
+                retry_before_first_event(inner.http.retry, move || {
+                    Arc::clone(&inner).read(Arc::clone(&body), turn, Arc::clone(&failed))
+                })
             };
-            let mut events = retry_before_first_event(inner.http.retry, attempt);
             while let Some(event) = events.next().await {
                 let event = event?;
                 if let ModelEvent::Finish { reason, usage } = &event {
@@ -155,6 +153,10 @@ impl Model for Gemini {
                     span.record("output_tokens", usage.output_tokens);
                 }
                 yield event;
+            }
+            let parked = failed.lock().unwrap_or_else(PoisonError::into_inner).take();
+            if let Some(error) = parked {
+                Err(error)?;
             }
         };
         Box::pin(Instrumented { inner: events, span })
@@ -166,18 +168,21 @@ impl Inner {
         if self.streaming { "text/event-stream" } else { "application/json" }
     }
 
-    /// One answer read to its end: `response` when the first request already has one, else a
-    /// new request (a stream that failed before its first event is asked again).
+    /// One request and its answer, read to the end. A failure of `send` ends the stream and
+    /// is left in `failed`.
     fn read(
         self: Arc<Self>,
-        response: Option<reqwest::Response>,
         body: Arc<Value>,
         turn: usize,
+        failed: Arc<Mutex<Option<ModelError>>>,
     ) -> impl Stream<Item = Result<ModelEvent, ModelError>> + Send + 'static {
         async_stream::try_stream! {
-            let response = match response {
-                Some(response) => response,
-                None => self.http.send(&body, self.accept()).await.map_err(key_refused)?,
+            let response = match self.http.send(&body, self.accept()).await {
+                Ok(response) => response,
+                Err(error) => {
+                    *failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(key_refused(error));
+                    return;
+                }
             };
             let limit = self.http.max_response_bytes;
             if read::is_json(&response) {
