@@ -39,8 +39,10 @@ struct Wire {
     client: fn(&str) -> Arc<dyn Model>,
     /// The SSE events (`event:` name, JSON data) of a long answer with calls.
     stream: fn(usize) -> Recorded,
+    /// What opens a long answer before its text (block starts).
+    flood_first: fn() -> Recorded,
     /// One event of text, repeated to flood.
-    flood_event: fn(&str) -> Value,
+    flood_event: fn(&str) -> (Option<&'static str>, Value),
     /// Whether the stream ends with `data: [DONE]`.
     done_marker: bool,
 }
@@ -84,8 +86,86 @@ fn wires() -> Vec<Wire> {
             ));
                 events
             },
-            flood_event: |text| json!({"choices": [{"index": 0, "delta": {"content": text}}]}),
+            flood_first: Vec::new,
+            flood_event: |text| (None, json!({"choices": [{"index": 0, "delta": {"content": text}}]})),
             done_marker: true,
+        },
+        Wire {
+            name: "anthropic",
+            client: |origin| {
+                Arc::new(
+                    kuralle::models::Anthropic::builder()
+                        .base_url(origin)
+                        .api_key("k")
+                        .model("claude-sonnet-4-5")
+                        .max_retries(0)
+                        .build()
+                        .unwrap(),
+                )
+            },
+            stream: |n| {
+                let named = |v: Value| (Some(event_name(&v)), v);
+                let mut events =
+                    vec![named(json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                "role": "assistant", "content": [], "model": "claude-sonnet-4-5",
+                "usage": {"input_tokens": 1200, "cache_read_input_tokens": 800, "output_tokens": 1}}}))];
+                let mut index = 0;
+                let mut i = 0;
+                while i < n {
+                    let (start, delta) = match index % 3 {
+                        0 => (json!({"type": "thinking", "thinking": "", "signature": ""}), "thinking"),
+                        1 => (json!({"type": "text", "text": ""}), "text"),
+                        _ => (
+                            json!({"type": "tool_use", "id": format!("toolu_{index}"), "name": "lookup", "input": {}}),
+                            "tool",
+                        ),
+                    };
+                    events.push(named(json!({"type": "content_block_start", "index": index, "content_block": start})));
+                    for j in 0..50 {
+                        let d = match delta {
+                            "thinking" => {
+                                json!({"type": "thinking_delta", "thinking": format!("thinking about step {j} of the plan, ")})
+                            }
+                            "text" => json!({"type": "text_delta", "text": format!("word {j} of a long answer, ")}),
+                            _ if j == 0 => json!({"type": "input_json_delta", "partial_json": "{\"order\":\"A-17\","}),
+                            _ => json!({"type": "input_json_delta", "partial_json": format!("\"k{j}\":\"fragment\",")}),
+                        };
+                        events.push(named(json!({"type": "content_block_delta", "index": index, "delta": d})));
+                    }
+                    if delta == "tool" {
+                        events.push(named(json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": "\"end\":1}"}})));
+                    }
+                    if delta == "thinking" {
+                        events.push(named(json!({"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": "EqQBCkYIARgCIkD"}})));
+                    }
+                    events.push(named(json!({"type": "content_block_stop", "index": index})));
+                    index += 1;
+                    i += 52;
+                }
+                events.push(named(json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 9000}})));
+                events.push(named(json!({"type": "message_stop"})));
+                events
+            },
+            flood_first: || {
+                vec![
+                    (
+                        Some("message_start"),
+                        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                    "role": "assistant", "content": [], "model": "m", "usage": {"input_tokens": 1, "output_tokens": 1}}}),
+                    ),
+                    (
+                        Some("content_block_start"),
+                        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                    ),
+                ]
+            },
+            flood_event: |text| {
+                (
+                    Some("content_block_delta"),
+                    json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
+                )
+            },
+            done_marker: false,
         },
         Wire {
             name: "gemini",
@@ -119,10 +199,32 @@ fn wires() -> Vec<Wire> {
                 events.push((None, json!({"usageMetadata": {"promptTokenCount": 1200, "candidatesTokenCount": 6000, "thoughtsTokenCount": 3000}})));
                 events
             },
-            flood_event: |text| json!({"candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}]}),
+            flood_first: Vec::new,
+            flood_event: |text| {
+                (None, json!({"candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}]}))
+            },
             done_marker: false,
         },
     ]
+}
+
+fn event_name(v: &Value) -> &'static str {
+    match v["type"].as_str().unwrap_or_default() {
+        "message_start" => "message_start",
+        "content_block_start" => "content_block_start",
+        "content_block_delta" => "content_block_delta",
+        "content_block_stop" => "content_block_stop",
+        "message_delta" => "message_delta",
+        "message_stop" => "message_stop",
+        "response.output_item.added" => "response.output_item.added",
+        "response.output_item.done" => "response.output_item.done",
+        "response.output_text.delta" => "response.output_text.delta",
+        "response.reasoning_summary_text.delta" => "response.reasoning_summary_text.delta",
+        "response.function_call_arguments.delta" => "response.function_call_arguments.delta",
+        "response.completed" => "response.completed",
+        "response.created" => "response.created",
+        _ => "message",
+    }
 }
 
 fn sse(events: &[(Option<&str>, Value)], done: bool) -> Vec<u8> {
@@ -256,14 +358,15 @@ async fn refuse(wire: &Wire) {
     let origin = format!("http://{}", listener.local_addr().unwrap());
     let written = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&written);
-    let event = sse(&[(None, (wire.flood_event)(&"x".repeat(64 << 10)))], false);
+    let first = sse(&(wire.flood_first)(), false);
+    let event = sse(&[(wire.flood_event)(&"x".repeat(64 << 10))], false);
     tokio::spawn(async move {
         let (mut socket, _) = listener.accept().await.unwrap();
         if !read_request(&mut socket).await {
             return;
         }
         let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
-        if socket.write_all(head.as_bytes()).await.is_err() {
+        if socket.write_all(head.as_bytes()).await.is_err() || socket.write_all(&first).await.is_err() {
             return;
         }
         let mut sent = 0;

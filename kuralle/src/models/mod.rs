@@ -6,6 +6,8 @@
 //! [`http`] holds what every client shares: sending with retries, typed errors, and reading
 //! within a byte limit.
 
+#[cfg(feature = "anthropic")]
+mod anthropic;
 #[cfg(feature = "gemini")]
 mod gemini;
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
@@ -15,6 +17,8 @@ mod openai;
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
 pub mod sse;
 
+#[cfg(feature = "anthropic")]
+pub use anthropic::{Anthropic, AnthropicBuilder, DEFAULT_ANTHROPIC_BASE_URL, DEFAULT_ANTHROPIC_MODEL};
 #[cfg(feature = "gemini")]
 pub use gemini::{DEFAULT_GEMINI_MODEL, Gemini, GeminiBuilder};
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
