@@ -270,6 +270,44 @@ fn wires() -> Vec<Wire> {
             },
             done_marker: false,
         },
+        Wire {
+            name: "gemini",
+            client: |origin| {
+                Arc::new(
+                    kuralle::models::Gemini::builder()
+                        .base_url(origin)
+                        .api_key("k")
+                        .model("gemini-2.5-flash")
+                        .max_retries(0)
+                        .build()
+                        .unwrap(),
+                )
+            },
+            stream: |n| {
+                let chunk = |parts: Value| json!({"candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}], "modelVersion": "gemini-2.5-flash", "responseId": "r1"});
+                let mut events = Vec::with_capacity(n + 2);
+                for i in 0..n {
+                    let part = if i % 4 == 0 {
+                        json!({"text": format!("thinking about step {i} of the plan, "), "thought": true})
+                    } else if i % 50 == 1 {
+                        json!({"functionCall": {"name": "lookup", "args": {"order": "A-17", "note": "whole"}}, "thoughtSignature": "CiQBVKhc7pZ3sig=="})
+                    } else {
+                        json!({"text": format!("word {i} of a long answer, ")})
+                    };
+                    events.push((None, chunk(json!([part]))));
+                }
+                let mut end = chunk(json!([{"text": "", "thoughtSignature": "CiQBVKhc7pZ3end=="}]));
+                end["candidates"][0]["finishReason"] = json!("STOP");
+                events.push((None, end));
+                events.push((None, json!({"usageMetadata": {"promptTokenCount": 1200, "candidatesTokenCount": 6000, "thoughtsTokenCount": 3000}})));
+                events
+            },
+            flood_first: Vec::new,
+            flood_event: |text| {
+                (None, json!({"candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}]}))
+            },
+            done_marker: false,
+        },
     ]
 }
 

@@ -250,3 +250,55 @@ async fn anthropic_thinking_signatures_and_redacted_thinking_survive_a_crash() {
     let ids: Vec<&str> = results.iter().map(|r| r["tool_use_id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["toolu_01A", "toolu_01B"]);
 }
+
+/// Gemini frames end in CRLF pairs and the stream has no end marker.
+fn gemini_sse(chunks: &[Value]) -> String {
+    chunks.iter().map(|c| format!("data: {c}\r\n\r\n")).collect()
+}
+
+fn gemini_parts(parts: Value) -> Value {
+    json!({"candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}], "modelVersion": "gemini-2.5-flash"})
+}
+
+fn gemini_first() -> Reply {
+    let mut calls = gemini_parts(json!([
+        {"functionCall": {"name": "lookup", "args": {"order": "A-1"}}, "thoughtSignature": "CiQBVKhc7sigA1+/=="},
+        {"functionCall": {"name": "lookup", "args": {"order": "B-2"}}}
+    ]));
+    calls["candidates"][0]["finishReason"] = json!("STOP");
+    let body = gemini_sse(&[
+        gemini_parts(json!([{"text": "Two orders; look both up.", "thought": true}])),
+        gemini_parts(json!([{"text": "Checking.", "thoughtSignature": "CiQBVKhc7sigText=="}])),
+        calls,
+        json!({"usageMetadata": {"promptTokenCount": 50, "candidatesTokenCount": 20, "thoughtsTokenCount": 30}}),
+    ]);
+    Reply::Sse { body, chunked: true, piece: 41 }
+}
+
+fn gemini_second() -> Reply {
+    let mut end = gemini_parts(json!([{"text": "1,800 in all."}]));
+    end["candidates"][0]["finishReason"] = json!("STOP");
+    Reply::Sse { body: gemini_sse(&[end]), chunked: true, piece: 64 }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_thoughts_and_signatures_on_their_parts_survive_a_crash() {
+    let (resumed, _) = follow_ups("gemini", gemini_first, gemini_second).await;
+    let contents = &resumed["contents"];
+    assert_eq!(
+        contents[1],
+        json!({"role": "model", "parts": [
+            {"text": "Two orders; look both up.", "thought": true},
+            {"text": "Checking.", "thoughtSignature": "CiQBVKhc7sigText=="},
+            {"functionCall": {"name": "lookup", "args": {"order": "A-1"}}, "thoughtSignature": "CiQBVKhc7sigA1+/=="},
+            {"functionCall": {"name": "lookup", "args": {"order": "B-2"}}}
+        ]})
+    );
+    assert_eq!(
+        contents[2],
+        json!({"role": "user", "parts": [
+            {"functionResponse": {"name": "lookup", "response": {"order": "A-1", "total": 900}}},
+            {"functionResponse": {"name": "lookup", "response": {"order": "B-2", "total": 900}}}
+        ]})
+    );
+}

@@ -10,6 +10,8 @@
 
 #[cfg(feature = "anthropic")]
 mod anthropic;
+#[cfg(feature = "gemini")]
+mod gemini;
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
 pub(crate) mod http;
 #[cfg(feature = "openai")]
@@ -19,6 +21,8 @@ pub mod sse;
 
 #[cfg(feature = "anthropic")]
 pub use anthropic::{Anthropic, AnthropicBuilder, DEFAULT_ANTHROPIC_BASE_URL, DEFAULT_ANTHROPIC_MODEL};
+#[cfg(feature = "gemini")]
+pub use gemini::{DEFAULT_GEMINI_MODEL, Gemini, GeminiBuilder};
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
 pub use http::{ConfigError, options::DEFAULT_MAX_RESPONSE_BYTES};
 #[cfg(feature = "openai")]

@@ -50,6 +50,16 @@ fn model(wire: &str, origin: &str) -> Arc<dyn Model> {
                 .build()
                 .expect("anthropic client"),
         ),
+        "gemini" => Arc::new(
+            kuralle::models::Gemini::builder()
+                .base_url(origin)
+                .api_key("AIza-test")
+                .model("gemini-2.5-flash")
+                .thinking_budget(-1)
+                .retry_backoff(fast.0, fast.1)
+                .build()
+                .expect("gemini client"),
+        ),
         other => panic!("unknown WIRE {other}"),
     }
 }
