@@ -10,6 +10,7 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+#[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
 pub(crate) use part::state_goes_to;
 pub use part::{Origin, Part};
 

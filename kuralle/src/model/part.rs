@@ -137,6 +137,7 @@ impl Origin {
 
 /// Whether a turn of `origin` may be sent back with its provider state to `provider`.
 /// A turn without an origin (journaled before origins, or built by hand) carries none.
+#[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
 pub(crate) fn state_goes_to(origin: Option<&Origin>, provider: &str) -> bool {
     origin.is_some_and(|o| o.is(provider))
 }
