@@ -175,6 +175,7 @@
 extern crate self as kuralle;
 
 mod agent;
+mod clock;
 mod context;
 mod dispatch;
 mod error;
@@ -220,8 +221,8 @@ pub use runtime::{
     record_decision,
 };
 pub use store::{
-    Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord,
-    StepStatus, StoreError, StoreFuture,
+    FinishedWithIntents, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome,
+    StepRecord, StepStatus, StoreError, StoreErrorMessage, StoreFuture,
 };
 pub use tool::{
     MAX_TOOL_ARGS_BYTES, PreparedCall, RawArgs, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded, parse_args,

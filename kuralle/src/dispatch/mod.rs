@@ -206,7 +206,7 @@ pub(crate) async fn call_standalone(
 ) -> Result<Value, ToolError> {
     let name = call.name.clone();
     let store: Arc<dyn crate::RunStore> = Arc::new(crate::stores::MemoryStore::new());
-    let now = crate::journal::now_ms();
+    let now = crate::clock::now_ms();
     let record = crate::RunRecord {
         run_id: run_id.to_owned(),
         agent_id: "standalone".to_owned(),

@@ -8,10 +8,7 @@
 pub(crate) mod effects;
 mod key;
 
-use std::{
-    sync::{Arc, Mutex, PoisonError},
-    time::{SystemTime, UNIX_EPOCH},
-};
+use std::sync::{Arc, Mutex, PoisonError};
 
 pub use key::{
     approval_key, canonical_json, effect_key, effect_key_for, helper_key, override_key, tool_key, tool_key_raw,
@@ -19,14 +16,9 @@ pub use key::{
 use serde_json::Value;
 
 use crate::{
-    JsonText, NewStep, RunError, RunStore, StepKind, StepOutcome, StepRecord, StepStatus, keymap::KeyMap,
-    runtime::lease::Fence,
+    FinishedWithIntents, JsonText, NewStep, RunError, RunStore, StepKind, StepOutcome, StepRecord, StepStatus,
+    clock::now_ms, keymap::KeyMap, runtime::lease::Fence,
 };
-
-/// Milliseconds since the Unix epoch, as stored in records.
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
 
 /// One run's journal, as seen by one turn of that run.
 pub(crate) struct Journal {
@@ -233,7 +225,8 @@ impl Journal {
                 // finished model response again (its callsite is behind it), so the cache
                 // keeps none and the deferred copy is dropped below.
                 let outcome = StepOutcome::Finished(d.value.clone());
-                self.store.append_finished_with_intents(&self.run_id, token, done, outcome, now_ms(), new).await
+                let write = FinishedWithIntents { finished: done, outcome, finished_at_ms: now_ms(), intents: new };
+                self.store.append_finished_with_intents(&self.run_id, token, write).await
             }
         };
         let mut ordinals = match self.fence.watch(appended) {

@@ -55,7 +55,7 @@ pub(crate) async fn acquire(
                     Some(deadline) if now < deadline => {
                         // Poll again at the latest just after the holder's lease would expire
                         // (a crashed holder's run is taken over promptly), else back off.
-                        let until_expiry = u64::try_from(expires_at_ms.saturating_sub(crate::journal::now_ms()))
+                        let until_expiry = u64::try_from(expires_at_ms.saturating_sub(crate::clock::now_ms()))
                             .map_or(Duration::ZERO, Duration::from_millis);
                         let pause = backoff.min(until_expiry + Duration::from_millis(2)).min(deadline - now);
                         tokio::time::sleep(pause).await;

@@ -19,8 +19,9 @@ use crate::{
     AgentDef, Event, FinishReason, JsonText, Message, Model, ModelError, ModelEvent, ModelRequest, Origin, Part,
     RunError, RunRecord, RunStatus, RunStore, StepKind, StepOutcome, StoreError, ToolCallRequest, ToolSpec, Transcript,
     Usage,
+    clock::now_ms,
     dispatch::{self, Pending, RecordedDecision, TurnCtx},
-    journal::{Journal, Lookup, now_ms},
+    journal::{Journal, Lookup},
     truncate::truncate_owned,
 };
 
@@ -145,10 +146,9 @@ fn agent<'a>(rt: &'a Inner, id: Option<&str>) -> Result<&'a AgentDef, RunError> 
 }
 
 fn decode_state(record: &RunRecord) -> Result<RunState, RunError> {
-    record
-        .state
-        .decode()
-        .map_err(|e| RunError::Store(StoreError::Corrupt(format!("run `{}` has unreadable state: {e}", record.run_id))))
+    record.state.decode().map_err(|e| {
+        RunError::Store(StoreError::Corrupt(format!("run `{}` has unreadable state: {e}", record.run_id).into()))
+    })
 }
 
 fn output_of(record: &RunRecord, state: &RunState) -> RunOutput {
@@ -415,7 +415,7 @@ async fn model_step(
     if let Some(replayed) = journal.result_text(&key) {
         // Straight from the journal's text into the typed response: no tree in between.
         let response = replayed.decode::<ModelResponse>().map_err(|e| {
-            RunError::Store(StoreError::Corrupt(format!("journaled model response is unreadable: {e}")))
+            RunError::Store(StoreError::Corrupt(format!("journaled model response is unreadable: {e}").into()))
         })?;
         if ctx.events.is_listening() {
             let text = response.text();
@@ -562,10 +562,10 @@ async fn close(
             Err(e) => return Err(e.into()),
         }
     }
-    Err(RunError::Store(StoreError::Unavailable(format!(
-        "run `{}` kept changing under this turn; gave up after {CLOSE_ATTEMPTS} attempts",
-        record.run_id
-    ))))
+    Err(RunError::Store(StoreError::Unavailable(
+        format!("run `{}` kept changing under this turn; gave up after {CLOSE_ATTEMPTS} attempts", record.run_id)
+            .into(),
+    )))
 }
 
 /// Records a human decision on a paused run's pending calls (all of them, or the one the

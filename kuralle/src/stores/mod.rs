@@ -89,7 +89,9 @@ fn json_str_len(text: &str) -> usize {
 /// Rejects JSON text longer than `max` bytes.
 pub(crate) fn check_len(what: &str, len: usize, max: usize) -> Result<(), StoreError> {
     if len > max {
-        return Err(StoreError::LimitExceeded(format!("{what} is {len} bytes of JSON; the limit is {max} bytes")));
+        return Err(StoreError::LimitExceeded(
+            format!("{what} is {len} bytes of JSON; the limit is {max} bytes").into(),
+        ));
     }
     Ok(())
 }

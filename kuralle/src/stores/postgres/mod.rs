@@ -3,13 +3,13 @@
 //! - [`schema`]: tables and migrations (run on connect, safe to race).
 //! - [`sql`]: the statements; every write of a run checks the run's fencing token in the same
 //!   statement, under a share lock on the lease row.
-//! - [`runs`], [`steps`], [`lease`], [`queue`]: the operations.
+//! - [`runs`], [`steps`], [`leases`], [`queue`]: the operations.
 //! - [`notify`]: `LISTEN/NOTIFY` wake-up hints for idle workers.
 //! - [`codec`]: JSON values as JSONB, losslessly; [`errors`]: typed errors.
 
 mod codec;
 mod errors;
-mod lease;
+mod leases;
 mod notify;
 mod queue;
 mod runs;
@@ -156,7 +156,7 @@ impl PostgresStore {
     pub async fn connect_with(url: &str, options: PostgresOptions) -> Result<Self, StoreError> {
         // The URL may hold a password: it is never echoed.
         let config = tokio_postgres::Config::from_str(url)
-            .map_err(|e| StoreError::Corrupt(format!("the PostgreSQL connection URL is invalid: {e}")))?;
+            .map_err(|e| StoreError::Corrupt(format!("the PostgreSQL connection URL is invalid: {e}").into()))?;
         let manager =
             Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
@@ -165,7 +165,7 @@ impl PostgresStore {
             .create_timeout(Some(options.connect_timeout))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
-            .map_err(|e| StoreError::Corrupt(format!("cannot build the PostgreSQL pool: {e}")))?;
+            .map_err(|e| StoreError::Corrupt(format!("cannot build the PostgreSQL pool: {e}").into()))?;
         let sql = Sql::new(&schema::quote_ident(&options.schema));
         let store =
             Self { inner: Arc::new(Inner { pool, sql, options, config, listener: notify::Listener::default() }) };
@@ -232,14 +232,9 @@ impl crate::RunStore for PostgresStore {
         &'a self,
         run_id: &'a str,
         fence: u64,
-        finished: crate::NewStep,
-        outcome: crate::StepOutcome,
-        finished_at_ms: i64,
-        intents: Vec<crate::NewStep>,
+        write: crate::store::FinishedWithIntents,
     ) -> crate::StoreFuture<'a, Vec<u64>> {
-        Box::pin(async move {
-            self.append_finished_fenced(run_id, Some(fence), finished, &outcome, finished_at_ms, intents).await
-        })
+        Box::pin(async move { self.append_finished_fenced(run_id, Some(fence), write).await })
     }
 
     fn finish_step<'a>(

@@ -64,7 +64,7 @@ impl PostgresStore {
         let expected = to_i64("run version", run.version)?;
         let next = expected
             .checked_add(1)
-            .ok_or_else(|| StoreError::LimitExceeded(format!("run `{}` version overflow", run.run_id)))?;
+            .ok_or_else(|| StoreError::LimitExceeded(format!("run `{}` version overflow", run.run_id).into()))?;
         check_len("run state", run.state.len(), self.inner.options.max_value_bytes)?;
         let state = encode(&run.state.to_value());
         let status = run.status.as_str();
@@ -145,7 +145,8 @@ fn run_from_row(row: &Row) -> Result<RunRecord, StoreError> {
 
 /// Column `index` of `row`, typed.
 pub(super) fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, index: usize) -> Result<T, StoreError> {
-    row.try_get(index).map_err(|e| StoreError::Corrupt(format!("unexpected column {index} in a kuralle row: {e}")))
+    row.try_get(index)
+        .map_err(|e| StoreError::Corrupt(format!("unexpected column {index} in a kuralle row: {e}").into()))
 }
 
 /// The token as a statement parameter (`None`: an unfenced administrative write).
@@ -158,5 +159,5 @@ pub(super) fn fenced(run_id: &str, fence: Option<i64>) -> StoreError {
 }
 
 fn parse_status(text: &str) -> Result<RunStatus, StoreError> {
-    RunStatus::parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown run status `{text}`")))
+    RunStatus::parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown run status `{text}`").into()))
 }

@@ -43,7 +43,8 @@ impl PostgresStore {
                 }
                 // Released or expired between the two statements: try again.
             }
-            Err(StoreError::Unavailable(format!("the lease of run `{run_id}` kept changing hands; try again")).into())
+            Err(StoreError::Unavailable(format!("the lease of run `{run_id}` kept changing hands; try again").into())
+                .into())
         })
         .await
     }
