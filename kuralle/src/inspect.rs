@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 
 use crate::{
     PendingApproval, RunRecord, StepKind, StepRecord, StepStatus, ToolCallRequest,
+    input::text::parse_args,
     journal::{approval_key, effect_key, tool_key},
-    parse_args,
 };
 
 /// The approvals a paused run waits for, decided or not (see [`recorded_decisions`]); empty

@@ -183,7 +183,7 @@ mod generator;
 mod input;
 pub mod inspect;
 pub mod journal;
-mod json_text;
+mod json;
 mod keymap;
 #[cfg(feature = "mcp")]
 pub mod mcp;
@@ -205,7 +205,8 @@ pub mod truncate;
 pub use agent::{Agent, AgentDef, DEFAULT_MAX_STEPS, DEFAULT_MAX_TOOL_CONCURRENCY, DEFAULT_MAX_TOOL_RESULT_TOKENS};
 pub use context::ToolContext;
 pub use error::{RunError, ToolError};
-pub use json_text::JsonText;
+pub use input::text::{MAX_TOOL_ARGS_BYTES, RawArgs, parse_args};
+pub use json::JsonText;
 #[doc = include_str!("../docs/agent.md")]
 pub use kuralle_macros::agent;
 #[doc = include_str!("../docs/tool.md")]
@@ -224,9 +225,7 @@ pub use store::{
     FinishedWithIntents, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome,
     StepRecord, StepStatus, StoreError, StoreErrorMessage, StoreFuture,
 };
-pub use tool::{
-    MAX_TOOL_ARGS_BYTES, PreparedCall, RawArgs, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded, parse_args,
-};
+pub use tool::{PreparedCall, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded};
 pub use transcript::Transcript;
 
 /// Emits a progress value from a streaming `#[tool]` fn: the value is sent at once as a

@@ -208,7 +208,7 @@ async fn cancelled_opt(token: Option<&CancellationToken>) {
 fn finish_join(name: &str, joined: Joined, max_bytes: usize) -> Result<Value, ToolError> {
     match joined {
         Joined::Done(Some(Ok(value))) => {
-            let size = crate::stores::json_len(&value);
+            let size = crate::json::json_len(&value);
             if size > max_bytes {
                 Err(ToolError::InvalidOutput {
                     tool: name.to_owned(),

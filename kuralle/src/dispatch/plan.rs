@@ -7,8 +7,9 @@ use std::{panic::AssertUnwindSafe, sync::Arc};
 use serde_json::Value;
 
 use super::{Pending, RecordedDecision, TurnCtx};
+use crate::input::text::RawArgs;
 use crate::{
-    PreparedCall, RawArgs, Tool, ToolCallRequest, ToolError, Verdict,
+    PreparedCall, Tool, ToolCallRequest, ToolError, Verdict,
     journal::{Journal, Lookup, approval_key, override_key},
     runtime::event::PendingApproval,
 };

@@ -1,12 +1,9 @@
 //! Nested effects of a running call — `ctx.tool()`, `ctx.now()`, `ctx.uuid()` — each a step
 //! journaled under a callsite `"<parent>.<n>"` and replayed from the journal when recorded.
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::{SystemTime, UNIX_EPOCH},
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
 };
 
 use serde_json::{Value, json};
@@ -14,8 +11,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::Lookup;
+use crate::input::text::RawArgs;
 use crate::{
-    JsonText, RawArgs, StepKind, StepOutcome, ToolCallRequest, ToolError,
+    JsonText, StepKind, StepOutcome, ToolCallRequest, ToolError,
     dispatch::{
         TurnCtx,
         call::{self, CallSite},
@@ -69,7 +67,7 @@ impl Scope {
             return (Err(ToolError::UnknownTool { tool: name.to_owned(), available: turn.tools.names() }), false);
         };
         if !args.is_object() {
-            let message = format!("the arguments must be a JSON object, not {}", crate::tool::kind(&args));
+            let message = format!("the arguments must be a JSON object, not {}", crate::input::text::kind(&args));
             return (Err(ToolError::invalid_input(name, message)), false);
         }
         let req =
@@ -138,7 +136,7 @@ impl Scope {
     }
 }
 
-/// `ctx.now()` as stored: milliseconds since the Unix epoch.
+/// `ctx.now()` as stored: milliseconds since the Unix epoch, by the one clock.
 pub(crate) fn now_value() -> Value {
-    json!(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64))
+    json!(u64::try_from(crate::clock::now_ms()).unwrap_or(0))
 }

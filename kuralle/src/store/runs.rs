@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::json_text::JsonText;
+use crate::json::JsonText;
 
 /// Lifecycle of a run.
 ///

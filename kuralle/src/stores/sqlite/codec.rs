@@ -1,6 +1,6 @@
 //! The row codec: Rust values ↔ SQLite columns.
 
-use crate::json_text::JsonText;
+use crate::json::JsonText;
 use crate::store::{RunRecord, RunStatus, StepKind, StepRecord, StepStatus, StoreError};
 
 pub(super) struct RawStep {

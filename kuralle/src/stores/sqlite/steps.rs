@@ -4,7 +4,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::codec::{RawStep, to_u64};
 use super::errors::Mapper;
-use crate::json_text::JsonText;
+use crate::json::JsonText;
 use crate::store::{NewStep, StepRecord, StoreError};
 
 use super::runs::stored_version;
