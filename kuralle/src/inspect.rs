@@ -8,9 +8,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::{
-    PendingApproval, RunRecord, StepKind, StepRecord, StepStatus, ToolCallRequest,
+    approval::{Pending, PendingApproval},
     input::text::parse_args,
     journal::{approval_key, effect_key, tool_key},
+    model::ToolCallRequest,
+    store::{RunRecord, StepKind, StepRecord, StepStatus},
 };
 
 /// The approvals a paused run waits for, decided or not (see [`recorded_decisions`]); empty
@@ -80,24 +82,9 @@ pub fn recorded_decisions(record: &RunRecord, steps: &[StepRecord]) -> HashMap<S
         .collect()
 }
 
-/// A human decision as journaled.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RecordedDecision {
-    /// Approved (`true`) or denied.
-    pub approved: bool,
-    /// Who decided.
-    pub by: String,
-    /// Why, for a denial.
-    pub reason: Option<String>,
-}
+pub use crate::approval::RecordedDecision;
 
-#[derive(Deserialize)]
-struct Waiting {
-    request: PendingApproval,
-    decision_key: String,
-}
-
-fn waiting(record: &RunRecord) -> Vec<Waiting> {
+fn waiting(record: &RunRecord) -> Vec<Pending> {
     // A run whose every pending call is decided is `running` (runnable) until a turn carries
     // the decisions out; until then its pending calls are still in its state.
     if !matches!(record.status, crate::RunStatus::Paused | crate::RunStatus::Running) {
@@ -106,7 +93,7 @@ fn waiting(record: &RunRecord) -> Vec<Waiting> {
     #[derive(Deserialize)]
     struct PendingOnly {
         #[serde(default)]
-        pending: Vec<Waiting>,
+        pending: Vec<Pending>,
     }
     record.state.decode::<PendingOnly>().map(|s| s.pending).unwrap_or_default()
 }

@@ -175,10 +175,12 @@
 extern crate self as kuralle;
 
 mod agent;
+mod approval;
 mod clock;
 mod context;
 mod dispatch;
 mod error;
+mod event;
 mod generator;
 mod input;
 pub mod inspect;
@@ -203,8 +205,10 @@ pub mod transcript;
 pub mod truncate;
 
 pub use agent::{Agent, AgentDef, DEFAULT_MAX_STEPS, DEFAULT_MAX_TOOL_CONCURRENCY, DEFAULT_MAX_TOOL_RESULT_TOKENS};
+pub use approval::PendingApproval;
 pub use context::ToolContext;
 pub use error::{RunError, ToolError};
+pub use event::{BatchCall, Event, RunOutput};
 pub use input::text::{MAX_TOOL_ARGS_BYTES, RawArgs, parse_args};
 pub use json::JsonText;
 #[doc = include_str!("../docs/agent.md")]
@@ -217,9 +221,7 @@ pub use model::{
 pub use policy::{Policy, Verdict};
 pub use runtime::{
     DEFAULT_EVENT_BUFFER, DEFAULT_LEASE_TTL, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN, Decision,
-    InterruptHandle, RunHandle, RunRequest, Runtime, RuntimeBuilder, ServeReport, WorkerOptions,
-    event::{BatchCall, Event, PendingApproval, RunOutput},
-    record_decision,
+    InterruptHandle, RunHandle, RunRequest, Runtime, RuntimeBuilder, ServeReport, WorkerOptions, record_decision,
 };
 pub use store::{
     FinishedWithIntents, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome,

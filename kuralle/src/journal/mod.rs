@@ -1,11 +1,11 @@
 //! The durable effect journal: every tool call, model response, `ctx.now()`, `ctx.uuid()` and
 //! nested `ctx.tool()` is a step, written as an intent before it runs and finalized after.
 //!
-//! `Journal` is the one seam between the runtime and a [`RunStore`]: it loads a run's steps
-//! once, answers replay lookups from memory, and writes intents (a whole batch in one append,
-//! so one commit) and outcomes.
+//! `Journal` is a run's fenced step writer: it loads a run's steps once, answers replay
+//! lookups from memory, and writes intents (a whole batch in one append, so one commit) and
+//! outcomes, each under the turn's [`Fence`].
 
-pub(crate) mod effects;
+mod fence;
 mod key;
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -16,9 +16,17 @@ pub use key::{
 use serde_json::Value;
 
 use crate::{
-    FinishedWithIntents, JsonText, NewStep, RunError, RunStore, StepKind, StepOutcome, StepRecord, StepStatus,
-    clock::now_ms, keymap::KeyMap, runtime::lease::Fence,
+    clock::now_ms,
+    error::RunError,
+    json::JsonText,
+    keymap::KeyMap,
+    store::{FinishedWithIntents, NewStep, RunStore, StepKind, StepOutcome, StepRecord, StepStatus},
 };
+pub(crate) use fence::Fence;
+
+/// Default [`RuntimeBuilder::max_steps_per_run`](crate::RuntimeBuilder::max_steps_per_run): the
+/// most entries one run's journal may hold.
+pub const DEFAULT_MAX_STEPS_PER_RUN: u64 = 10_000;
 
 /// One run's journal, as seen by one turn of that run.
 pub(crate) struct Journal {
@@ -104,6 +112,20 @@ impl Journal {
             limit,
             state: Mutex::new(State { by_key, len, deferred: None }),
         })
+    }
+
+    /// A throwaway journal for one call outside any run (an MCP `tools/call`): a fresh
+    /// in-memory store holding the run `run_id`, owned by its own lease like any other run (the
+    /// store checks the fence on every write).
+    #[cfg(feature = "mcp")]
+    pub(crate) async fn standalone(run_id: &str) -> Result<Self, RunError> {
+        /// The throwaway lease is never renewed; expiry alone does not fence a write.
+        const TTL: std::time::Duration = std::time::Duration::from_secs(30);
+        let store: Arc<dyn RunStore> = Arc::new(crate::stores::MemoryStore::new());
+        let lease = store.acquire_lease(run_id, "standalone", TTL).await?;
+        let fence = Fence::new(&lease, tokio_util::sync::CancellationToken::new());
+        store.create_run(crate::store::RunRecord::new(run_id, "standalone"), fence.token()).await?;
+        Self::open(store, fence, run_id, 0, DEFAULT_MAX_STEPS_PER_RUN).await
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {

@@ -1,6 +1,5 @@
 //! The runtime: agents, a default model and a store; `run()` drives the model ↔ tool loop.
 
-pub(crate) mod event;
 mod handle;
 pub(crate) mod lease;
 mod renewals;
@@ -220,7 +219,7 @@ impl Runtime {
     pub fn run(&self, request: impl Into<RunRequest>) -> RunHandle {
         let request = request.into();
         let interrupt = CancellationToken::new();
-        let (tx, rx) = event::EventSender::channel(self.inner.event_buffer);
+        let (tx, rx) = crate::event::EventSender::channel(self.inner.event_buffer);
         let inner = Arc::clone(&self.inner);
         let token = interrupt.clone();
         let task = tokio::spawn(async move { run::run(inner, request, tx, token, None).await });
@@ -245,7 +244,7 @@ impl Runtime {
     pub fn deliver(&self, run_id: impl Into<String>, decision: Decision) -> RunHandle {
         let request = RunRequest { run_id: Some(run_id.into()), ..RunRequest::default() };
         let interrupt = CancellationToken::new();
-        let (tx, rx) = event::EventSender::channel(self.inner.event_buffer);
+        let (tx, rx) = crate::event::EventSender::channel(self.inner.event_buffer);
         let inner = Arc::clone(&self.inner);
         let token = interrupt.clone();
         let task = tokio::spawn(async move { run::run(inner, request, tx, token, Some(decision)).await });

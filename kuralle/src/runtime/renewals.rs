@@ -16,7 +16,7 @@ use std::{
 
 use tokio::{sync::Notify, task::JoinHandle, time::Instant};
 
-use super::lease::Fence;
+use crate::journal::Fence;
 use crate::{Lease, RunStore, StoreError};
 
 /// The leases of one runtime, and the task that renews them.

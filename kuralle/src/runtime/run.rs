@@ -11,17 +11,18 @@ use tracing::Instrument;
 
 use super::{
     Decision, Inner, RunRequest,
-    event::{EventSender, RunOutput},
-    lease::{self, Fence, Held},
+    lease::{self, Held},
     response::{ModelResponse, cap_arguments, dedupe_call_ids, put_calls, take_calls},
 };
 use crate::{
     AgentDef, Event, FinishReason, JsonText, Message, Model, ModelError, ModelEvent, ModelRequest, Origin, Part,
     RunError, RunRecord, RunStatus, RunStore, StepKind, StepOutcome, StoreError, ToolCallRequest, ToolSpec, Transcript,
     Usage,
+    approval::{Pending, RecordedDecision, RequestId},
     clock::now_ms,
-    dispatch::{self, Pending, RecordedDecision, TurnCtx},
-    journal::{Journal, Lookup},
+    dispatch::{self, TurnCtx},
+    event::{EventSender, RunOutput},
+    journal::{Fence, Journal, Lookup},
     truncate::truncate_owned,
 };
 
@@ -621,9 +622,7 @@ async fn record_under(store: &dyn RunStore, fence: &Fence, run_id: &str, decisio
         // A decision key's first 24 hex digits are its request id: a decided request shows in
         // the journal after the run moved on.
         let decided = match &decision.request_id {
-            Some(id) => {
-                id.strip_prefix("approval-").is_some_and(|prefix| recorded.keys().any(|k| k.starts_with(prefix)))
-            }
+            Some(id) => RequestId::key_prefix(id).is_some_and(|prefix| recorded.keys().any(|k| k.starts_with(prefix))),
             None => false,
         };
         return Err(if decided {

@@ -12,7 +12,8 @@ use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{Inner, RunRequest, Runtime, event::RunOutput, lease, run};
+use super::{Inner, RunRequest, Runtime, lease, run};
+use crate::event::RunOutput;
 use crate::{Lease, RunError, StoreError};
 
 /// How a worker ([`Runtime::serve_with`]) claims and drives runs; start from [`Default`].
@@ -232,7 +233,7 @@ impl Worker {
         let inner = Arc::clone(&self.inner);
         let request = RunRequest { run_id: Some(lease.run_id.clone()), ..RunRequest::default() };
         // Events go nowhere: a worker's output is the journal and the run record.
-        let (events, _) = crate::runtime::event::EventSender::channel(1);
+        let (events, _) = crate::event::EventSender::channel(1);
         let claimed = lease.clone();
         let task = self.tasks.spawn(async move {
             run::run_leased(inner, request, events, CancellationToken::new(), None, Some(claimed)).await

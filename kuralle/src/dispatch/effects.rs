@@ -1,25 +1,31 @@
 //! Nested effects of a running call — `ctx.tool()`, `ctx.now()`, `ctx.uuid()` — each a step
-//! journaled under a callsite `"<parent>.<n>"` and replayed from the journal when recorded.
+//! journaled under a callsite `"<parent>.<n>"` and replayed from the journal when recorded:
+//! dispatch's implementation of the context's [`Effects`].
 
 use std::sync::{
     Arc,
     atomic::{AtomicU64, Ordering},
 };
 
-use serde_json::{Value, json};
+use futures::future::BoxFuture;
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::Lookup;
-use crate::input::text::RawArgs;
+use super::{
+    TurnCtx,
+    call::{self, CallSite},
+    journal_failure,
+    plan::{self, Job, Plan, Planned, replayed_error},
+};
 use crate::{
-    JsonText, StepKind, StepOutcome, ToolCallRequest, ToolError,
-    dispatch::{
-        TurnCtx,
-        call::{self, CallSite},
-        journal_failure,
-        plan::{self, Job, Plan, Planned, replayed_error},
-    },
+    context::{Effects, now_value, uuid_value},
+    error::ToolError,
+    input::text::RawArgs,
+    journal::Lookup,
+    json::JsonText,
+    model::ToolCallRequest,
+    store::{StepKind, StepOutcome},
     trace,
 };
 
@@ -136,7 +142,16 @@ impl Scope {
     }
 }
 
-/// `ctx.now()` as stored: milliseconds since the Unix epoch, by the one clock.
-pub(crate) fn now_value() -> Value {
-    json!(u64::try_from(crate::clock::now_ms()).unwrap_or(0))
+impl Effects for Scope {
+    fn tool<'a>(&'a self, name: &'a str, args: Value) -> BoxFuture<'a, Result<Value, ToolError>> {
+        Box::pin(Scope::tool(self, name, args))
+    }
+
+    fn now(&self) -> BoxFuture<'_, Result<Value, ToolError>> {
+        Box::pin(self.recorded(StepKind::Now, now_value))
+    }
+
+    fn uuid(&self) -> BoxFuture<'_, Result<Value, ToolError>> {
+        Box::pin(self.recorded(StepKind::Uuid, uuid_value))
+    }
 }
