@@ -180,11 +180,11 @@ mod tests {
 pub enum RunError {
     /// The model request failed; the run stays resumable.
     #[error(transparent)]
-    Model(#[from] crate::ModelError),
+    Model(#[from] crate::model::ModelError),
     /// The store failed; when [`StoreError::is_retryable`](crate::StoreError::is_retryable),
     /// the run stays resumable.
     #[error(transparent)]
-    Store(#[from] crate::StoreError),
+    Store(#[from] crate::store::StoreError),
     /// No run with that id.
     #[error("run `{0}` not found")]
     RunNotFound(String),
@@ -294,7 +294,7 @@ impl RunError {
     /// Whether resuming the run later may succeed (transient model or store failures).
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Model(e) => !matches!(e, crate::ModelError::Auth { .. }),
+            Self::Model(e) => !matches!(e, crate::model::ModelError::Auth { .. }),
             Self::Store(e) => e.is_retryable(),
             Self::Internal(_) | Self::Busy { .. } => true,
             _ => false,

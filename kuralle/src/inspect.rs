@@ -87,7 +87,7 @@ pub use crate::approval::RecordedDecision;
 fn waiting(record: &RunRecord) -> Vec<Pending> {
     // A run whose every pending call is decided is `running` (runnable) until a turn carries
     // the decisions out; until then its pending calls are still in its state.
-    if !matches!(record.status, crate::RunStatus::Paused | crate::RunStatus::Running) {
+    if !matches!(record.status, crate::store::RunStatus::Paused | crate::store::RunStatus::Running) {
         return Vec::new();
     }
     #[derive(Deserialize)]
@@ -112,7 +112,7 @@ pub struct StepCall {
 #[derive(Deserialize)]
 struct ToolCalls {
     #[serde(default)]
-    parts: Option<Vec<crate::Part>>,
+    parts: Option<Vec<crate::model::Part>>,
     #[serde(default)]
     tool_calls: Vec<ToolCallRequest>,
 }
@@ -123,7 +123,7 @@ impl ToolCalls {
             Some(parts) => parts
                 .into_iter()
                 .filter_map(|p| match p {
-                    crate::Part::ToolCall { call, .. } => Some(call),
+                    crate::model::Part::ToolCall { call, .. } => Some(call),
                     _ => None,
                 })
                 .collect(),

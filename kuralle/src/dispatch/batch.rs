@@ -12,7 +12,13 @@ use super::{
     call::{self, CallSite},
     plan::{self, Head, Job, Plan, Planned, Ready},
 };
-use crate::{Event, RunError, StepKind, ToolError, approval::Pending, event::BatchCall, trace};
+use crate::{
+    approval::Pending,
+    error::{RunError, ToolError},
+    event::{BatchCall, Event},
+    store::StepKind,
+    trace,
+};
 
 /// A call's answer within its batch: its result and whether it was replayed, or the approval
 /// it waits for.

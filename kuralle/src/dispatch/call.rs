@@ -8,7 +8,14 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::{TurnCtx, effects::Scope, journal_failure, plan::Ready};
-use crate::{Event, JsonText, PreparedCall, StepOutcome, Tool, ToolContext, ToolError, ToolEvent};
+use crate::{
+    context::ToolContext,
+    error::ToolError,
+    event::Event,
+    json::JsonText,
+    store::StepOutcome,
+    tool::{PreparedCall, Tool, ToolEvent},
+};
 
 /// How long a timed-out or interrupted call may take to notice its token before it is dropped.
 pub(crate) const CANCEL_GRACE: Duration = Duration::from_millis(50);

@@ -19,8 +19,13 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    Event, Policy, RunError, ToolCallRequest, ToolError, ToolSet, approval::Pending, event::EventSender,
+    approval::Pending,
+    error::{RunError, ToolError},
+    event::{Event, EventSender},
     journal::Journal,
+    model::ToolCallRequest,
+    policy::Policy,
+    tool::ToolSet,
 };
 
 /// Everything dispatch needs from the turn it runs in.

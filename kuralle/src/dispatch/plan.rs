@@ -10,8 +10,11 @@ use super::TurnCtx;
 use crate::approval::{Pending, PendingApproval, RecordedDecision, RequestId};
 use crate::input::text::RawArgs;
 use crate::{
-    PreparedCall, Tool, ToolCallRequest, ToolError, Verdict,
+    error::ToolError,
     journal::{Journal, Lookup, approval_key, override_key},
+    model::ToolCallRequest,
+    policy::Verdict,
+    tool::{PreparedCall, Tool},
 };
 
 /// A call after validation and classification: what it is ([`Head`]) and what validation

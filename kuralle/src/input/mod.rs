@@ -24,7 +24,7 @@ use schemars::{Schema, SchemaGenerator};
 use serde::de::{self, DeserializeOwned, DeserializeSeed, Error as _, Visitor, value::BorrowedStrDeserializer};
 use serde_json::{Map, Value, map::Iter};
 
-use crate::ToolError;
+use crate::error::ToolError;
 
 mod raw;
 mod scalar;

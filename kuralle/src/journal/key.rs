@@ -277,7 +277,7 @@ mod tests {
             r#"{"n":null,"t":true,"f":false,"e":[],"o":{}}"#,
         ];
         for raw in texts {
-            let args = crate::parse_args("t", raw).unwrap();
+            let args = crate::input::text::parse_args("t", raw).unwrap();
             assert_eq!(tool_key_raw_at("r#0", "3", "t", raw).unwrap(), tool_key_at("r#0", "3", "t", &args), "{raw}");
         }
         for bad in ["{", "{\"a\":}", "{} x", "{\"a\":1e400}", "[1", &format!("{}1{}", "[".repeat(200), "]".repeat(200))]

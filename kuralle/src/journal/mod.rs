@@ -3,10 +3,12 @@
 //!
 //! `Journal` is a run's fenced step writer: it loads a run's steps once, answers replay
 //! lookups from memory, and writes intents (a whole batch in one append, so one commit) and
-//! outcomes, each under the turn's [`Fence`].
+//! outcomes, each through the run's one fenced writer ([`RunWriter`]), which the run loop
+//! also writes the run's row with.
 
 mod fence;
 mod key;
+mod writer;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -23,6 +25,7 @@ use crate::{
     store::{FinishedWithIntents, NewStep, RunStore, StepKind, StepOutcome, StepRecord, StepStatus},
 };
 pub(crate) use fence::Fence;
+pub(crate) use writer::RunWriter;
 
 /// Default [`RuntimeBuilder::max_steps_per_run`](crate::RuntimeBuilder::max_steps_per_run): the
 /// most entries one run's journal may hold.
@@ -134,6 +137,11 @@ impl Journal {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The run's fenced writer, through which every step write goes.
+    fn writer(&self) -> RunWriter<'_> {
+        RunWriter::new(self.store.as_ref(), &self.fence)
+    }
+
     pub(crate) fn run_id(&self) -> &str {
         &self.run_id
     }
@@ -238,9 +246,9 @@ impl Journal {
             started_at_ms,
         };
         let new: Vec<NewStep> = intents.iter().map(|(key, kind, name)| step(key, *kind, name, started_at_ms)).collect();
-        let token = self.fence.token();
+        let writer = self.writer();
         let appended = match &deferred {
-            None => self.store.append_steps(&self.run_id, token, new).await,
+            None => writer.append_steps(new).await,
             Some(d) => {
                 let done = step(&d.key, d.kind, &d.name, d.started_at_ms);
                 // The store shares the text (a reference count); this turn never reads a
@@ -248,10 +256,10 @@ impl Journal {
                 // keeps none and the deferred copy is dropped below.
                 let outcome = StepOutcome::Finished(d.value.clone());
                 let write = FinishedWithIntents { finished: done, outcome, finished_at_ms: now_ms(), intents: new };
-                self.store.append_finished_with_intents(&self.run_id, token, write).await
+                writer.append_finished_with_intents(write).await
             }
         };
-        let mut ordinals = match self.fence.watch(appended) {
+        let mut ordinals = match appended {
             Ok(o) => o,
             Err(e) => {
                 self.state().len -= n + u64::from(deferred.is_some());
@@ -291,8 +299,7 @@ impl Journal {
             StepOutcome::Failed(e) => Some(e.clone()),
             StepOutcome::Finished(_) => None,
         };
-        let finished = self.store.finish_step(&self.run_id, self.fence.token(), ordinal, outcome, at).await;
-        self.fence.watch(finished)?;
+        self.writer().finish_step(ordinal, outcome, at).await?;
         if let Some(entry) = self.state().by_key.get_mut(key) {
             *entry = match failed {
                 None => Cached::Finished(cached),

@@ -1,26 +1,37 @@
 //! The runtime: agents, a default model and a store; `run()` drives the model ↔ tool loop.
 
+mod close;
+mod decide;
+mod entry;
 mod handle;
 pub(crate) mod lease;
+mod open;
 mod renewals;
 mod response;
-mod run;
+mod state;
+mod step;
+mod turn;
 mod worker;
 
 use std::{fmt, sync::Arc, time::Duration};
 
+pub use decide::record_decision;
 pub use handle::{InterruptHandle, RunHandle};
 pub use lease::DEFAULT_LEASE_TTL;
-pub use run::record_decision;
 use tokio_util::sync::CancellationToken;
 pub use worker::{ServeReport, WorkerOptions};
 
-use crate::{Agent, AgentDef, Model, RunError, RunRecord, RunStore, StepRecord, stores::MemoryStore};
+use crate::{
+    agent::{Agent, AgentDef},
+    error::RunError,
+    model::Model,
+    store::{RunRecord, RunStore, StepRecord},
+    stores::MemoryStore,
+};
 
 /// Default [`RuntimeBuilder::event_buffer`]: events a run buffers for a consumer that lags.
 pub const DEFAULT_EVENT_BUFFER: usize = 1024;
-/// Default [`RuntimeBuilder::max_steps_per_run`].
-pub const DEFAULT_MAX_STEPS_PER_RUN: u64 = 10_000;
+pub use crate::journal::DEFAULT_MAX_STEPS_PER_RUN;
 /// Default [`RuntimeBuilder::max_result_bytes`]: 16 MiB, the value limit every store accepts
 /// ([`DEFAULT_MAX_VALUE_BYTES`](crate::stores::DEFAULT_MAX_VALUE_BYTES)).
 ///
@@ -222,7 +233,7 @@ impl Runtime {
         let (tx, rx) = crate::event::EventSender::channel(self.inner.event_buffer);
         let inner = Arc::clone(&self.inner);
         let token = interrupt.clone();
-        let task = tokio::spawn(async move { run::run(inner, request, tx, token, None).await });
+        let task = tokio::spawn(async move { entry::run(inner, request, tx, token, None).await });
         RunHandle::new(rx, task, interrupt)
     }
 
@@ -247,7 +258,7 @@ impl Runtime {
         let (tx, rx) = crate::event::EventSender::channel(self.inner.event_buffer);
         let inner = Arc::clone(&self.inner);
         let token = interrupt.clone();
-        let task = tokio::spawn(async move { run::run(inner, request, tx, token, Some(decision)).await });
+        let task = tokio::spawn(async move { entry::run(inner, request, tx, token, Some(decision)).await });
         RunHandle::new(rx, task, interrupt)
     }
 

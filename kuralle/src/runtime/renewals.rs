@@ -17,7 +17,7 @@ use std::{
 use tokio::{sync::Notify, task::JoinHandle, time::Instant};
 
 use crate::journal::Fence;
-use crate::{Lease, RunStore, StoreError};
+use crate::store::{Lease, RunStore, StoreError};
 
 /// The leases of one runtime, and the task that renews them.
 pub(crate) struct Renewals {

@@ -10,9 +10,8 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    FinishReason, Origin, Part, ToolCallRequest, Usage,
     input::text::{MAX_TOOL_ARGS_BYTES, oversized_marker, oversized_marker_parts},
-    model::legacy_parts,
+    model::{FinishReason, Origin, Part, ToolCallRequest, Usage, legacy_parts},
 };
 
 /// A journaled model response. Journals written before parts existed hold `text` and

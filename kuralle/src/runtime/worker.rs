@@ -12,9 +12,12 @@ use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{Inner, RunRequest, Runtime, lease, run};
+use super::{Inner, RunRequest, Runtime, entry, lease};
 use crate::event::RunOutput;
-use crate::{Lease, RunError, StoreError};
+use crate::{
+    error::RunError,
+    store::{Lease, StoreError},
+};
 
 /// How a worker ([`Runtime::serve_with`]) claims and drives runs; start from [`Default`].
 ///
@@ -112,7 +115,7 @@ impl Runtime {
     /// unfinished; [`RunError::UnknownAgent`]; [`RunError::Store`] when the store fails.
     pub async fn submit(&self, request: impl Into<RunRequest>) -> Result<String, RunError> {
         let request = request.into();
-        let run_id = run::submit(&self.inner, &request).await?;
+        let run_id = entry::submit(&self.inner, &request).await?;
         self.inner.wake.notify_one();
         Ok(run_id)
     }
@@ -236,7 +239,7 @@ impl Worker {
         let (events, _) = crate::event::EventSender::channel(1);
         let claimed = lease.clone();
         let task = self.tasks.spawn(async move {
-            run::run_leased(inner, request, events, CancellationToken::new(), None, Some(claimed)).await
+            entry::run_leased(inner, request, events, CancellationToken::new(), None, Some(claimed)).await
         });
         self.held.insert(task.id(), lease);
     }

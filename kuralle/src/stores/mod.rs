@@ -21,7 +21,7 @@ pub use postgres::{PostgresOptions, PostgresStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore};
 
-use crate::StoreError;
+use crate::store::StoreError;
 
 /// The largest JSON value (a run's `state`, a step's result or error), as compact JSON text,
 /// that a store accepts by default: 16 MiB. A larger value is rejected with

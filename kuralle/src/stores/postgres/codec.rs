@@ -11,7 +11,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::StoreError;
+use crate::store::StoreError;
 
 /// The key of the wrapper object that carries a value JSONB cannot hold.
 const WRAPPER_KEY: &str = "$kuralle_json";

@@ -10,7 +10,7 @@ use std::{future::Future, time::Duration};
 use deadpool_postgres::PoolError;
 use tokio_postgres::error::SqlState;
 
-use crate::StoreError;
+use crate::store::StoreError;
 
 /// Maps a client error.
 pub(super) fn map(error: tokio_postgres::Error) -> StoreError {

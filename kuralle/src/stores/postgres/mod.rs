@@ -26,7 +26,7 @@ use tokio_postgres::NoTls;
 
 use self::sql::Sql;
 use super::DEFAULT_MAX_VALUE_BYTES;
-use crate::StoreError;
+use crate::store::StoreError;
 
 /// Settings of a [`PostgresStore`]; start from [`Default`] and override fields.
 ///
@@ -198,24 +198,27 @@ impl PostgresStore {
     }
 }
 
-impl crate::RunStore for PostgresStore {
-    fn create_run(&self, run: crate::RunRecord, fence: u64) -> crate::StoreFuture<'_, ()> {
+impl crate::store::RunStore for PostgresStore {
+    fn create_run(&self, run: crate::store::RunRecord, fence: u64) -> crate::store::StoreFuture<'_, ()> {
         Box::pin(async move { self.create_run_fenced(&run, Some(fence)).await })
     }
 
-    fn get_run<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, Option<crate::RunRecord>> {
+    fn get_run<'a>(&'a self, run_id: &'a str) -> crate::store::StoreFuture<'a, Option<crate::store::RunRecord>> {
         Box::pin(self.get_run_row(run_id))
     }
 
-    fn put_run(&self, run: crate::RunRecord, fence: u64) -> crate::StoreFuture<'_, u64> {
+    fn put_run(&self, run: crate::store::RunRecord, fence: u64) -> crate::store::StoreFuture<'_, u64> {
         Box::pin(async move { self.put_run_fenced(&run, Some(fence)).await })
     }
 
-    fn list_runs(&self, filter: crate::RunFilter) -> crate::StoreFuture<'_, Vec<crate::RunSummary>> {
+    fn list_runs(
+        &self,
+        filter: crate::store::RunFilter,
+    ) -> crate::store::StoreFuture<'_, Vec<crate::store::RunSummary>> {
         Box::pin(async move { self.list_run_rows(&filter).await })
     }
 
-    fn delete_run<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, bool> {
+    fn delete_run<'a>(&'a self, run_id: &'a str) -> crate::store::StoreFuture<'a, bool> {
         Box::pin(self.delete_run_row(run_id))
     }
 
@@ -223,8 +226,8 @@ impl crate::RunStore for PostgresStore {
         &'a self,
         run_id: &'a str,
         fence: u64,
-        steps: Vec<crate::NewStep>,
-    ) -> crate::StoreFuture<'a, Vec<u64>> {
+        steps: Vec<crate::store::NewStep>,
+    ) -> crate::store::StoreFuture<'a, Vec<u64>> {
         Box::pin(async move { self.append_fenced(run_id, Some(fence), &steps).await })
     }
 
@@ -233,7 +236,7 @@ impl crate::RunStore for PostgresStore {
         run_id: &'a str,
         fence: u64,
         write: crate::store::FinishedWithIntents,
-    ) -> crate::StoreFuture<'a, Vec<u64>> {
+    ) -> crate::store::StoreFuture<'a, Vec<u64>> {
         Box::pin(async move { self.append_finished_fenced(run_id, Some(fence), write).await })
     }
 
@@ -242,13 +245,13 @@ impl crate::RunStore for PostgresStore {
         run_id: &'a str,
         fence: u64,
         ordinal: u64,
-        outcome: crate::StepOutcome,
+        outcome: crate::store::StepOutcome,
         finished_at_ms: i64,
-    ) -> crate::StoreFuture<'a, ()> {
+    ) -> crate::store::StoreFuture<'a, ()> {
         Box::pin(async move { self.finish_fenced(run_id, Some(fence), ordinal, &outcome, finished_at_ms).await })
     }
 
-    fn steps<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, Vec<crate::StepRecord>> {
+    fn steps<'a>(&'a self, run_id: &'a str) -> crate::store::StoreFuture<'a, Vec<crate::store::StepRecord>> {
         Box::pin(self.step_rows(run_id))
     }
 
@@ -257,19 +260,23 @@ impl crate::RunStore for PostgresStore {
         run_id: &'a str,
         owner: &'a str,
         ttl: Duration,
-    ) -> crate::StoreFuture<'a, crate::Lease> {
+    ) -> crate::store::StoreFuture<'a, crate::store::Lease> {
         Box::pin(self.acquire(run_id, owner, ttl))
     }
 
-    fn renew_lease<'a>(&'a self, lease: &'a crate::Lease, ttl: Duration) -> crate::StoreFuture<'a, crate::Lease> {
+    fn renew_lease<'a>(
+        &'a self,
+        lease: &'a crate::store::Lease,
+        ttl: Duration,
+    ) -> crate::store::StoreFuture<'a, crate::store::Lease> {
         Box::pin(self.renew(lease, ttl))
     }
 
-    fn release_lease<'a>(&'a self, lease: &'a crate::Lease) -> crate::StoreFuture<'a, ()> {
+    fn release_lease<'a>(&'a self, lease: &'a crate::store::Lease) -> crate::store::StoreFuture<'a, ()> {
         Box::pin(self.release(lease))
     }
 
-    fn current_lease<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, Option<crate::Lease>> {
+    fn current_lease<'a>(&'a self, run_id: &'a str) -> crate::store::StoreFuture<'a, Option<crate::store::Lease>> {
         Box::pin(self.current(run_id))
     }
 
@@ -278,11 +285,11 @@ impl crate::RunStore for PostgresStore {
         owner: &'a str,
         ttl: Duration,
         limit: usize,
-    ) -> crate::StoreFuture<'a, Vec<crate::Lease>> {
+    ) -> crate::store::StoreFuture<'a, Vec<crate::store::Lease>> {
         Box::pin(self.claim(owner, ttl, limit))
     }
 
-    fn notify_runnable(&self) -> crate::StoreFuture<'_, ()> {
+    fn notify_runnable(&self) -> crate::store::StoreFuture<'_, ()> {
         Box::pin(self.notify_hint())
     }
 

@@ -5,7 +5,7 @@ use tokio_postgres::Row;
 use super::PostgresStore;
 use super::codec::{decode, encode, to_i64, to_u64};
 use super::errors::{Fail, retrying};
-use crate::StoreError;
+use crate::store::StoreError;
 use crate::store::{RunFilter, RunRecord, RunStatus, RunSummary};
 use crate::stores::check_len;
 
@@ -137,7 +137,7 @@ fn run_from_row(row: &Row) -> Result<RunRecord, StoreError> {
         status: parse_status(&get::<String>(row, 2)?)?,
         epoch: to_u64("kuralle_runs.epoch", get(row, 3)?)?,
         version: to_u64("kuralle_runs.version", get(row, 4)?)?,
-        state: crate::JsonText::from(decode("kuralle_runs.state", get(row, 5)?)?),
+        state: crate::json::JsonText::from(decode("kuralle_runs.state", get(row, 5)?)?),
         created_at_ms: get(row, 6)?,
         updated_at_ms: get(row, 7)?,
     })

@@ -9,7 +9,7 @@
 use deadpool_postgres::Object;
 
 use super::errors;
-use crate::StoreError;
+use crate::store::StoreError;
 
 /// Migrations in order; entry `i` takes the schema from version `i` to `i + 1`. `{s}` stands
 /// for the quoted schema name.

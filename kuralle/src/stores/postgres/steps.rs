@@ -8,7 +8,7 @@ use super::errors::{Fail, retrying};
 use super::runs::{fence_param, fenced, get};
 use crate::store::{FinishedWithIntents, NewStep, StepKind, StepOutcome, StepRecord, StepStatus};
 use crate::stores::check_len;
-use crate::{JsonText, StoreError};
+use crate::{json::JsonText, store::StoreError};
 
 /// A step outcome as its `status`, `result` and `error` columns.
 type OutcomeColumns = (&'static str, Option<serde_json::Value>, Option<serde_json::Value>);

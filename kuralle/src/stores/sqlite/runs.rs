@@ -110,7 +110,7 @@ pub(super) fn get_run(conn: &Connection, errors: Mapper, run_id: &str) -> Result
             status: parse_run_status(&status)?,
             epoch: to_u64("runs.epoch", epoch)?,
             version: to_u64("runs.version", version)?,
-            state: crate::JsonText::parse(state)
+            state: crate::json::JsonText::parse(state)
                 .map_err(|e| StoreError::Corrupt(format!("runs.state holds invalid JSON: {e}").into()))?,
             run_id,
             agent_id,
