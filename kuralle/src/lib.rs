@@ -202,6 +202,8 @@ pub mod testing;
 mod tool;
 mod trace;
 pub mod transcript;
+// Fuzz and bench hooks: not part of the documented API.
+#[doc(hidden)]
 pub mod truncate;
 
 pub use agent::{Agent, AgentDef, DEFAULT_MAX_STEPS, DEFAULT_MAX_TOOL_CONCURRENCY, DEFAULT_MAX_TOOL_RESULT_TOKENS};
@@ -220,9 +222,11 @@ pub use model::{
 };
 pub use policy::{Policy, Verdict};
 pub use runtime::{
-    DEFAULT_EVENT_BUFFER, DEFAULT_LEASE_TTL, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN, Decision,
-    InterruptHandle, RunHandle, RunRequest, Runtime, RuntimeBuilder, ServeReport, WorkerOptions, record_decision,
+    DEFAULT_EVENT_BUFFER, DEFAULT_LEASE_TTL, DEFAULT_MAX_JOURNAL_ENTRIES, Decision, InterruptHandle, RunHandle,
+    RunRequest, Runtime, RuntimeBuilder, ServeReport, WorkerOptions, record_decision,
 };
+#[allow(deprecated)]
+pub use runtime::{DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN};
 pub use store::{
     FinishedWithIntents, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome,
     StepRecord, StepStatus, StoreError, StoreErrorMessage, StoreFuture,

@@ -12,6 +12,8 @@ mod writer;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+// Fuzz and bench hooks, and what operators' tools rebuild keys with: not part of the documented API.
+#[doc(hidden)]
 pub use key::{
     approval_key, canonical_json, effect_key, effect_key_for, helper_key, override_key, tool_key, tool_key_raw,
 };
@@ -27,9 +29,9 @@ use crate::{
 pub(crate) use fence::Fence;
 pub(crate) use writer::RunWriter;
 
-/// Default [`RuntimeBuilder::max_steps_per_run`](crate::RuntimeBuilder::max_steps_per_run): the
-/// most entries one run's journal may hold.
-pub const DEFAULT_MAX_STEPS_PER_RUN: u64 = 10_000;
+/// Default [`RuntimeBuilder::max_journal_entries`](crate::RuntimeBuilder::max_journal_entries):
+/// the most entries one run's journal may hold.
+pub const DEFAULT_MAX_JOURNAL_ENTRIES: u64 = 10_000;
 
 /// One run's journal, as seen by one turn of that run.
 pub(crate) struct Journal {
@@ -94,7 +96,7 @@ pub(crate) enum Lookup {
 }
 
 impl Journal {
-    /// Loads the run's steps. `limit` is `max_steps_per_run`.
+    /// Loads the run's steps. `limit` is `max_journal_entries`.
     pub(crate) async fn open(
         store: Arc<dyn RunStore>,
         fence: Arc<Fence>,
@@ -128,7 +130,7 @@ impl Journal {
         let lease = store.acquire_lease(run_id, "standalone", TTL).await?;
         let fence = Fence::new(&lease, tokio_util::sync::CancellationToken::new());
         store.create_run(crate::store::RunRecord::new(run_id, "standalone"), fence.token()).await?;
-        Self::open(store, fence, run_id, 0, DEFAULT_MAX_STEPS_PER_RUN).await
+        Self::open(store, fence, run_id, 0, DEFAULT_MAX_JOURNAL_ENTRIES).await
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {

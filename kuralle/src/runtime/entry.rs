@@ -42,7 +42,7 @@ pub(super) async fn run_leased(
     decision: Option<Decision>,
     claimed: Option<crate::store::Lease>,
 ) -> Result<RunOutput, RunError> {
-    let run_id = req.run_id.clone().or_else(|| req.session.clone()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let span = crate::trace::run_span(&run_id);
     let started = std::time::Instant::now();
     let result = async {
@@ -88,7 +88,7 @@ pub(super) async fn run_leased(
 /// Returns the run id. A request whose idempotency key the run already processed changes
 /// nothing.
 pub(super) async fn submit(rt: &Inner, req: &RunRequest) -> Result<String, RunError> {
-    let run_id = req.run_id.clone().or_else(|| req.session.clone()).unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let lease = lease::acquire(rt.store.as_ref(), &run_id, rt.lease_ttl, req.wait_for_lease).await?;
     let fence = Fence::new(&lease, CancellationToken::new());
     let opened = fence.settle(open(rt, req, RunWriter::new(rt.store.as_ref(), &fence)).await.map(|_| ()));

@@ -109,14 +109,14 @@ pub(super) async fn model_step(
     // Before journaling, so a replay gives the model the same answers.
     let mut calls = take_calls(&mut response.parts);
     dedupe_call_ids(&mut calls);
-    cap_arguments(&mut calls, rt.max_result_bytes.saturating_sub(response.text_bytes()));
+    cap_arguments(&mut calls, rt.max_value_bytes.saturating_sub(response.text_bytes()));
     put_calls(&mut response.parts, calls);
     // Written once, from the typed response, as the text the store keeps; measured by its
     // length. A `ModelResponse` always serializes (its maps have string keys).
     let value = JsonText::serialize_from(&response).unwrap_or_default();
     let size = value.len();
-    if size > rt.max_result_bytes {
-        return Err(RunError::ResponseTooLarge { size, limit: rt.max_result_bytes });
+    if size > rt.max_value_bytes {
+        return Err(RunError::ResponseTooLarge { size, limit: rt.max_value_bytes });
     }
     match unfinished {
         Some(ordinal) => journal.finish(&key, ordinal, StepOutcome::Finished(value), false).await?,

@@ -94,14 +94,14 @@ pub(super) async fn drive(
     events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
 
     let journal =
-        Journal::open(Arc::clone(&rt.store), Arc::clone(fence), run_id, record.epoch, rt.max_steps_per_run).await?;
+        Journal::open(Arc::clone(&rt.store), Arc::clone(fence), run_id, record.epoch, rt.max_journal_entries).await?;
     let ctx = Arc::new(TurnCtx {
         journal,
         tools: agent.tools.clone(),
         events: events.clone(),
         interrupt: interrupt.clone(),
         max_concurrency: agent.max_tool_concurrency,
-        max_result_bytes: rt.max_result_bytes,
+        max_result_bytes: rt.max_value_bytes,
         policy: agent.policy.clone(),
         fatal: Mutex::new(None),
     });
