@@ -163,12 +163,12 @@ pub trait Tool: Send + Sync + 'static {
     fn prepare(&self, args: &Value) -> Result<Box<dyn PreparedCall>, ToolError>;
 
     /// [`prepare`](Tool::prepare) from the model's raw argument text, which is how the runtime
-    /// validates a model's call. The default parses the text with [`parse_args`] (once per
+    /// validates a model's call. The default parses the text with [`parse_args`](crate::parse_args) (once per
     /// [`RawArgs`]) and calls `prepare`. `#[tool]` reads the text straight into its typed input
     /// when it can, and takes the default path (whose errors name the field) when it cannot.
     ///
     /// # Errors
-    /// As [`prepare`](Tool::prepare) and [`parse_args`].
+    /// As [`prepare`](Tool::prepare) and [`parse_args`](crate::parse_args).
     fn prepare_raw(&self, args: &RawArgs) -> Result<Box<dyn PreparedCall>, ToolError> {
         self.prepare(args.value(self.name())?)
     }

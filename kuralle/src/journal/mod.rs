@@ -3,7 +3,7 @@
 //!
 //! `Journal` is a run's fenced step writer: it loads a run's steps once, answers replay
 //! lookups from memory, and writes intents (a whole batch in one append, so one commit) and
-//! outcomes, each through the run's one fenced writer ([`RunWriter`]), which the run loop
+//! outcomes, each through the run's one fenced writer (`RunWriter`), which the run loop
 //! also writes the run's row with.
 
 mod fence;

@@ -2,10 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Proof of ownership of one run, granted by [`RunStore::acquire_lease`].
+/// Proof of ownership of one run, granted by [`RunStore::acquire_lease`](super::RunStore::acquire_lease).
 ///
 /// Every write that belongs to the run carries [`token`](Self::token) as its `fence`; the
-/// store rejects it with [`StoreError::Fenced`] once a newer lease was granted or this one was
+/// store rejects it with [`StoreError::Fenced`](super::StoreError::Fenced) once a newer lease was granted or this one was
 /// released.
 ///
 /// ```
