@@ -114,3 +114,73 @@ async fn chat_reasoning_content_and_thought_signatures_survive_a_crash() {
     assert_eq!(resumed["messages"][3]["tool_call_id"], "call_a1");
     assert_eq!(resumed["messages"][4]["tool_call_id"], "call_b2");
 }
+
+/// Anthropic events, `event:` named as the API sends them.
+fn anthropic_sse(events: &[Value]) -> Reply {
+    let body = events.iter().map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())).collect();
+    Reply::Sse { body, chunked: true, piece: 29 }
+}
+
+fn anthropic_start() -> Value {
+    json!({"type": "message_start", "message": {"id": "msg_01", "type": "message", "role": "assistant", "content": [],
+        "model": "claude-sonnet-4-5", "stop_reason": null, "usage": {"input_tokens": 30, "output_tokens": 1}}})
+}
+
+fn anthropic_end(stop: &str) -> [Value; 2] {
+    [
+        json!({"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 80}}),
+        json!({"type": "message_stop"}),
+    ]
+}
+
+fn anthropic_first() -> Reply {
+    let mut events = vec![
+        anthropic_start(),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Two orders, "}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "two lookups."}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxn+/="}}),
+        json!({"type": "content_block_stop", "index": 0}),
+        json!({"type": "content_block_start", "index": 1, "content_block": {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4a"}}),
+        json!({"type": "content_block_stop", "index": 1}),
+        json!({"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "toolu_01A", "name": "lookup", "input": {}}}),
+        json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "{\"order\":"}}),
+        json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "\"A-1\"}"}}),
+        json!({"type": "content_block_stop", "index": 2}),
+        json!({"type": "content_block_start", "index": 3, "content_block": {"type": "tool_use", "id": "toolu_01B", "name": "lookup", "input": {}}}),
+        json!({"type": "content_block_delta", "index": 3, "delta": {"type": "input_json_delta", "partial_json": "{\"order\":\"B-2\"}"}}),
+        json!({"type": "content_block_stop", "index": 3}),
+    ];
+    events.extend(anthropic_end("tool_use"));
+    anthropic_sse(&events)
+}
+
+fn anthropic_second() -> Reply {
+    let mut events = vec![
+        anthropic_start(),
+        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "1,800 in all."}}),
+        json!({"type": "content_block_stop", "index": 0}),
+    ];
+    events.extend(anthropic_end("end_turn"));
+    anthropic_sse(&events)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_thinking_signatures_and_redacted_thinking_survive_a_crash() {
+    let (resumed, _) = follow_ups("anthropic", anthropic_first, anthropic_second).await;
+    let messages = resumed["messages"].as_array().unwrap();
+    let assistant = &messages[1];
+    assert_eq!(assistant["role"], "assistant");
+    assert_eq!(
+        assistant["content"][0],
+        json!({"type": "thinking", "thinking": "Two orders, two lookups.", "signature": "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxn+/="})
+    );
+    assert_eq!(assistant["content"][1], json!({"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4a"}));
+    assert_eq!(assistant["content"][2]["id"], "toolu_01A");
+    assert_eq!(assistant["content"][3]["input"], json!({"order": "B-2"}));
+    // Both results in one user message, in call order.
+    let results = messages[2]["content"].as_array().unwrap();
+    let ids: Vec<&str> = results.iter().map(|r| r["tool_use_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["toolu_01A", "toolu_01B"]);
+}

@@ -6,6 +6,8 @@
 //! [`http`] holds what every client shares: sending with retries, typed errors, and reading
 //! within a byte limit.
 
+#[cfg(feature = "anthropic")]
+mod anthropic;
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
 pub(crate) mod http;
 #[cfg(feature = "openai")]
@@ -13,6 +15,8 @@ mod openai;
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
 pub mod sse;
 
+#[cfg(feature = "anthropic")]
+pub use anthropic::{Anthropic, AnthropicBuilder, DEFAULT_ANTHROPIC_BASE_URL, DEFAULT_ANTHROPIC_MODEL};
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
 pub use http::{ConfigError, options::DEFAULT_MAX_RESPONSE_BYTES};
 #[cfg(feature = "openai")]

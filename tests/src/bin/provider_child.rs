@@ -30,6 +30,17 @@ fn model(wire: &str, origin: &str) -> Arc<dyn Model> {
                 .build()
                 .expect("chat client"),
         ),
+        "anthropic" => Arc::new(
+            kuralle::models::Anthropic::builder()
+                .base_url(origin)
+                .api_key("sk-ant-test")
+                .model("claude-sonnet-4-5")
+                .max_tokens(8192)
+                .thinking(2048)
+                .retry_backoff(fast.0, fast.1)
+                .build()
+                .expect("anthropic client"),
+        ),
         other => panic!("unknown WIRE {other}"),
     }
 }
