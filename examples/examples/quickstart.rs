@@ -1,10 +1,14 @@
 //! The seed's echo example in Rust: one tool, one agent, one run.
 //!
-//! Offline by default (a scripted model plays the model's part). Set `OPENAI_API_KEY`, or
-//! `OPENAI_BASE_URL` for a local server such as Ollama, to talk to a real model:
+//! Offline by default (a scripted model plays the model's part). Set a provider's key to talk
+//! to a real model (`kuralle::models::from_env`: `KURALLE_PROVIDER` chooses when several are
+//! set, `KURALLE_MODEL` names the model):
 //!
 //! ```text
 //! cargo run -p kuralle-examples --example quickstart
+//! ANTHROPIC_API_KEY=sk-ant-… cargo run -p kuralle-examples --example quickstart
+//! GEMINI_API_KEY=… cargo run -p kuralle-examples --example quickstart
+//! OPENAI_API_KEY=sk-… cargo run -p kuralle-examples --example quickstart
 //! OPENAI_BASE_URL=http://localhost:11434/v1 OPENAI_MODEL=llama3.2 cargo run -p kuralle-examples --example quickstart
 //! ```
 
@@ -13,7 +17,6 @@ use std::{error::Error, sync::Arc};
 use futures::StreamExt;
 use kuralle::{
     Event, Model, Runtime, agent,
-    models::{DEFAULT_MODEL, OpenAi},
     testing::{ScriptedModel, Turn},
     tool,
 };
@@ -41,14 +44,16 @@ async fn echo(
 struct Support;
 
 fn model() -> Result<Arc<dyn Model>, Box<dyn Error>> {
-    match OpenAi::from_env_if_configured(DEFAULT_MODEL) {
+    match kuralle::models::from_env() {
         Some(model) => {
             let model = model?;
-            eprintln!("model: {} at {}", model.name(), model.base_url());
-            Ok(Arc::new(model))
+            eprintln!("model: {} ({})", model.name(), model.provider());
+            Ok(model)
         }
         None => {
-            eprintln!("model: scripted (offline; set OPENAI_API_KEY or OPENAI_BASE_URL for a real model)");
+            eprintln!(
+                "model: scripted (offline; set ANTHROPIC_API_KEY, GEMINI_API_KEY, OPENAI_API_KEY or OPENAI_BASE_URL for a real model)"
+            );
             Ok(Arc::new(ScriptedModel::new([
                 Turn::tool_calls([("call_1", "echo", r#"{"text":"hello world"}"#)]),
                 Turn::text("The echo tool says: hello world"),
@@ -65,6 +70,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     while let Some(event) = handle.next().await {
         match &event {
             Event::TextDelta { delta } => print!("{delta}"),
+            Event::ReasoningDelta { delta } => eprint!("{delta}"),
             Event::ToolCall { name, args, .. } => println!("→ {name}({args})"),
             Event::ToolResult { name, result, is_error, .. } => {
                 println!("← {name}{}: {result}", if *is_error { " failed" } else { "" });

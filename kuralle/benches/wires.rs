@@ -167,6 +167,147 @@ fn wires() -> Vec<Wire> {
             },
             done_marker: false,
         },
+        Wire {
+            name: "openai responses",
+            client: |origin| {
+                Arc::new(
+                    kuralle::models::OpenAiResponses::builder()
+                        .base_url(format!("{origin}/v1"))
+                        .model("m")
+                        .max_retries(0)
+                        .build()
+                        .unwrap(),
+                )
+            },
+            stream: |n| {
+                // Blocks of 50 events: a reasoning item (summary deltas), a message (text
+                // deltas), a function call (argument fragments), each opened and closed.
+                let named = |mut v: Value, name: &'static str| {
+                    v["type"] = json!(name);
+                    (Some(name), v)
+                };
+                let mut events: Recorded = Vec::with_capacity(n + 4);
+                events.push(named(
+                    json!({"response": {"id": "resp_1", "status": "in_progress", "output": []}}),
+                    "response.created",
+                ));
+                for block in 0..n / 50 {
+                    let (rs, msg, fc) = (3 * block, 3 * block + 1, 3 * block + 2);
+                    let rs_id = format!("rs_{block}");
+                    events.push(named(
+                        json!({"output_index": rs, "item": {"id": rs_id, "type": "reasoning", "summary": []}}),
+                        "response.output_item.added",
+                    ));
+                    for i in 0..12 {
+                        events.push(named(
+                            json!({"item_id": rs_id, "output_index": rs, "summary_index": 0,
+                                "delta": format!("thinking about step {i} of the plan, ")}),
+                            "response.reasoning_summary_text.delta",
+                        ));
+                    }
+                    events.push(named(
+                        json!({"output_index": rs, "item": {"id": rs_id, "type": "reasoning",
+                            "encrypted_content": "gAAAAAB".repeat(40),
+                            "summary": [{"type": "summary_text", "text": "thinking about the plan"}]}}),
+                        "response.output_item.done",
+                    ));
+                    let msg_id = format!("msg_{block}");
+                    events.push(named(
+                        json!({"output_index": msg, "item": {"id": msg_id, "type": "message", "role": "assistant", "content": []}}),
+                        "response.output_item.added",
+                    ));
+                    let mut text = String::new();
+                    for i in 0..30 {
+                        let delta = format!("word {i} of a long answer, ");
+                        text.push_str(&delta);
+                        events.push(named(
+                            json!({"item_id": msg_id, "output_index": msg, "content_index": 0, "delta": delta}),
+                            "response.output_text.delta",
+                        ));
+                    }
+                    events.push(named(
+                        json!({"output_index": msg, "item": {"id": msg_id, "type": "message", "role": "assistant",
+                            "content": [{"type": "output_text", "text": text, "annotations": []}]}}),
+                        "response.output_item.done",
+                    ));
+                    let (fc_id, call_id) = (format!("fc_{block}"), format!("call_{block}"));
+                    let arguments = "{\"order\":\"A-17\",\"note\":\"fragment\"}";
+                    events.push(named(
+                        json!({"output_index": fc, "item": {"id": fc_id, "type": "function_call",
+                            "call_id": call_id, "name": "lookup", "arguments": ""}}),
+                        "response.output_item.added",
+                    ));
+                    events.push(named(
+                        json!({"item_id": fc_id, "output_index": fc, "delta": arguments}),
+                        "response.function_call_arguments.delta",
+                    ));
+                    events.push(named(
+                        json!({"output_index": fc, "item": {"id": fc_id, "type": "function_call",
+                            "call_id": call_id, "name": "lookup", "arguments": arguments}}),
+                        "response.output_item.done",
+                    ));
+                }
+                events.push(named(
+                    json!({"response": {"id": "resp_1", "status": "completed", "usage": {"input_tokens": 1200,
+                        "output_tokens": 9000, "output_tokens_details": {"reasoning_tokens": 3000}}}}),
+                    "response.completed",
+                ));
+                events
+            },
+            flood_first: || {
+                vec![(
+                    Some("response.output_item.added"),
+                    json!({"type": "response.output_item.added", "output_index": 0,
+                        "item": {"id": "msg_1", "type": "message", "role": "assistant", "content": []}}),
+                )]
+            },
+            flood_event: |text| {
+                (
+                    Some("response.output_text.delta"),
+                    json!({"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0,
+                        "content_index": 0, "delta": text}),
+                )
+            },
+            done_marker: false,
+        },
+        Wire {
+            name: "gemini",
+            client: |origin| {
+                Arc::new(
+                    kuralle::models::Gemini::builder()
+                        .base_url(origin)
+                        .api_key("k")
+                        .model("gemini-2.5-flash")
+                        .max_retries(0)
+                        .build()
+                        .unwrap(),
+                )
+            },
+            stream: |n| {
+                let chunk = |parts: Value| json!({"candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}], "modelVersion": "gemini-2.5-flash", "responseId": "r1"});
+                let mut events = Vec::with_capacity(n + 2);
+                for i in 0..n {
+                    let part = if i % 4 == 0 {
+                        json!({"text": format!("thinking about step {i} of the plan, "), "thought": true})
+                    } else if i % 50 == 1 {
+                        json!({"functionCall": {"name": "lookup", "args": {"order": "A-17", "note": "whole"}}, "thoughtSignature": "CiQBVKhc7pZ3sig=="})
+                    } else {
+                        json!({"text": format!("word {i} of a long answer, ")})
+                    };
+                    events.push((None, chunk(json!([part]))));
+                }
+                let mut end = chunk(json!([{"text": "", "thoughtSignature": "CiQBVKhc7pZ3end=="}]));
+                end["candidates"][0]["finishReason"] = json!("STOP");
+                events.push((None, end));
+                events.push((None, json!({"usageMetadata": {"promptTokenCount": 1200, "candidatesTokenCount": 6000, "thoughtsTokenCount": 3000}})));
+                events
+            },
+            flood_first: Vec::new,
+            flood_event: |text| {
+                (None, json!({"candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}]}))
+            },
+            done_marker: false,
+        },
     ]
 }
 

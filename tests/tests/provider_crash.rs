@@ -115,6 +115,72 @@ async fn chat_reasoning_content_and_thought_signatures_survive_a_crash() {
     assert_eq!(resumed["messages"][4]["tool_call_id"], "call_b2");
 }
 
+/// A Responses stream (data lines only: each event names its `type`): two reasoning items,
+/// each before the call it produced.
+fn responses_first() -> Reply {
+    let call = |i: u64, id: &str, call_id: &str, order: &str| {
+        json!({"type": "response.output_item.done", "output_index": i, "item": {"id": id, "type": "function_call",
+            "status": "completed", "call_id": call_id, "name": "lookup", "arguments": format!("{{\"order\":\"{order}\"}}")}})
+    };
+    let reasoning = |i: u64, id: &str, summary: &str, encrypted: &str| {
+        json!({"type": "response.output_item.done", "output_index": i, "item": {"id": id, "type": "reasoning",
+            "encrypted_content": encrypted, "summary": [{"type": "summary_text", "text": summary}]}})
+    };
+    let body = [
+        json!({"type": "response.created", "sequence_number": 0, "response": {"id": "resp_c1", "status": "in_progress", "output": []}}),
+        json!({"type": "response.output_item.added", "output_index": 0, "item": {"id": "rs_a", "type": "reasoning", "summary": []}}),
+        json!({"type": "response.reasoning_summary_text.delta", "item_id": "rs_a", "output_index": 0, "summary_index": 0, "delta": "A-1 first."}),
+        reasoning(0, "rs_a", "A-1 first.", "gAAAAABcrash-a=="),
+        json!({"type": "response.output_item.added", "output_index": 1, "item": {"id": "fc_a1", "type": "function_call",
+            "call_id": "call_a1", "name": "lookup", "arguments": ""}}),
+        json!({"type": "response.function_call_arguments.delta", "item_id": "fc_a1", "output_index": 1, "delta": "{\"order\":\"A-1\"}"}),
+        call(1, "fc_a1", "call_a1", "A-1"),
+        reasoning(2, "rs_b", "Then B-2.", "gAAAAABcrash-b=="),
+        call(3, "fc_b2", "call_b2", "B-2"),
+        json!({"type": "response.completed", "response": {"id": "resp_c1", "status": "completed",
+            "usage": {"input_tokens": 60, "output_tokens": 40, "output_tokens_details": {"reasoning_tokens": 24}}}}),
+    ]
+    .iter()
+    .map(|e| format!("data: {e}\n\n"))
+    .collect();
+    Reply::Sse { body, chunked: true, piece: 37 }
+}
+
+fn responses_second() -> Reply {
+    let item = json!({"id": "msg_c2", "type": "message", "status": "completed", "role": "assistant",
+        "content": [{"type": "output_text", "text": "1,800 in all.", "annotations": []}]});
+    let body = [
+        json!({"type": "response.output_item.added", "output_index": 0, "item": {"id": "msg_c2", "type": "message", "content": []}}),
+        json!({"type": "response.output_text.delta", "item_id": "msg_c2", "output_index": 0, "delta": "1,800 in all."}),
+        json!({"type": "response.output_item.done", "output_index": 0, "item": item}),
+        json!({"type": "response.completed", "response": {"status": "completed", "usage": {"input_tokens": 90, "output_tokens": 5}}}),
+    ]
+    .iter()
+    .map(|e| format!("data: {e}\n\n"))
+    .collect();
+    Reply::Sse { body, chunked: true, piece: 64 }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_reasoning_items_and_item_ids_survive_a_crash() {
+    let (resumed, _) = follow_ups("responses", responses_first, responses_second).await;
+    assert_eq!(resumed["store"], false);
+    assert_eq!(
+        resumed["input"],
+        json!([
+            {"type": "message", "role": "user", "content": "What do A-1 and B-2 total?"},
+            {"type": "reasoning", "id": "rs_a", "encrypted_content": "gAAAAABcrash-a==",
+             "summary": [{"type": "summary_text", "text": "A-1 first."}]},
+            {"type": "function_call", "id": "fc_a1", "call_id": "call_a1", "name": "lookup", "arguments": "{\"order\":\"A-1\"}"},
+            {"type": "reasoning", "id": "rs_b", "encrypted_content": "gAAAAABcrash-b==",
+             "summary": [{"type": "summary_text", "text": "Then B-2."}]},
+            {"type": "function_call", "id": "fc_b2", "call_id": "call_b2", "name": "lookup", "arguments": "{\"order\":\"B-2\"}"},
+            {"type": "function_call_output", "call_id": "call_a1", "output": "{\"order\":\"A-1\",\"total\":900}"},
+            {"type": "function_call_output", "call_id": "call_b2", "output": "{\"order\":\"B-2\",\"total\":900}"}
+        ])
+    );
+}
+
 /// Anthropic events, `event:` named as the API sends them.
 fn anthropic_sse(events: &[Value]) -> Reply {
     let body = events.iter().map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())).collect();
@@ -183,4 +249,56 @@ async fn anthropic_thinking_signatures_and_redacted_thinking_survive_a_crash() {
     let results = messages[2]["content"].as_array().unwrap();
     let ids: Vec<&str> = results.iter().map(|r| r["tool_use_id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["toolu_01A", "toolu_01B"]);
+}
+
+/// Gemini frames end in CRLF pairs and the stream has no end marker.
+fn gemini_sse(chunks: &[Value]) -> String {
+    chunks.iter().map(|c| format!("data: {c}\r\n\r\n")).collect()
+}
+
+fn gemini_parts(parts: Value) -> Value {
+    json!({"candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}], "modelVersion": "gemini-2.5-flash"})
+}
+
+fn gemini_first() -> Reply {
+    let mut calls = gemini_parts(json!([
+        {"functionCall": {"name": "lookup", "args": {"order": "A-1"}}, "thoughtSignature": "CiQBVKhc7sigA1+/=="},
+        {"functionCall": {"name": "lookup", "args": {"order": "B-2"}}}
+    ]));
+    calls["candidates"][0]["finishReason"] = json!("STOP");
+    let body = gemini_sse(&[
+        gemini_parts(json!([{"text": "Two orders; look both up.", "thought": true}])),
+        gemini_parts(json!([{"text": "Checking.", "thoughtSignature": "CiQBVKhc7sigText=="}])),
+        calls,
+        json!({"usageMetadata": {"promptTokenCount": 50, "candidatesTokenCount": 20, "thoughtsTokenCount": 30}}),
+    ]);
+    Reply::Sse { body, chunked: true, piece: 41 }
+}
+
+fn gemini_second() -> Reply {
+    let mut end = gemini_parts(json!([{"text": "1,800 in all."}]));
+    end["candidates"][0]["finishReason"] = json!("STOP");
+    Reply::Sse { body: gemini_sse(&[end]), chunked: true, piece: 64 }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_thoughts_and_signatures_on_their_parts_survive_a_crash() {
+    let (resumed, _) = follow_ups("gemini", gemini_first, gemini_second).await;
+    let contents = &resumed["contents"];
+    assert_eq!(
+        contents[1],
+        json!({"role": "model", "parts": [
+            {"text": "Two orders; look both up.", "thought": true},
+            {"text": "Checking.", "thoughtSignature": "CiQBVKhc7sigText=="},
+            {"functionCall": {"name": "lookup", "args": {"order": "A-1"}}, "thoughtSignature": "CiQBVKhc7sigA1+/=="},
+            {"functionCall": {"name": "lookup", "args": {"order": "B-2"}}}
+        ]})
+    );
+    assert_eq!(
+        contents[2],
+        json!({"role": "user", "parts": [
+            {"functionResponse": {"name": "lookup", "response": {"order": "A-1", "total": 900}}},
+            {"functionResponse": {"name": "lookup", "response": {"order": "B-2", "total": 900}}}
+        ]})
+    );
 }

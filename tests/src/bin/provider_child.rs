@@ -30,6 +30,15 @@ fn model(wire: &str, origin: &str) -> Arc<dyn Model> {
                 .build()
                 .expect("chat client"),
         ),
+        "responses" => Arc::new(
+            kuralle::models::OpenAiResponses::builder()
+                .base_url(format!("{origin}/v1"))
+                .model("o4-mini")
+                .reasoning_effort("medium")
+                .retry_backoff(fast.0, fast.1)
+                .build()
+                .expect("responses client"),
+        ),
         "anthropic" => Arc::new(
             kuralle::models::Anthropic::builder()
                 .base_url(origin)
@@ -40,6 +49,16 @@ fn model(wire: &str, origin: &str) -> Arc<dyn Model> {
                 .retry_backoff(fast.0, fast.1)
                 .build()
                 .expect("anthropic client"),
+        ),
+        "gemini" => Arc::new(
+            kuralle::models::Gemini::builder()
+                .base_url(origin)
+                .api_key("AIza-test")
+                .model("gemini-2.5-flash")
+                .thinking_budget(-1)
+                .retry_backoff(fast.0, fast.1)
+                .build()
+                .expect("gemini client"),
         ),
         other => panic!("unknown WIRE {other}"),
     }

@@ -161,7 +161,6 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 /// rate-limit error before emitting any event (Anthropic sends `overloaded_error` as an event
 /// after HTTP 200). Once an event was emitted, an error is final: the caller has seen part of
 /// the answer, and a second answer would not continue it.
-#[allow(dead_code)] // The Anthropic and Gemini clients use it; the chat wire has no such error.
 pub(crate) fn retry_before_first_event<F, S>(
     retry: Retry,
     attempt: F,

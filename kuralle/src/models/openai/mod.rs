@@ -6,12 +6,14 @@
 mod assemble;
 mod config;
 mod request;
+mod responses;
 
 use std::{fmt, sync::Arc};
 
 use assemble::Assembler;
 pub use config::OpenAiBuilder;
 use futures::{StreamExt, stream::BoxStream};
+pub use responses::{DEFAULT_RESPONSES_MODEL, OpenAiResponses, OpenAiResponsesBuilder};
 
 use crate::{
     Model,

@@ -1,0 +1,124 @@
+//! `kuralle::models::Gemini` against a local server that sends 100 MB: the limit is enforced
+//! while reading, so the client stops reading (and the server stops writing) soon after the
+//! limit, whatever the body's shape.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicUsize, Ordering},
+};
+
+use futures::StreamExt;
+use kuralle::{
+    Message, Model, ModelError, ModelRequest,
+    models::{DEFAULT_MAX_RESPONSE_BYTES, Gemini},
+};
+use kuralle_tests::wire_server::{Flood, flood};
+
+const HUNDRED_MB: usize = 100 << 20;
+
+/// What the server streams after its headers.
+#[derive(Clone, Copy)]
+enum Body {
+    /// Text chunks (`streamGenerateContent?alt=sse`), each about 64 KiB.
+    SseEvents,
+    /// One event whose data line never ends.
+    SseEndlessLine,
+    /// A `generateContent` answer whose text is 100 MB, close-delimited (no length announced).
+    Json,
+    /// The same, announced with `Content-Length`.
+    JsonWithLength,
+}
+
+const PARTS_HEAD: &str = "{\"candidates\":[{\"content\":{\"role\":\"model\",\"parts\":[{\"text\":\"";
+
+/// Serves one request with 100 MB of `body`; returns the origin and the bytes the server
+/// managed to write before the client went away.
+async fn server(body: Body) -> (String, Arc<AtomicUsize>) {
+    let (content_type, length, first, piece): (&str, Option<usize>, String, Vec<u8>) = match body {
+        Body::SseEvents => {
+            let event = format!(
+                "data: {PARTS_HEAD}{}\"}}]}},\"index\":0}}],\"modelVersion\":\"gemini-2.5-flash\"}}\r\n\r\n",
+                "x".repeat(64 << 10)
+            );
+            ("text/event-stream", None, String::new(), event.into_bytes())
+        }
+        Body::SseEndlessLine => ("text/event-stream", None, format!("data: {PARTS_HEAD}"), vec![b'y'; 64 << 10]),
+        Body::Json | Body::JsonWithLength => {
+            let length = matches!(body, Body::JsonWithLength).then_some(HUNDRED_MB + PARTS_HEAD.len() + 16);
+            ("application/json; charset=UTF-8", length, PARTS_HEAD.to_owned(), vec![b'z'; 64 << 10])
+        }
+    };
+    flood(Flood { content_type, length, first, piece, total: HUNDRED_MB }).await
+}
+
+fn request() -> ModelRequest {
+    ModelRequest {
+        system: String::new(),
+        messages: vec![Message::User { content: "hi".into() }].into(),
+        tools: Vec::new().into(),
+    }
+}
+
+/// Reads the stream to its end; returns the error it ended with.
+async fn error_of(model: &Gemini) -> ModelError {
+    let mut stream = model.stream(request());
+    while let Some(item) = stream.next().await {
+        if let Err(e) = item {
+            return e;
+        }
+    }
+    panic!("a 100 MB response was accepted");
+}
+
+async fn check(body: Body, limit: usize) {
+    let (origin, written) = server(body).await;
+    let streaming = matches!(body, Body::SseEvents | Body::SseEndlessLine);
+    let mut builder =
+        Gemini::builder().base_url(origin).api_key("k").model("gemini-2.5-flash").streaming(streaming).max_retries(0);
+    if limit != DEFAULT_MAX_RESPONSE_BYTES {
+        builder = builder.max_response_bytes(limit);
+    }
+    let model = builder.build().unwrap();
+    let error = error_of(&model).await;
+    assert!(
+        matches!(error, ModelError::TooLarge { limit: l } if l == limit)
+            || matches!(&error, ModelError::Protocol(m) if m.contains("exceeds")),
+        "{error}"
+    );
+    // The client stopped reading near the limit: what the server got out is the limit plus
+    // what the sockets buffer, far below the 100 MB it meant to send.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let sent = written.load(Ordering::SeqCst);
+    assert!(sent < limit + (24 << 20), "the server wrote {sent} bytes before the client gave up");
+}
+
+#[tokio::test]
+async fn a_100_mb_event_stream_is_refused_at_the_default_limit() {
+    check(Body::SseEvents, DEFAULT_MAX_RESPONSE_BYTES).await;
+}
+
+#[tokio::test]
+async fn a_100_mb_line_without_an_end_is_refused_at_the_limit() {
+    check(Body::SseEndlessLine, 1 << 20).await;
+}
+
+#[tokio::test]
+async fn a_100_mb_json_answer_is_refused_while_reading() {
+    check(Body::Json, 1 << 20).await;
+}
+
+#[tokio::test]
+async fn a_json_answer_announced_as_100_mb_is_refused_before_reading() {
+    let (origin, written) = server(Body::JsonWithLength).await;
+    let model = Gemini::builder()
+        .base_url(origin)
+        .api_key("k")
+        .model("gemini-2.5-flash")
+        .streaming(false)
+        .max_retries(0)
+        .build()
+        .unwrap();
+    assert_eq!(error_of(&model).await, ModelError::TooLarge { limit: DEFAULT_MAX_RESPONSE_BYTES });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(written.load(Ordering::SeqCst) < 24 << 20);
+}
