@@ -294,7 +294,7 @@ fn replay_runtime(store: Arc<dyn RunStore>, model: ScriptedModel) -> Runtime {
         .agent(AgentDef::new("replay", "x").tool(Noop).max_tool_concurrency(64).max_steps(4))
         .model(model)
         .store_arc(store)
-        .max_steps_per_run(100_000)
+        .max_journal_entries(100_000)
         .build()
         .unwrap()
 }

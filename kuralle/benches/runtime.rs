@@ -159,7 +159,7 @@ impl Cell {
             .agent(AgentDef::new("bench", "Count.").tool(Inc).max_steps(n + 1))
             .model_arc(Arc::clone(&model) as Arc<dyn Model>)
             .store_arc(store_arc)
-            .max_steps_per_run(2 * n as u64 + 8)
+            .max_journal_entries(2 * n as u64 + 8)
             .build()
             .expect("build the runtime");
         Self { runtime, model, sqlite }
@@ -201,7 +201,7 @@ async fn replay(n: usize, resume: bool) -> Duration {
             .agent(AgentDef::new("bench", "Count.").tool(Inc).max_steps(4))
             .model(model)
             .store_arc(Arc::clone(&store))
-            .max_steps_per_run(n as u64 + 8)
+            .max_journal_entries(n as u64 + 8)
             .build()
             .expect("build the runtime")
     };

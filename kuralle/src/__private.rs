@@ -23,7 +23,11 @@ pub use crate::input::{
     ArgTable, RawArg, arg as parse_arg, match_args, match_raw_args, parse_input, raw_arg as parse_raw_arg,
 };
 pub use crate::{
-    Agent, AgentDef, PreparedCall, RawArgs, Tool, ToolContext, ToolError, ToolEvent, ToolSet, ToolStream, Yielded,
+    agent::{Agent, AgentDef},
+    context::ToolContext,
+    error::ToolError,
+    input::text::RawArgs,
+    tool::{PreparedCall, Tool, ToolEvent, ToolSet, ToolStream, Yielded},
 };
 pub use schemars::{Schema, SchemaGenerator};
 

@@ -2,7 +2,11 @@
 
 use std::{fmt, sync::Arc};
 
-use crate::{Model, Policy, Tool, ToolSet};
+use crate::{
+    model::Model,
+    policy::Policy,
+    tool::{Tool, ToolSet},
+};
 
 /// Default `max_steps`: model responses per turn before the run ends with
 /// [`RunStatus::MaxSteps`](crate::RunStatus::MaxSteps).

@@ -1,14 +1,28 @@
 //! `ToolContext`: what a running tool call may know and do besides its arguments.
 
-use std::sync::Arc;
+use std::{
+    fmt,
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
 
+use futures::future::BoxFuture;
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use crate::error::ToolError;
 
-use serde_json::Value;
-
-use crate::{ToolError, journal::effects::Scope};
+/// The durable effects of a call inside a run — `ctx.tool()`, `ctx.now()`, `ctx.uuid()` —
+/// each journaled and replayed by the engine. Declared here, beside the context that holds
+/// it, and implemented by dispatch, so the tool contract does not depend on the engine.
+pub(crate) trait Effects: Send + Sync + fmt::Debug {
+    /// A nested, journaled tool call.
+    fn tool<'a>(&'a self, name: &'a str, args: Value) -> BoxFuture<'a, Result<Value, ToolError>>;
+    /// The current time, journaled: milliseconds since the Unix epoch.
+    fn now(&self) -> BoxFuture<'_, Result<Value, ToolError>>;
+    /// A random UUID, journaled.
+    fn uuid(&self) -> BoxFuture<'_, Result<Value, ToolError>>;
+}
 
 /// Handed to a tool that declares a `&ToolContext` parameter.
 ///
@@ -25,16 +39,37 @@ use crate::{ToolError, journal::effects::Scope};
 /// ```
 #[derive(Clone, Debug)]
 pub struct ToolContext {
-    inner: Arc<Inner>,
+    inner: Arc<Inner<dyn Effects>>,
 }
 
+/// The context's fields, with its effects last so that one allocation holds both (an
+/// `Arc<Inner<Scope>>` coerces to `Arc<Inner<dyn Effects>>`).
 #[derive(Debug)]
-struct Inner {
+struct Inner<E: ?Sized> {
     run_id: String,
     call_id: String,
     idempotency_key: String,
     cancel: CancellationToken,
-    scope: Option<Scope>,
+    effects: E,
+}
+
+/// The effects of a context outside any run: nothing is journaled, and there are no tools.
+#[derive(Debug)]
+struct Detached;
+
+impl Effects for Detached {
+    fn tool<'a>(&'a self, name: &'a str, _args: Value) -> BoxFuture<'a, Result<Value, ToolError>> {
+        let error = ToolError::UnknownTool { tool: name.to_owned(), available: String::new() };
+        Box::pin(std::future::ready(Err(error)))
+    }
+
+    fn now(&self) -> BoxFuture<'_, Result<Value, ToolError>> {
+        Box::pin(std::future::ready(Ok(now_value())))
+    }
+
+    fn uuid(&self) -> BoxFuture<'_, Result<Value, ToolError>> {
+        Box::pin(std::future::ready(Ok(uuid_value())))
+    }
 }
 
 impl ToolContext {
@@ -57,7 +92,7 @@ impl ToolContext {
                 call_id: call_id.into(),
                 idempotency_key: idempotency_key.into(),
                 cancel,
-                scope: None,
+                effects: Detached,
             }),
         }
     }
@@ -67,7 +102,7 @@ impl ToolContext {
         call_id: &str,
         idempotency_key: &str,
         cancel: CancellationToken,
-        scope: Scope,
+        effects: impl Effects + 'static,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -75,7 +110,7 @@ impl ToolContext {
                 call_id: call_id.to_owned(),
                 idempotency_key: idempotency_key.to_owned(),
                 cancel,
-                scope: Some(scope),
+                effects,
             }),
         }
     }
@@ -114,10 +149,7 @@ impl ToolContext {
     /// # Errors
     /// The nested call's [`ToolError`]; [`ToolError::UnknownTool`] outside a run.
     pub async fn tool(&self, name: &str, args: Value) -> Result<Value, ToolError> {
-        match &self.inner.scope {
-            Some(scope) => scope.tool(name, args).await,
-            None => Err(ToolError::UnknownTool { tool: name.to_owned(), available: String::new() }),
-        }
+        self.inner.effects.tool(name, args).await
     }
 
     /// The current time, journaled: a replayed call sees the time of its first run.
@@ -125,10 +157,7 @@ impl ToolContext {
     /// # Errors
     /// [`ToolError::Failed`] when the journal cannot record it (the run then stops, resumable).
     pub async fn now(&self) -> Result<SystemTime, ToolError> {
-        let ms = match &self.inner.scope {
-            Some(scope) => scope.recorded(crate::StepKind::Now, crate::journal::effects::now_value).await?,
-            None => crate::journal::effects::now_value(),
-        };
+        let ms = self.inner.effects.now().await?;
         Ok(UNIX_EPOCH + Duration::from_millis(ms.as_u64().unwrap_or(0)))
     }
 
@@ -137,11 +166,17 @@ impl ToolContext {
     /// # Errors
     /// [`ToolError::Failed`] when the journal cannot record it (the run then stops, resumable).
     pub async fn uuid(&self) -> Result<String, ToolError> {
-        let make = || Value::String(uuid::Uuid::new_v4().to_string());
-        let v = match &self.inner.scope {
-            Some(scope) => scope.recorded(crate::StepKind::Uuid, make).await?,
-            None => make(),
-        };
+        let v = self.inner.effects.uuid().await?;
         Ok(v.as_str().unwrap_or_default().to_owned())
     }
+}
+
+/// `ctx.now()` as stored: milliseconds since the Unix epoch, by the one clock.
+pub(crate) fn now_value() -> Value {
+    Value::from(u64::try_from(crate::clock::now_ms()).unwrap_or(0))
+}
+
+/// `ctx.uuid()` as stored: a v4 UUID, hyphenated.
+pub(crate) fn uuid_value() -> Value {
+    Value::String(uuid::Uuid::new_v4().to_string())
 }

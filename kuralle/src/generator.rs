@@ -23,7 +23,10 @@ use futures::{Stream, StreamExt};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::{ToolError, ToolEvent, ToolStream, Yielded};
+use crate::{
+    error::ToolError,
+    tool::{ToolEvent, ToolStream, Yielded},
+};
 
 /// The sending half of a generator: `progress!(e)` becomes `emitter.emit(e).await`.
 #[derive(Debug)]

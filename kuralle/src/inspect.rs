@@ -8,9 +8,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::{
-    PendingApproval, RunRecord, StepKind, StepRecord, StepStatus, ToolCallRequest,
+    approval::{Pending, PendingApproval},
+    input::text::parse_args,
     journal::{approval_key, effect_key, tool_key},
-    parse_args,
+    model::ToolCallRequest,
+    store::{RunRecord, StepKind, StepRecord, StepStatus},
 };
 
 /// The approvals a paused run waits for, decided or not (see [`recorded_decisions`]); empty
@@ -80,33 +82,18 @@ pub fn recorded_decisions(record: &RunRecord, steps: &[StepRecord]) -> HashMap<S
         .collect()
 }
 
-/// A human decision as journaled.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RecordedDecision {
-    /// Approved (`true`) or denied.
-    pub approved: bool,
-    /// Who decided.
-    pub by: String,
-    /// Why, for a denial.
-    pub reason: Option<String>,
-}
+pub use crate::approval::RecordedDecision;
 
-#[derive(Deserialize)]
-struct Waiting {
-    request: PendingApproval,
-    decision_key: String,
-}
-
-fn waiting(record: &RunRecord) -> Vec<Waiting> {
+fn waiting(record: &RunRecord) -> Vec<Pending> {
     // A run whose every pending call is decided is `running` (runnable) until a turn carries
     // the decisions out; until then its pending calls are still in its state.
-    if !matches!(record.status, crate::RunStatus::Paused | crate::RunStatus::Running) {
+    if !matches!(record.status, crate::store::RunStatus::Paused | crate::store::RunStatus::Running) {
         return Vec::new();
     }
     #[derive(Deserialize)]
     struct PendingOnly {
         #[serde(default)]
-        pending: Vec<Waiting>,
+        pending: Vec<Pending>,
     }
     record.state.decode::<PendingOnly>().map(|s| s.pending).unwrap_or_default()
 }
@@ -125,7 +112,7 @@ pub struct StepCall {
 #[derive(Deserialize)]
 struct ToolCalls {
     #[serde(default)]
-    parts: Option<Vec<crate::Part>>,
+    parts: Option<Vec<crate::model::Part>>,
     #[serde(default)]
     tool_calls: Vec<ToolCallRequest>,
 }
@@ -136,7 +123,7 @@ impl ToolCalls {
             Some(parts) => parts
                 .into_iter()
                 .filter_map(|p| match p {
-                    crate::Part::ToolCall { call, .. } => Some(call),
+                    crate::model::Part::ToolCall { call, .. } => Some(call),
                     _ => None,
                 })
                 .collect(),

@@ -175,14 +175,17 @@
 extern crate self as kuralle;
 
 mod agent;
+mod approval;
+mod clock;
 mod context;
 mod dispatch;
 mod error;
+mod event;
 mod generator;
 mod input;
 pub mod inspect;
 pub mod journal;
-mod json_text;
+mod json;
 mod keymap;
 #[cfg(feature = "mcp")]
 pub mod mcp;
@@ -199,12 +202,17 @@ pub mod testing;
 mod tool;
 mod trace;
 pub mod transcript;
+// Fuzz and bench hooks: not part of the documented API.
+#[doc(hidden)]
 pub mod truncate;
 
 pub use agent::{Agent, AgentDef, DEFAULT_MAX_STEPS, DEFAULT_MAX_TOOL_CONCURRENCY, DEFAULT_MAX_TOOL_RESULT_TOKENS};
+pub use approval::PendingApproval;
 pub use context::ToolContext;
 pub use error::{RunError, ToolError};
-pub use json_text::JsonText;
+pub use event::{BatchCall, Event, RunOutput};
+pub use input::text::{MAX_TOOL_ARGS_BYTES, RawArgs, parse_args};
+pub use json::JsonText;
 #[doc = include_str!("../docs/agent.md")]
 pub use kuralle_macros::agent;
 #[doc = include_str!("../docs/tool.md")]
@@ -214,18 +222,16 @@ pub use model::{
 };
 pub use policy::{Policy, Verdict};
 pub use runtime::{
-    DEFAULT_EVENT_BUFFER, DEFAULT_LEASE_TTL, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN, Decision,
-    InterruptHandle, RunHandle, RunRequest, Runtime, RuntimeBuilder, ServeReport, WorkerOptions,
-    event::{BatchCall, Event, PendingApproval, RunOutput},
-    record_decision,
+    DEFAULT_EVENT_BUFFER, DEFAULT_LEASE_TTL, DEFAULT_MAX_JOURNAL_ENTRIES, Decision, InterruptHandle, RunHandle,
+    RunRequest, Runtime, RuntimeBuilder, ServeReport, WorkerOptions, record_decision,
 };
+#[allow(deprecated)]
+pub use runtime::{DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN};
 pub use store::{
-    Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord,
-    StepStatus, StoreError, StoreFuture,
+    FinishedWithIntents, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome,
+    StepRecord, StepStatus, StoreError, StoreErrorMessage, StoreFuture,
 };
-pub use tool::{
-    MAX_TOOL_ARGS_BYTES, PreparedCall, RawArgs, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded, parse_args,
-};
+pub use tool::{PreparedCall, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded};
 pub use transcript::Transcript;
 
 /// Emits a progress value from a streaming `#[tool]` fn: the value is sent at once as a

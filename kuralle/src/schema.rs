@@ -4,7 +4,7 @@
 use schemars::{JsonSchema, Schema, generate::SchemaSettings};
 use serde_json::{Map, Value, json};
 
-use crate::ToolSpec;
+use crate::tool::ToolSpec;
 
 /// The input schema of `T`: draft 2020-12, root `type: object`, root `title` and
 /// `description` removed (they are noise to a model; the tool has its own description).

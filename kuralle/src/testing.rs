@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::stream::{self, BoxStream, StreamExt};
 
 use crate::{
-    Model, Transcript,
-    model::{FinishReason, ModelError, ModelEvent, ModelRequest, Part, ToolCallRequest, Usage},
+    model::{FinishReason, Model, ModelError, ModelEvent, ModelRequest, Part, ToolCallRequest, Usage},
+    transcript::Transcript,
 };
 
 /// One scripted model response.
@@ -101,7 +101,7 @@ impl Seen {
         let mut seen = Self { transcript: transcript.clone(), chars, assistants };
         for m in transcript.iter().skip(from) {
             seen.chars += crate::truncate::json_chars(m);
-            seen.assistants += usize::from(matches!(m, crate::Message::Assistant { .. }));
+            seen.assistants += usize::from(matches!(m, crate::model::Message::Assistant { .. }));
         }
         seen
     }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde_json::Value;
 use tracing::{Span, field::Empty};
 
-use crate::ToolError;
+use crate::error::ToolError;
 
 /// Span for one run's turn: `run_id`; `agent`, `status`, `outcome` and `duration_ms` on close.
 pub(crate) fn run_span(run_id: &str) -> Span {

@@ -16,7 +16,7 @@ use std::{
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::Message;
+use crate::model::Message;
 
 /// Chunk `k` of a log holds `FIRST_CHUNK << k` messages, so chunks never move once written
 /// and the log grows without copying.

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use kuralle::stores::DEFAULT_MAX_VALUE_BYTES;
 use kuralle::{
-    Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord,
-    StepStatus, StoreError,
+    FinishedWithIntents, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome,
+    StepRecord, StepStatus, StoreError,
 };
 use serde_json::{Value, json};
 
@@ -105,7 +105,8 @@ impl<S: RunStore> Owned<S> {
         intents: Vec<NewStep>,
     ) -> Result<Vec<u64>, StoreError> {
         let fence = self.fence(run_id).await;
-        self.store.append_finished_with_intents(run_id, fence, finished, outcome, at, intents).await
+        let write = FinishedWithIntents { finished, outcome, finished_at_ms: at, intents };
+        self.store.append_finished_with_intents(run_id, fence, write).await
     }
 
     /// `get_run`.
@@ -129,42 +130,12 @@ impl<S: RunStore> Owned<S> {
     }
 }
 
-/// Runs every case against stores made by `make` (one fresh store per case).
-pub async fn run_all<S: RunStore, G>(make: impl Fn() -> (S, G)) {
-    macro_rules! each {
-        ($($case:ident),* $(,)?) => {$(
-            let (store, guard) = make();
-            $case(store).await;
-            drop(guard);
-        )*};
-    }
-    each!(
-        run_create_get_put,
-        run_list_filter_order_limit,
-        run_delete,
-        journal_round_trip,
-        journal_duplicate_key_rejected,
-        journal_finish_non_running_rejected,
-        journal_finished_with_intents,
-        run_not_found,
-        value_size_limit,
-        reservation_under_64_concurrent_reservers,
-        version_check_with_16_concurrent_writers,
-        lease_16_concurrent_acquirers,
-        lease_takeover_fences_the_old_token,
-        lease_release_gives_a_higher_token,
-        queue_claims_each_runnable_run_once,
-    );
-}
-
-/// Instantiates every conformance case as a `#[tokio::test]` in the calling module.
-///
-/// `$make` is an expression callable as `() -> (impl RunStore, Guard)`; the guard (a temp dir,
-/// or `()`) is dropped after the case.
+/// Calls `callback!(args; case, case, …)` with every conformance case's name: the one
+/// list of cases, shared by [`run_all`] and [`store_conformance!`](crate::store_conformance).
 #[macro_export]
-macro_rules! store_conformance {
-    ($make:expr) => {
-        $crate::store_conformance!(@cases $make;
+macro_rules! with_conformance_cases {
+    (($($callback:tt)+) $($args:tt)*) => {
+        $($callback)+!($($args)*;
             run_create_get_put,
             run_list_filter_order_limit,
             run_delete,
@@ -182,7 +153,30 @@ macro_rules! store_conformance {
             queue_claims_each_runnable_run_once,
         );
     };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {$(
+}
+
+/// Runs every case against stores made by `make` (one fresh store per case).
+pub async fn run_all<S: RunStore, G>(make: impl Fn() -> (S, G)) {
+    macro_rules! each {
+        ($make:ident; $($case:ident),* $(,)?) => {$(
+            let (store, guard) = $make();
+            $case(store).await;
+            drop(guard);
+        )*};
+    }
+    crate::with_conformance_cases!((each) make);
+}
+
+/// Instantiates every conformance case as a `#[tokio::test]` in the calling module.
+///
+/// `$make` is an expression callable as `() -> (impl RunStore, Guard)`; the guard (a temp dir,
+/// or `()`) is dropped after the case.
+#[macro_export]
+macro_rules! store_conformance {
+    ($make:expr) => {
+        $crate::with_conformance_cases!(($crate::store_conformance) @cases ($make));
+    };
+    (@cases ($make:expr); $($case:ident),* $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn $case() {
             // `$make` returns `(store, guard)`, or `Option` of it for stores that may be absent.
@@ -511,8 +505,13 @@ pub async fn journal_finished_with_intents<S: RunStore>(store: S) {
 
     // A stale fence writes nothing either.
     let stale = store.fence("run-1").await.wrapping_sub(1);
-    let fenced =
-        store.store.append_finished_with_intents("run-1", stale, model("m3"), finished(), 97, vec![step("y")]).await;
+    let write = FinishedWithIntents {
+        finished: model("m3"),
+        outcome: finished(),
+        finished_at_ms: 97,
+        intents: vec![step("y")],
+    };
+    let fenced = store.store.append_finished_with_intents("run-1", stale, write).await;
     assert!(matches!(fenced, Err(StoreError::Fenced { .. })), "{fenced:?}");
 
     let keys: Vec<String> = store.steps("run-1").await.unwrap().into_iter().map(|s| s.key).collect();

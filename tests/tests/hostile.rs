@@ -93,7 +93,7 @@ async fn arguments_that_together_exceed_the_journal_cap_are_refused_largest_firs
     let rt = Runtime::builder()
         .agent(AgentDef::new("a", "x").tool(echo()))
         .model(model)
-        .max_result_bytes(700_000)
+        .max_value_bytes(700_000)
         .build()
         .unwrap();
     let (events, out) = run_collect(&rt, "go").await;
@@ -187,7 +187,7 @@ async fn a_result_beyond_the_journal_cap_is_a_clear_error_for_the_model() {
     let rt = Runtime::builder()
         .agent(AgentDef::new("a", "x").tool(big))
         .model(model.clone())
-        .max_result_bytes(4096)
+        .max_value_bytes(4096)
         .build()
         .unwrap();
     let (_, out) = run_collect(&rt, "go").await;

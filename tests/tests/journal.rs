@@ -310,7 +310,7 @@ async fn journal_and_result_limits_are_typed_errors() {
     let runtime = Runtime::builder()
         .agent(AgentDef::new("b", "x").tool(tool))
         .model(model)
-        .max_result_bytes(1000)
+        .max_value_bytes(1000)
         .build()
         .unwrap();
     let (events, out) = events_of(runtime.run("go")).await;
@@ -325,7 +325,7 @@ async fn journal_and_result_limits_are_typed_errors() {
     let runtime = Runtime::builder()
         .agent(AgentDef::new("b", "x").tool(again).max_steps(10))
         .model(model)
-        .max_steps_per_run(5)
+        .max_journal_entries(5)
         .build()
         .unwrap();
     let err = runtime.run(RunRequest::new("go").run_id("limited")).await.unwrap_err();

@@ -8,11 +8,17 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use super::{
-    CallOutcome, Pending, TurnCtx,
+    CallOutcome, TurnCtx,
     call::{self, CallSite},
     plan::{self, Head, Job, Plan, Planned, Ready},
 };
-use crate::{Event, RunError, StepKind, ToolError, runtime::event::BatchCall, trace};
+use crate::{
+    approval::Pending,
+    error::{RunError, ToolError},
+    event::{BatchCall, Event},
+    store::StepKind,
+    trace,
+};
 
 /// A call's answer within its batch: its result and whether it was replayed, or the approval
 /// it waits for.

@@ -7,9 +7,14 @@ use futures::{FutureExt, StreamExt};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::{TurnCtx, journal_failure, plan::Ready};
+use super::{TurnCtx, effects::Scope, journal_failure, plan::Ready};
 use crate::{
-    Event, JsonText, PreparedCall, StepOutcome, Tool, ToolContext, ToolError, ToolEvent, journal::effects::Scope,
+    context::ToolContext,
+    error::ToolError,
+    event::Event,
+    json::JsonText,
+    store::StepOutcome,
+    tool::{PreparedCall, Tool, ToolEvent},
 };
 
 /// How long a timed-out or interrupted call may take to notice its token before it is dropped.
@@ -208,7 +213,7 @@ async fn cancelled_opt(token: Option<&CancellationToken>) {
 fn finish_join(name: &str, joined: Joined, max_bytes: usize) -> Result<Value, ToolError> {
     match joined {
         Joined::Done(Some(Ok(value))) => {
-            let size = crate::stores::json_len(&value);
+            let size = crate::json::json_len(&value);
             if size > max_bytes {
                 Err(ToolError::InvalidOutput {
                     tool: name.to_owned(),

@@ -6,11 +6,12 @@
 //! approvals, replay) without running anything; [`batch`] runs one batch with bounded
 //! concurrency and puts its results back in source order; [`call`] runs one call to its
 //! journaled outcome under its timeout and the turn's interrupt. Nested `ctx.tool/now/uuid`
-//! effects are journaled in [`crate::journal::effects`].
+//! effects are journaled in [`effects`], dispatch's implementation of the context's `Effects`.
 
 mod batch;
-pub(crate) mod call;
-pub(crate) mod plan;
+mod call;
+mod effects;
+mod plan;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -18,9 +19,13 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    Event, Policy, RunError, ToolCallRequest, ToolError, ToolSet,
+    approval::Pending,
+    error::{RunError, ToolError},
+    event::{Event, EventSender},
     journal::Journal,
-    runtime::event::{EventSender, PendingApproval},
+    model::ToolCallRequest,
+    policy::Policy,
+    tool::ToolSet,
 };
 
 /// Everything dispatch needs from the turn it runs in.
@@ -168,21 +173,6 @@ pub(crate) struct Dispatched {
     pub(crate) pending: Vec<Pending>,
 }
 
-/// A call waiting for a human decision, and the journal key its decision is recorded under.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Pending {
-    pub(crate) request: PendingApproval,
-    pub(crate) decision_key: String,
-}
-
-/// A recorded human decision on a `needs_approval` call.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub(crate) struct RecordedDecision {
-    pub(crate) approved: bool,
-    pub(crate) by: String,
-    pub(crate) reason: Option<String>,
-}
-
 /// Records a journal failure as fatal for the turn and describes it to the call.
 pub(crate) fn journal_failure(turn: &TurnCtx, name: &str, doing: &str, e: RunError) -> ToolError {
     let message = format!("the journal could not {doing}: {e}");
@@ -205,35 +195,16 @@ pub(crate) async fn call_standalone(
     events: EventSender,
 ) -> Result<Value, ToolError> {
     let name = call.name.clone();
-    let store: Arc<dyn crate::RunStore> = Arc::new(crate::stores::MemoryStore::new());
-    let now = crate::journal::now_ms();
-    let record = crate::RunRecord {
-        run_id: run_id.to_owned(),
-        agent_id: "standalone".to_owned(),
-        status: crate::RunStatus::Running,
-        epoch: 0,
-        version: 0,
-        state: crate::JsonText::null(),
-        created_at_ms: now,
-        updated_at_ms: now,
-    };
-    // The throwaway run is owned like any other (its store checks the fence on every write).
-    let opened = async {
-        use crate::runtime::lease;
-        let held = lease::acquire(store.as_ref(), run_id, lease::DEFAULT_LEASE_TTL, None).await?;
-        let fence = lease::Fence::new(&held, CancellationToken::new());
-        store.create_run(record, fence.token()).await?;
-        Journal::open(Arc::clone(&store), fence, run_id, 0, crate::DEFAULT_MAX_STEPS_PER_RUN).await
-    };
-    let journal =
-        opened.await.map_err(|e| ToolError::failed(&name, format!("the call journal could not open: {e}")))?;
+    let journal = Journal::standalone(run_id)
+        .await
+        .map_err(|e| ToolError::failed(&name, format!("the call journal could not open: {e}")))?;
     let turn = Arc::new(TurnCtx {
         journal,
         tools: tools.clone(),
         events,
         interrupt,
         max_concurrency: 1,
-        max_result_bytes: crate::DEFAULT_MAX_RESULT_BYTES,
+        max_result_bytes: crate::stores::DEFAULT_MAX_VALUE_BYTES,
         // A tool set served on its own has no agent, so no agent policy applies.
         policy: Policy::new(),
         fatal: Mutex::new(None),

@@ -6,11 +6,15 @@ use std::{panic::AssertUnwindSafe, sync::Arc};
 
 use serde_json::Value;
 
-use super::{Pending, RecordedDecision, TurnCtx};
+use super::TurnCtx;
+use crate::approval::{Pending, PendingApproval, RecordedDecision, RequestId};
+use crate::input::text::RawArgs;
 use crate::{
-    PreparedCall, RawArgs, Tool, ToolCallRequest, ToolError, Verdict,
+    error::ToolError,
     journal::{Journal, Lookup, approval_key, override_key},
-    runtime::event::PendingApproval,
+    model::ToolCallRequest,
+    policy::Verdict,
+    tool::{PreparedCall, Tool},
 };
 
 /// A call after validation and classification: what it is ([`Head`]) and what validation
@@ -217,7 +221,7 @@ pub(crate) fn plan(turn: &TurnCtx, p: &Head, check: Check) -> Plan {
             },
             _ => {
                 let request = PendingApproval {
-                    request_id: format!("approval-{}", &decision_key[..24]),
+                    request_id: RequestId::for_decision_key(&decision_key),
                     call_id: p.req.call_id.clone(),
                     name: tool.name().to_owned(),
                     args: args.clone(),

@@ -24,10 +24,11 @@ use schemars::{Schema, SchemaGenerator};
 use serde::de::{self, DeserializeOwned, DeserializeSeed, Error as _, Visitor, value::BorrowedStrDeserializer};
 use serde_json::{Map, Value, map::Iter};
 
-use crate::ToolError;
+use crate::error::ToolError;
 
 mod raw;
 mod scalar;
+pub(crate) mod text;
 
 pub use raw::{RawArg, match_raw_args, raw_arg};
 
@@ -143,7 +144,7 @@ fn object<'a>(tool: &str, args: &'a Value) -> Result<&'a Map<String, Value>, Too
         Value::Object(map) => Ok(map),
         _ => Err(ToolError::invalid_input(
             tool,
-            format!("the arguments must be a JSON object, not {}", crate::tool::kind(args)),
+            format!("the arguments must be a JSON object, not {}", text::kind(args)),
         )),
     }
 }

@@ -36,7 +36,7 @@ impl<'a> RawArg<'a> {
 /// ([`raw_arg`]), and every slot is read (a name given twice goes through the `serde_json`
 /// pass, which checks the value it drops, and keeps the last one).
 pub fn match_raw_args<'a>(raw: &'a str, table: &ArgTable, slots: &mut [Option<RawArg<'a>>]) -> bool {
-    if raw.len() > crate::MAX_TOOL_ARGS_BYTES {
+    if raw.len() > crate::input::text::MAX_TOOL_ARGS_BYTES {
         return false;
     }
     // `serde_json` refuses nesting deeper than 128 counting the arguments object; a field read

@@ -1,32 +1,37 @@
 //! The durable effect journal: every tool call, model response, `ctx.now()`, `ctx.uuid()` and
 //! nested `ctx.tool()` is a step, written as an intent before it runs and finalized after.
 //!
-//! `Journal` is the one seam between the runtime and a [`RunStore`]: it loads a run's steps
-//! once, answers replay lookups from memory, and writes intents (a whole batch in one append,
-//! so one commit) and outcomes.
+//! `Journal` is a run's fenced step writer: it loads a run's steps once, answers replay
+//! lookups from memory, and writes intents (a whole batch in one append, so one commit) and
+//! outcomes, each through the run's one fenced writer (`RunWriter`), which the run loop
+//! also writes the run's row with.
 
-pub(crate) mod effects;
+mod fence;
 mod key;
+mod writer;
 
-use std::{
-    sync::{Arc, Mutex, PoisonError},
-    time::{SystemTime, UNIX_EPOCH},
-};
+use std::sync::{Arc, Mutex, PoisonError};
 
+// Fuzz and bench hooks, and what operators' tools rebuild keys with: not part of the documented API.
+#[doc(hidden)]
 pub use key::{
     approval_key, canonical_json, effect_key, effect_key_for, helper_key, override_key, tool_key, tool_key_raw,
 };
 use serde_json::Value;
 
 use crate::{
-    JsonText, NewStep, RunError, RunStore, StepKind, StepOutcome, StepRecord, StepStatus, keymap::KeyMap,
-    runtime::lease::Fence,
+    clock::now_ms,
+    error::RunError,
+    json::JsonText,
+    keymap::KeyMap,
+    store::{FinishedWithIntents, NewStep, RunStore, StepKind, StepOutcome, StepRecord, StepStatus},
 };
+pub(crate) use fence::Fence;
+pub(crate) use writer::RunWriter;
 
-/// Milliseconds since the Unix epoch, as stored in records.
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
+/// Default [`RuntimeBuilder::max_journal_entries`](crate::RuntimeBuilder::max_journal_entries):
+/// the most entries one run's journal may hold.
+pub const DEFAULT_MAX_JOURNAL_ENTRIES: u64 = 10_000;
 
 /// One run's journal, as seen by one turn of that run.
 pub(crate) struct Journal {
@@ -91,7 +96,7 @@ pub(crate) enum Lookup {
 }
 
 impl Journal {
-    /// Loads the run's steps. `limit` is `max_steps_per_run`.
+    /// Loads the run's steps. `limit` is `max_journal_entries`.
     pub(crate) async fn open(
         store: Arc<dyn RunStore>,
         fence: Arc<Fence>,
@@ -114,10 +119,29 @@ impl Journal {
         })
     }
 
+    /// A throwaway journal for one call outside any run (an MCP `tools/call`): a fresh
+    /// in-memory store holding the run `run_id`, owned by its own lease like any other run (the
+    /// store checks the fence on every write).
+    #[cfg(feature = "mcp")]
+    pub(crate) async fn standalone(run_id: &str) -> Result<Self, RunError> {
+        /// The throwaway lease is never renewed; expiry alone does not fence a write.
+        const TTL: std::time::Duration = std::time::Duration::from_secs(30);
+        let store: Arc<dyn RunStore> = Arc::new(crate::stores::MemoryStore::new());
+        let lease = store.acquire_lease(run_id, "standalone", TTL).await?;
+        let fence = Fence::new(&lease, tokio_util::sync::CancellationToken::new());
+        store.create_run(crate::store::RunRecord::new(run_id, "standalone"), fence.token()).await?;
+        Self::open(store, fence, run_id, 0, DEFAULT_MAX_JOURNAL_ENTRIES).await
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         // Every critical section is a single map operation, so a panic cannot leave the
         // state half-updated: a poisoned lock is still consistent.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The run's fenced writer, through which every step write goes.
+    fn writer(&self) -> RunWriter<'_> {
+        RunWriter::new(self.store.as_ref(), &self.fence)
     }
 
     pub(crate) fn run_id(&self) -> &str {
@@ -224,19 +248,20 @@ impl Journal {
             started_at_ms,
         };
         let new: Vec<NewStep> = intents.iter().map(|(key, kind, name)| step(key, *kind, name, started_at_ms)).collect();
-        let token = self.fence.token();
+        let writer = self.writer();
         let appended = match &deferred {
-            None => self.store.append_steps(&self.run_id, token, new).await,
+            None => writer.append_steps(new).await,
             Some(d) => {
                 let done = step(&d.key, d.kind, &d.name, d.started_at_ms);
                 // The store shares the text (a reference count); this turn never reads a
                 // finished model response again (its callsite is behind it), so the cache
                 // keeps none and the deferred copy is dropped below.
                 let outcome = StepOutcome::Finished(d.value.clone());
-                self.store.append_finished_with_intents(&self.run_id, token, done, outcome, now_ms(), new).await
+                let write = FinishedWithIntents { finished: done, outcome, finished_at_ms: now_ms(), intents: new };
+                writer.append_finished_with_intents(write).await
             }
         };
-        let mut ordinals = match self.fence.watch(appended) {
+        let mut ordinals = match appended {
             Ok(o) => o,
             Err(e) => {
                 self.state().len -= n + u64::from(deferred.is_some());
@@ -276,8 +301,7 @@ impl Journal {
             StepOutcome::Failed(e) => Some(e.clone()),
             StepOutcome::Finished(_) => None,
         };
-        let finished = self.store.finish_step(&self.run_id, self.fence.token(), ordinal, outcome, at).await;
-        self.fence.watch(finished)?;
+        self.writer().finish_step(ordinal, outcome, at).await?;
         if let Some(entry) = self.state().by_key.get_mut(key) {
             *entry = match failed {
                 None => Cached::Finished(cached),

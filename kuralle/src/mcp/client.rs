@@ -22,7 +22,11 @@ use super::{
     IDEMPOTENCY_KEY_META, McpError,
     content::{from_call_result, unwrap_output_schema},
 };
-use crate::{PreparedCall, Tool, ToolContext, ToolError, ToolEvent, ToolSet, ToolStream};
+use crate::{
+    context::ToolContext,
+    error::ToolError,
+    tool::{PreparedCall, Tool, ToolEvent, ToolSet, ToolStream},
+};
 
 /// Routes `notifications/progress` to the call that asked for them.
 ///

@@ -10,7 +10,7 @@ use rmcp::model::{CallToolResult, ContentBlock, ResourceContents};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use crate::ToolError;
+use crate::error::ToolError;
 
 /// The key of [`McpContent`]'s JSON form.
 pub const CONTENT_KEY: &str = "mcp:content";

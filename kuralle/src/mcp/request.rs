@@ -12,7 +12,7 @@ use rmcp::{
 };
 use serde_json::Value;
 
-use crate::ToolContext;
+use crate::context::ToolContext;
 
 use super::McpError;
 

@@ -28,7 +28,13 @@ use super::{
     McpError, McpRequest,
     content::{mcp_output_schema, to_call_result},
 };
-use crate::{Agent, Event, Tool, ToolCallRequest, ToolSet, dispatch::call_standalone};
+use crate::{
+    agent::Agent,
+    dispatch::call_standalone,
+    event::Event,
+    model::ToolCallRequest,
+    tool::{Tool, ToolSet},
+};
 
 /// Serves a [`ToolSet`] to MCP clients.
 ///
@@ -171,7 +177,7 @@ impl McpServer {
         let arguments = Value::Object(request.arguments.unwrap_or_default()).to_string();
         let call = ToolCallRequest { call_id: format!("mcp:{}", cx.id), name: request.name.to_string(), arguments };
 
-        let (events, mut progress) = crate::runtime::event::EventSender::channel(crate::DEFAULT_EVENT_BUFFER);
+        let (events, mut progress) = crate::event::EventSender::channel(crate::runtime::DEFAULT_EVENT_BUFFER);
         let token = cx.meta.get_progress_token();
         let mut sent = 0u64;
         let running = call_standalone(&self.shared.tools, &run_id, call, cx.ct.clone(), events);

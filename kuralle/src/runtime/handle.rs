@@ -10,7 +10,10 @@ use futures::{Stream, future::BoxFuture};
 use tokio::{sync::mpsc::Receiver, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
-use crate::{Event, RunError, runtime::event::RunOutput};
+use crate::{
+    error::RunError,
+    event::{Event, RunOutput},
+};
 
 /// A running turn: a `Stream<Item = Event>` and an
 /// `IntoFuture<Output = Result<RunOutput, RunError>>`.

@@ -2,17 +2,18 @@
 //! the background, writes under its fencing token, and gives it back when the turn closes.
 
 use std::{
-    sync::{
-        Arc, OnceLock,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, OnceLock},
     time::Duration,
 };
 
 use tokio_util::sync::CancellationToken;
 
 use super::renewals::{Registration, Renewals};
-use crate::{Lease, RunError, RunStore, StoreError};
+use crate::{
+    error::RunError,
+    journal::Fence,
+    store::{Lease, RunStore, StoreError},
+};
 
 /// Default [`RuntimeBuilder::lease_ttl`](crate::RuntimeBuilder::lease_ttl): 30 s.
 ///
@@ -55,7 +56,7 @@ pub(crate) async fn acquire(
                     Some(deadline) if now < deadline => {
                         // Poll again at the latest just after the holder's lease would expire
                         // (a crashed holder's run is taken over promptly), else back off.
-                        let until_expiry = u64::try_from(expires_at_ms.saturating_sub(crate::journal::now_ms()))
+                        let until_expiry = u64::try_from(expires_at_ms.saturating_sub(crate::clock::now_ms()))
                             .map_or(Duration::ZERO, Duration::from_millis);
                         let pause = backoff.min(until_expiry + Duration::from_millis(2)).min(deadline - now);
                         tokio::time::sleep(pause).await;
@@ -66,60 +67,6 @@ pub(crate) async fn acquire(
             }
             Err(e) => return Err(e.into()),
         }
-    }
-}
-
-/// The fencing token a turn writes under, and whether the turn lost it.
-#[derive(Debug)]
-pub(crate) struct Fence {
-    run_id: String,
-    token: u64,
-    lost: AtomicBool,
-    /// Fired on loss: the turn's interrupt, so dispatch stops and interruptible calls cancel.
-    stop: CancellationToken,
-}
-
-impl Fence {
-    pub(crate) fn new(lease: &Lease, stop: CancellationToken) -> Arc<Self> {
-        Arc::new(Self { run_id: lease.run_id.clone(), token: lease.token, lost: AtomicBool::new(false), stop })
-    }
-
-    pub(crate) fn run_id(&self) -> &str {
-        &self.run_id
-    }
-
-    pub(crate) fn token(&self) -> u64 {
-        self.token
-    }
-
-    pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::SeqCst)
-    }
-
-    /// Another owner took over (or the lease was released): stop at once.
-    pub(crate) fn lose(&self) {
-        if !self.lost.swap(true, Ordering::SeqCst) {
-            tracing::warn!(run_id = %self.run_id, token = self.token, "lost the run's lease; stopping this turn");
-        }
-        self.stop.cancel();
-    }
-
-    /// Notes a fenced store error; passes every result through.
-    pub(crate) fn watch<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
-        if let Err(StoreError::Fenced { .. }) = &result {
-            self.lose();
-        }
-        result
-    }
-
-    /// The turn's result, as [`RunError::LeaseLost`] when the lease was lost.
-    pub(crate) fn settle<T>(&self, result: Result<T, RunError>) -> Result<T, RunError> {
-        let fenced = matches!(&result, Err(RunError::Store(StoreError::Fenced { .. })));
-        if fenced || self.is_lost() {
-            self.lose();
-            return Err(RunError::LeaseLost { run_id: self.run_id.clone(), token: self.token });
-        }
-        result
     }
 }
 

@@ -1,39 +1,48 @@
 //! The runtime: agents, a default model and a store; `run()` drives the model ↔ tool loop.
 
-pub(crate) mod event;
+mod close;
+mod decide;
+mod entry;
 mod handle;
 pub(crate) mod lease;
+mod open;
 mod renewals;
 mod response;
-mod run;
+mod state;
+mod step;
+mod turn;
 mod worker;
 
 use std::{fmt, sync::Arc, time::Duration};
 
+pub use decide::record_decision;
 pub use handle::{InterruptHandle, RunHandle};
 pub use lease::DEFAULT_LEASE_TTL;
-pub use run::record_decision;
 use tokio_util::sync::CancellationToken;
 pub use worker::{ServeReport, WorkerOptions};
 
-use crate::{Agent, AgentDef, Model, RunError, RunRecord, RunStore, StepRecord, stores::MemoryStore};
+use crate::{
+    agent::{Agent, AgentDef},
+    error::RunError,
+    model::Model,
+    store::{RunRecord, RunStore, StepRecord},
+    stores::MemoryStore,
+};
 
 /// Default [`RuntimeBuilder::event_buffer`]: events a run buffers for a consumer that lags.
 pub const DEFAULT_EVENT_BUFFER: usize = 1024;
-/// Default [`RuntimeBuilder::max_steps_per_run`].
-pub const DEFAULT_MAX_STEPS_PER_RUN: u64 = 10_000;
-/// Default [`RuntimeBuilder::max_result_bytes`]: 16 MiB, the value limit every store accepts
-/// ([`DEFAULT_MAX_VALUE_BYTES`](crate::stores::DEFAULT_MAX_VALUE_BYTES)).
-///
-/// This is the journal's per-value cap, not what the model reads: a result is journaled
-/// whole (so a replay returns exactly what the call returned, and `ctx.tool()` gets the full
-/// value), and only its copy in the transcript is truncated middle-out to
-/// `max_tool_result_tokens`. The cap exists because a journaled value is read back on every
-/// resume and stored in one row; past it the call's result is
-/// [`ToolError::InvalidOutput`](crate::ToolError::InvalidOutput), and the model is told so.
+pub use crate::journal::DEFAULT_MAX_JOURNAL_ENTRIES;
+
+/// The old name of [`DEFAULT_MAX_JOURNAL_ENTRIES`] ("steps" now means model steps only).
+#[deprecated(since = "0.1.0", note = "renamed `DEFAULT_MAX_JOURNAL_ENTRIES`")]
+pub const DEFAULT_MAX_STEPS_PER_RUN: u64 = DEFAULT_MAX_JOURNAL_ENTRIES;
+
+/// The old name of [`stores::DEFAULT_MAX_VALUE_BYTES`](crate::stores::DEFAULT_MAX_VALUE_BYTES),
+/// the one 16 MiB value limit (see [`RuntimeBuilder::max_value_bytes`]).
+#[deprecated(since = "0.1.0", note = "use `stores::DEFAULT_MAX_VALUE_BYTES`, the one name of the 16 MiB value limit")]
 pub const DEFAULT_MAX_RESULT_BYTES: usize = crate::stores::DEFAULT_MAX_VALUE_BYTES;
 
-/// What to run: input text plus optional agent, session, run id and inbound idempotency key.
+/// What to run: input text plus optional agent, run id and inbound idempotency key.
 ///
 /// ```
 /// use kuralle::RunRequest;
@@ -45,7 +54,6 @@ pub const DEFAULT_MAX_RESULT_BYTES: usize = crate::stores::DEFAULT_MAX_VALUE_BYT
 pub struct RunRequest {
     pub(crate) input: Option<String>,
     pub(crate) agent: Option<String>,
-    pub(crate) session: Option<String>,
     pub(crate) run_id: Option<String>,
     pub(crate) idempotency_key: Option<String>,
     pub(crate) wait_for_lease: Option<Duration>,
@@ -64,12 +72,12 @@ impl RunRequest {
         self
     }
 
-    /// A conversation session: without an explicit run id, the run id is the session id, so
-    /// every turn of the session continues the same run.
+    /// The old name of [`run_id`](Self::run_id), kept as an alias: a conversation is one run,
+    /// and every turn of it names the run. Like `run_id`, the last call wins. Prefer `run_id`;
+    /// this alias is to be deprecated.
     #[must_use]
-    pub fn session(mut self, id: impl Into<String>) -> Self {
-        self.session = Some(id.into());
-        self
+    pub fn session(self, id: impl Into<String>) -> Self {
+        self.run_id(id)
     }
 
     /// Continue (or create) the run with this id. If its last turn is unfinished (the process
@@ -156,8 +164,8 @@ pub(crate) struct Inner {
     pub(crate) agents: Vec<AgentDef>,
     pub(crate) model: Option<Arc<dyn Model>>,
     pub(crate) store: Arc<dyn RunStore>,
-    pub(crate) max_steps_per_run: u64,
-    pub(crate) max_result_bytes: usize,
+    pub(crate) max_journal_entries: u64,
+    pub(crate) max_value_bytes: usize,
     pub(crate) lease_ttl: Duration,
     /// Renews the leases this runtime's turns hold.
     pub(crate) renewals: Arc<renewals::Renewals>,
@@ -220,10 +228,10 @@ impl Runtime {
     pub fn run(&self, request: impl Into<RunRequest>) -> RunHandle {
         let request = request.into();
         let interrupt = CancellationToken::new();
-        let (tx, rx) = event::EventSender::channel(self.inner.event_buffer);
+        let (tx, rx) = crate::event::EventSender::channel(self.inner.event_buffer);
         let inner = Arc::clone(&self.inner);
         let token = interrupt.clone();
-        let task = tokio::spawn(async move { run::run(inner, request, tx, token, None).await });
+        let task = tokio::spawn(async move { entry::run(inner, request, tx, token, None).await });
         RunHandle::new(rx, task, interrupt)
     }
 
@@ -245,10 +253,10 @@ impl Runtime {
     pub fn deliver(&self, run_id: impl Into<String>, decision: Decision) -> RunHandle {
         let request = RunRequest { run_id: Some(run_id.into()), ..RunRequest::default() };
         let interrupt = CancellationToken::new();
-        let (tx, rx) = event::EventSender::channel(self.inner.event_buffer);
+        let (tx, rx) = crate::event::EventSender::channel(self.inner.event_buffer);
         let inner = Arc::clone(&self.inner);
         let token = interrupt.clone();
-        let task = tokio::spawn(async move { run::run(inner, request, tx, token, Some(decision)).await });
+        let task = tokio::spawn(async move { entry::run(inner, request, tx, token, Some(decision)).await });
         RunHandle::new(rx, task, interrupt)
     }
 
@@ -280,8 +288,8 @@ pub struct RuntimeBuilder {
     agents: Vec<AgentDef>,
     model: Option<Arc<dyn Model>>,
     store: Option<Arc<dyn RunStore>>,
-    max_steps_per_run: Option<u64>,
-    max_result_bytes: Option<usize>,
+    max_journal_entries: Option<u64>,
+    max_value_bytes: Option<usize>,
     lease_ttl: Option<Duration>,
     event_buffer: Option<usize>,
 }
@@ -326,25 +334,47 @@ impl RuntimeBuilder {
         self
     }
 
-    /// The most journal steps one run may hold (default [`DEFAULT_MAX_STEPS_PER_RUN`]);
-    /// reaching it ends the run with [`RunError::StepLimit`].
+    /// The most entries one run's journal may hold (default 10,000,
+    /// [`DEFAULT_MAX_JOURNAL_ENTRIES`]); reaching it ends the run with
+    /// [`RunError::StepLimit`].
     #[must_use]
-    pub fn max_steps_per_run(mut self, n: u64) -> Self {
-        self.max_steps_per_run = Some(n);
+    pub fn max_journal_entries(mut self, n: u64) -> Self {
+        self.max_journal_entries = Some(n);
         self
     }
 
-    /// The journal's per-value cap: the largest tool result or model response journaled
-    /// (default [`DEFAULT_MAX_RESULT_BYTES`], see there why). A larger tool result is a
-    /// [`ToolError::InvalidOutput`](crate::ToolError::InvalidOutput) for the model; the
-    /// arguments of a model response that would exceed it are replaced by a marker that answers
-    /// those calls with [`ToolError::InvalidInput`](crate::ToolError::InvalidInput). Keep it at
-    /// or below the store's own value limit. What the model reads is bounded separately, by
-    /// [`AgentDef::max_tool_result_tokens`](crate::AgentDef::max_tool_result_tokens).
+    /// The old name of [`max_journal_entries`](Self::max_journal_entries).
+    #[deprecated(since = "0.1.0", note = "renamed `max_journal_entries`")]
     #[must_use]
-    pub fn max_result_bytes(mut self, n: usize) -> Self {
-        self.max_result_bytes = Some(n);
+    pub fn max_steps_per_run(self, n: u64) -> Self {
+        self.max_journal_entries(n)
+    }
+
+    /// The journal's per-value cap: the largest tool result or model response journaled
+    /// (default 16 MiB, [`stores::DEFAULT_MAX_VALUE_BYTES`](crate::stores::DEFAULT_MAX_VALUE_BYTES),
+    /// the value limit every store accepts).
+    ///
+    /// It is not what the model reads: a result is journaled whole (so a replay returns exactly
+    /// what the call returned, and `ctx.tool()` gets the full value), and only its copy in the
+    /// transcript is truncated middle-out to
+    /// [`AgentDef::max_tool_result_tokens`](crate::AgentDef::max_tool_result_tokens). The cap
+    /// exists because a journaled value is read back on every resume and stored in one row. A
+    /// larger tool result is a [`ToolError::InvalidOutput`](crate::ToolError::InvalidOutput) for
+    /// the model; the arguments of a model response that would exceed it are replaced by a
+    /// marker that answers those calls with
+    /// [`ToolError::InvalidInput`](crate::ToolError::InvalidInput). Keep it at or below the
+    /// store's own value limit.
+    #[must_use]
+    pub fn max_value_bytes(mut self, n: usize) -> Self {
+        self.max_value_bytes = Some(n);
         self
+    }
+
+    /// The old name of [`max_value_bytes`](Self::max_value_bytes).
+    #[deprecated(since = "0.1.0", note = "renamed `max_value_bytes`, the one name of the 16 MiB value limit")]
+    #[must_use]
+    pub fn max_result_bytes(self, n: usize) -> Self {
+        self.max_value_bytes(n)
     }
 
     /// How long a turn's lease on its run lasts without renewal (default
@@ -429,8 +459,8 @@ impl RuntimeBuilder {
                 model: self.model,
                 renewals: renewals::Renewals::new(Arc::clone(&store), lease_ttl),
                 store,
-                max_steps_per_run: self.max_steps_per_run.unwrap_or(DEFAULT_MAX_STEPS_PER_RUN),
-                max_result_bytes: self.max_result_bytes.unwrap_or(DEFAULT_MAX_RESULT_BYTES),
+                max_journal_entries: self.max_journal_entries.unwrap_or(DEFAULT_MAX_JOURNAL_ENTRIES),
+                max_value_bytes: self.max_value_bytes.unwrap_or(crate::stores::DEFAULT_MAX_VALUE_BYTES),
                 lease_ttl,
                 wake: tokio::sync::Notify::new(),
                 event_buffer: self.event_buffer.unwrap_or(DEFAULT_EVENT_BUFFER),

@@ -16,8 +16,8 @@ use std::{
 
 use tokio::{sync::Notify, task::JoinHandle, time::Instant};
 
-use super::lease::Fence;
-use crate::{Lease, RunStore, StoreError};
+use crate::journal::Fence;
+use crate::store::{Lease, RunStore, StoreError};
 
 /// The leases of one runtime, and the task that renews them.
 pub(crate) struct Renewals {

@@ -10,9 +10,8 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    FinishReason, MAX_TOOL_ARGS_BYTES, Origin, Part, ToolCallRequest, Usage,
-    model::legacy_parts,
-    tool::{oversized_marker, oversized_marker_parts},
+    input::text::{MAX_TOOL_ARGS_BYTES, oversized_marker, oversized_marker_parts},
+    model::{FinishReason, Origin, Part, ToolCallRequest, Usage, legacy_parts},
 };
 
 /// A journaled model response. Journals written before parts existed hold `text` and
@@ -167,7 +166,7 @@ pub(super) fn cap_arguments(calls: &mut [ToolCallRequest], budget: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::parse_args;
+    use crate::input::text::parse_args;
 
     fn call(id: &str, args: &str) -> ToolCallRequest {
         ToolCallRequest { call_id: id.into(), name: "t".into(), arguments: args.into() }

@@ -12,8 +12,12 @@ use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{Inner, RunRequest, Runtime, event::RunOutput, lease, run};
-use crate::{Lease, RunError, StoreError};
+use super::{Inner, RunRequest, Runtime, entry, lease};
+use crate::event::RunOutput;
+use crate::{
+    error::RunError,
+    store::{Lease, StoreError},
+};
 
 /// How a worker ([`Runtime::serve_with`]) claims and drives runs; start from [`Default`].
 ///
@@ -111,7 +115,7 @@ impl Runtime {
     /// unfinished; [`RunError::UnknownAgent`]; [`RunError::Store`] when the store fails.
     pub async fn submit(&self, request: impl Into<RunRequest>) -> Result<String, RunError> {
         let request = request.into();
-        let run_id = run::submit(&self.inner, &request).await?;
+        let run_id = entry::submit(&self.inner, &request).await?;
         self.inner.wake.notify_one();
         Ok(run_id)
     }
@@ -232,10 +236,10 @@ impl Worker {
         let inner = Arc::clone(&self.inner);
         let request = RunRequest { run_id: Some(lease.run_id.clone()), ..RunRequest::default() };
         // Events go nowhere: a worker's output is the journal and the run record.
-        let (events, _) = crate::runtime::event::EventSender::channel(1);
+        let (events, _) = crate::event::EventSender::channel(1);
         let claimed = lease.clone();
         let task = self.tasks.spawn(async move {
-            run::run_leased(inner, request, events, CancellationToken::new(), None, Some(claimed)).await
+            entry::run_leased(inner, request, events, CancellationToken::new(), None, Some(claimed)).await
         });
         self.held.insert(task.id(), lease);
     }

@@ -7,11 +7,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{DEFAULT_MAX_VALUE_BYTES, check_len};
-use crate::journal::now_ms;
+use crate::clock::now_ms;
 use crate::keymap::KeyMap;
 use crate::store::{
-    Lease, NewStep, RunFilter, RunRecord, RunStore, RunSummary, StepOutcome, StepRecord, StepStatus, StoreError,
-    StoreFuture,
+    FinishedWithIntents, Lease, NewStep, RunFilter, RunRecord, RunStore, RunSummary, StepOutcome, StepRecord,
+    StepStatus, StoreError, StoreFuture,
 };
 
 /// A [`RunStore`] that keeps runs and journals in memory, behind one mutex.
@@ -205,11 +205,9 @@ impl MemoryStore {
         &self,
         run_id: &str,
         fence: u64,
-        finished: NewStep,
-        outcome: StepOutcome,
-        finished_at_ms: i64,
-        intents: Vec<NewStep>,
+        write: FinishedWithIntents,
     ) -> Result<Vec<u64>, StoreError> {
+        let FinishedWithIntents { finished, outcome, finished_at_ms, intents } = write;
         let mut state = self.lock();
         state.check_fence(run_id, fence)?;
         self.check_outcome_size(&outcome)?;
@@ -409,12 +407,9 @@ impl RunStore for MemoryStore {
         &'a self,
         run_id: &'a str,
         fence: u64,
-        finished: NewStep,
-        outcome: StepOutcome,
-        finished_at_ms: i64,
-        intents: Vec<NewStep>,
+        write: FinishedWithIntents,
     ) -> StoreFuture<'a, Vec<u64>> {
-        Box::pin(async move { self.append_finished_now(run_id, fence, finished, outcome, finished_at_ms, intents) })
+        Box::pin(async move { self.append_finished_now(run_id, fence, write) })
     }
 
     fn finish_step<'a>(

@@ -11,7 +11,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::StoreError;
+use crate::store::StoreError;
 
 /// The key of the wrapper object that carries a value JSONB cannot hold.
 const WRAPPER_KEY: &str = "$kuralle_json";
@@ -31,7 +31,7 @@ pub(super) fn encode(value: &Value) -> Value {
 pub(super) fn decode(column: &str, stored: Value) -> Result<Value, StoreError> {
     match wrapped_text(&stored) {
         Some(text) => serde_json::from_str(text)
-            .map_err(|e| StoreError::Corrupt(format!("{column} holds a wrapped value that is not JSON: {e}"))),
+            .map_err(|e| StoreError::Corrupt(format!("{column} holds a wrapped value that is not JSON: {e}").into())),
         None => Ok(stored),
     }
 }
@@ -59,12 +59,12 @@ fn has_nul(value: &Value) -> bool {
 
 /// A `u64` as PostgreSQL's `bigint`.
 pub(super) fn to_i64(what: &str, value: u64) -> Result<i64, StoreError> {
-    i64::try_from(value).map_err(|_| StoreError::LimitExceeded(format!("{what} {value} exceeds {}", i64::MAX)))
+    i64::try_from(value).map_err(|_| StoreError::LimitExceeded(format!("{what} {value} exceeds {}", i64::MAX).into()))
 }
 
 /// A stored `bigint` that must not be negative.
 pub(super) fn to_u64(column: &str, value: i64) -> Result<u64, StoreError> {
-    u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("{column} holds a negative value {value}")))
+    u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("{column} holds a negative value {value}").into()))
 }
 
 /// A lease time-to-live in whole milliseconds (at least 1), as `bigint`.

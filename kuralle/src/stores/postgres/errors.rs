@@ -10,27 +10,35 @@ use std::{future::Future, time::Duration};
 use deadpool_postgres::PoolError;
 use tokio_postgres::error::SqlState;
 
-use crate::StoreError;
+use crate::store::StoreError;
 
 /// Maps a client error.
 pub(super) fn map(error: tokio_postgres::Error) -> StoreError {
+    classify(&error).with_source(error)
+}
+
+fn classify(error: &tokio_postgres::Error) -> StoreError {
     let Some(db) = error.as_db_error() else {
         // No server response: I/O, a closed connection, a timeout, or a protocol problem.
-        return StoreError::Unavailable(format!("PostgreSQL connection failed: {error}"));
+        return StoreError::Unavailable(format!("PostgreSQL connection failed: {error}").into());
     };
     let code = db.code().code();
     let detail = format!("{} (SQLSTATE {code})", db.message());
     match &code[..2] {
         // connection exception; operator intervention (terminated backend, shutdown);
         // insufficient resources; transaction rollback (serialization, deadlock); lock timeout.
-        "08" | "57" | "53" | "40" => StoreError::Unavailable(format!("PostgreSQL: {detail}")),
-        "55" if *db.code() == SqlState::LOCK_NOT_AVAILABLE => StoreError::Unavailable(format!("PostgreSQL: {detail}")),
-        "25" if *db.code() == SqlState::READ_ONLY_SQL_TRANSACTION => {
-            StoreError::Unavailable(format!("PostgreSQL is read-only (a standby?): {detail}"))
+        "08" | "57" | "53" | "40" => StoreError::Unavailable(format!("PostgreSQL: {detail}").into()),
+        "55" if *db.code() == SqlState::LOCK_NOT_AVAILABLE => {
+            StoreError::Unavailable(format!("PostgreSQL: {detail}").into())
         }
-        "54" => StoreError::LimitExceeded(format!("PostgreSQL: {detail}")),
-        "22" => StoreError::LimitExceeded(format!("PostgreSQL cannot store the value: {detail}")),
-        _ => StoreError::Corrupt(format!("unexpected PostgreSQL error (is the kuralle schema intact?): {detail}")),
+        "25" if *db.code() == SqlState::READ_ONLY_SQL_TRANSACTION => {
+            StoreError::Unavailable(format!("PostgreSQL is read-only (a standby?): {detail}").into())
+        }
+        "54" => StoreError::LimitExceeded(format!("PostgreSQL: {detail}").into()),
+        "22" => StoreError::LimitExceeded(format!("PostgreSQL cannot store the value: {detail}").into()),
+        _ => {
+            StoreError::Corrupt(format!("unexpected PostgreSQL error (is the kuralle schema intact?): {detail}").into())
+        }
     }
 }
 
@@ -38,7 +46,9 @@ pub(super) fn map(error: tokio_postgres::Error) -> StoreError {
 pub(super) fn pool(error: PoolError) -> StoreError {
     match error {
         PoolError::Backend(e) => map(e),
-        other => StoreError::Unavailable(format!("no PostgreSQL connection available: {other}")),
+        other => {
+            StoreError::Unavailable(format!("no PostgreSQL connection available: {other}").into()).with_source(other)
+        }
     }
 }
 

@@ -3,13 +3,13 @@
 //! - [`schema`]: tables and migrations (run on connect, safe to race).
 //! - [`sql`]: the statements; every write of a run checks the run's fencing token in the same
 //!   statement, under a share lock on the lease row.
-//! - [`runs`], [`steps`], [`lease`], [`queue`]: the operations.
+//! - [`runs`], [`steps`], [`leases`], [`queue`]: the operations.
 //! - [`notify`]: `LISTEN/NOTIFY` wake-up hints for idle workers.
 //! - [`codec`]: JSON values as JSONB, losslessly; [`errors`]: typed errors.
 
 mod codec;
 mod errors;
-mod lease;
+mod leases;
 mod notify;
 mod queue;
 mod runs;
@@ -26,7 +26,7 @@ use tokio_postgres::NoTls;
 
 use self::sql::Sql;
 use super::DEFAULT_MAX_VALUE_BYTES;
-use crate::StoreError;
+use crate::store::StoreError;
 
 /// Settings of a [`PostgresStore`]; start from [`Default`] and override fields.
 ///
@@ -156,7 +156,7 @@ impl PostgresStore {
     pub async fn connect_with(url: &str, options: PostgresOptions) -> Result<Self, StoreError> {
         // The URL may hold a password: it is never echoed.
         let config = tokio_postgres::Config::from_str(url)
-            .map_err(|e| StoreError::Corrupt(format!("the PostgreSQL connection URL is invalid: {e}")))?;
+            .map_err(|e| StoreError::Corrupt(format!("the PostgreSQL connection URL is invalid: {e}").into()))?;
         let manager =
             Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
@@ -165,7 +165,7 @@ impl PostgresStore {
             .create_timeout(Some(options.connect_timeout))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
-            .map_err(|e| StoreError::Corrupt(format!("cannot build the PostgreSQL pool: {e}")))?;
+            .map_err(|e| StoreError::Corrupt(format!("cannot build the PostgreSQL pool: {e}").into()))?;
         let sql = Sql::new(&schema::quote_ident(&options.schema));
         let store =
             Self { inner: Arc::new(Inner { pool, sql, options, config, listener: notify::Listener::default() }) };
@@ -198,24 +198,27 @@ impl PostgresStore {
     }
 }
 
-impl crate::RunStore for PostgresStore {
-    fn create_run(&self, run: crate::RunRecord, fence: u64) -> crate::StoreFuture<'_, ()> {
+impl crate::store::RunStore for PostgresStore {
+    fn create_run(&self, run: crate::store::RunRecord, fence: u64) -> crate::store::StoreFuture<'_, ()> {
         Box::pin(async move { self.create_run_fenced(&run, Some(fence)).await })
     }
 
-    fn get_run<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, Option<crate::RunRecord>> {
+    fn get_run<'a>(&'a self, run_id: &'a str) -> crate::store::StoreFuture<'a, Option<crate::store::RunRecord>> {
         Box::pin(self.get_run_row(run_id))
     }
 
-    fn put_run(&self, run: crate::RunRecord, fence: u64) -> crate::StoreFuture<'_, u64> {
+    fn put_run(&self, run: crate::store::RunRecord, fence: u64) -> crate::store::StoreFuture<'_, u64> {
         Box::pin(async move { self.put_run_fenced(&run, Some(fence)).await })
     }
 
-    fn list_runs(&self, filter: crate::RunFilter) -> crate::StoreFuture<'_, Vec<crate::RunSummary>> {
+    fn list_runs(
+        &self,
+        filter: crate::store::RunFilter,
+    ) -> crate::store::StoreFuture<'_, Vec<crate::store::RunSummary>> {
         Box::pin(async move { self.list_run_rows(&filter).await })
     }
 
-    fn delete_run<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, bool> {
+    fn delete_run<'a>(&'a self, run_id: &'a str) -> crate::store::StoreFuture<'a, bool> {
         Box::pin(self.delete_run_row(run_id))
     }
 
@@ -223,8 +226,8 @@ impl crate::RunStore for PostgresStore {
         &'a self,
         run_id: &'a str,
         fence: u64,
-        steps: Vec<crate::NewStep>,
-    ) -> crate::StoreFuture<'a, Vec<u64>> {
+        steps: Vec<crate::store::NewStep>,
+    ) -> crate::store::StoreFuture<'a, Vec<u64>> {
         Box::pin(async move { self.append_fenced(run_id, Some(fence), &steps).await })
     }
 
@@ -232,14 +235,9 @@ impl crate::RunStore for PostgresStore {
         &'a self,
         run_id: &'a str,
         fence: u64,
-        finished: crate::NewStep,
-        outcome: crate::StepOutcome,
-        finished_at_ms: i64,
-        intents: Vec<crate::NewStep>,
-    ) -> crate::StoreFuture<'a, Vec<u64>> {
-        Box::pin(async move {
-            self.append_finished_fenced(run_id, Some(fence), finished, &outcome, finished_at_ms, intents).await
-        })
+        write: crate::store::FinishedWithIntents,
+    ) -> crate::store::StoreFuture<'a, Vec<u64>> {
+        Box::pin(async move { self.append_finished_fenced(run_id, Some(fence), write).await })
     }
 
     fn finish_step<'a>(
@@ -247,13 +245,13 @@ impl crate::RunStore for PostgresStore {
         run_id: &'a str,
         fence: u64,
         ordinal: u64,
-        outcome: crate::StepOutcome,
+        outcome: crate::store::StepOutcome,
         finished_at_ms: i64,
-    ) -> crate::StoreFuture<'a, ()> {
+    ) -> crate::store::StoreFuture<'a, ()> {
         Box::pin(async move { self.finish_fenced(run_id, Some(fence), ordinal, &outcome, finished_at_ms).await })
     }
 
-    fn steps<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, Vec<crate::StepRecord>> {
+    fn steps<'a>(&'a self, run_id: &'a str) -> crate::store::StoreFuture<'a, Vec<crate::store::StepRecord>> {
         Box::pin(self.step_rows(run_id))
     }
 
@@ -262,19 +260,23 @@ impl crate::RunStore for PostgresStore {
         run_id: &'a str,
         owner: &'a str,
         ttl: Duration,
-    ) -> crate::StoreFuture<'a, crate::Lease> {
+    ) -> crate::store::StoreFuture<'a, crate::store::Lease> {
         Box::pin(self.acquire(run_id, owner, ttl))
     }
 
-    fn renew_lease<'a>(&'a self, lease: &'a crate::Lease, ttl: Duration) -> crate::StoreFuture<'a, crate::Lease> {
+    fn renew_lease<'a>(
+        &'a self,
+        lease: &'a crate::store::Lease,
+        ttl: Duration,
+    ) -> crate::store::StoreFuture<'a, crate::store::Lease> {
         Box::pin(self.renew(lease, ttl))
     }
 
-    fn release_lease<'a>(&'a self, lease: &'a crate::Lease) -> crate::StoreFuture<'a, ()> {
+    fn release_lease<'a>(&'a self, lease: &'a crate::store::Lease) -> crate::store::StoreFuture<'a, ()> {
         Box::pin(self.release(lease))
     }
 
-    fn current_lease<'a>(&'a self, run_id: &'a str) -> crate::StoreFuture<'a, Option<crate::Lease>> {
+    fn current_lease<'a>(&'a self, run_id: &'a str) -> crate::store::StoreFuture<'a, Option<crate::store::Lease>> {
         Box::pin(self.current(run_id))
     }
 
@@ -283,11 +285,11 @@ impl crate::RunStore for PostgresStore {
         owner: &'a str,
         ttl: Duration,
         limit: usize,
-    ) -> crate::StoreFuture<'a, Vec<crate::Lease>> {
+    ) -> crate::store::StoreFuture<'a, Vec<crate::store::Lease>> {
         Box::pin(self.claim(owner, ttl, limit))
     }
 
-    fn notify_runnable(&self) -> crate::StoreFuture<'_, ()> {
+    fn notify_runnable(&self) -> crate::store::StoreFuture<'_, ()> {
         Box::pin(self.notify_hint())
     }
 

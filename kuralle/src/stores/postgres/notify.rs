@@ -16,7 +16,7 @@ use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::PostgresStore;
 use super::errors::{Fail, retrying};
-use crate::StoreError;
+use crate::store::StoreError;
 
 /// The notification channel (shared by all schemas; the payload names the schema).
 pub(super) const CHANNEL: &str = "kuralle_runnable";

@@ -9,7 +9,7 @@ use super::PostgresStore;
 use super::codec::{to_u64, ttl_ms};
 use super::errors::{Fail, retrying};
 use super::runs::get;
-use crate::{Lease, StoreError};
+use crate::store::{Lease, StoreError};
 
 impl PostgresStore {
     pub(super) async fn claim(&self, owner: &str, ttl: Duration, limit: usize) -> Result<Vec<Lease>, StoreError> {

@@ -5,7 +5,7 @@ use tokio_postgres::Row;
 use super::PostgresStore;
 use super::codec::{decode, encode, to_i64, to_u64};
 use super::errors::{Fail, retrying};
-use crate::StoreError;
+use crate::store::StoreError;
 use crate::store::{RunFilter, RunRecord, RunStatus, RunSummary};
 use crate::stores::check_len;
 
@@ -64,7 +64,7 @@ impl PostgresStore {
         let expected = to_i64("run version", run.version)?;
         let next = expected
             .checked_add(1)
-            .ok_or_else(|| StoreError::LimitExceeded(format!("run `{}` version overflow", run.run_id)))?;
+            .ok_or_else(|| StoreError::LimitExceeded(format!("run `{}` version overflow", run.run_id).into()))?;
         check_len("run state", run.state.len(), self.inner.options.max_value_bytes)?;
         let state = encode(&run.state.to_value());
         let status = run.status.as_str();
@@ -137,7 +137,7 @@ fn run_from_row(row: &Row) -> Result<RunRecord, StoreError> {
         status: parse_status(&get::<String>(row, 2)?)?,
         epoch: to_u64("kuralle_runs.epoch", get(row, 3)?)?,
         version: to_u64("kuralle_runs.version", get(row, 4)?)?,
-        state: crate::JsonText::from(decode("kuralle_runs.state", get(row, 5)?)?),
+        state: crate::json::JsonText::from(decode("kuralle_runs.state", get(row, 5)?)?),
         created_at_ms: get(row, 6)?,
         updated_at_ms: get(row, 7)?,
     })
@@ -145,7 +145,8 @@ fn run_from_row(row: &Row) -> Result<RunRecord, StoreError> {
 
 /// Column `index` of `row`, typed.
 pub(super) fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, index: usize) -> Result<T, StoreError> {
-    row.try_get(index).map_err(|e| StoreError::Corrupt(format!("unexpected column {index} in a kuralle row: {e}")))
+    row.try_get(index)
+        .map_err(|e| StoreError::Corrupt(format!("unexpected column {index} in a kuralle row: {e}").into()))
 }
 
 /// The token as a statement parameter (`None`: an unfenced administrative write).
@@ -158,5 +159,5 @@ pub(super) fn fenced(run_id: &str, fence: Option<i64>) -> StoreError {
 }
 
 fn parse_status(text: &str) -> Result<RunStatus, StoreError> {
-    RunStatus::parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown run status `{text}`")))
+    RunStatus::parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown run status `{text}`").into()))
 }

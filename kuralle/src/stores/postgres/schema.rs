@@ -9,7 +9,7 @@
 use deadpool_postgres::Object;
 
 use super::errors;
-use crate::StoreError;
+use crate::store::StoreError;
 
 /// Migrations in order; entry `i` takes the schema from version `i` to `i + 1`. `{s}` stands
 /// for the quoted schema name.
@@ -92,13 +92,18 @@ pub(super) async fn migrate(client: &mut Object, schema: &str) -> Result<i32, St
         None => 0,
     };
     if found > SCHEMA_VERSION {
-        return Err(StoreError::Corrupt(format!(
-            "schema {schema} has kuralle schema version {found}, newer than the version {SCHEMA_VERSION} this \
+        return Err(StoreError::Corrupt(
+            format!(
+                "schema {schema} has kuralle schema version {found}, newer than the version {SCHEMA_VERSION} this \
              kuralle supports; upgrade kuralle to use it"
-        )));
+            )
+            .into(),
+        ));
     }
     if found < 0 {
-        return Err(StoreError::Corrupt(format!("schema {schema} records a negative kuralle schema version {found}")));
+        return Err(StoreError::Corrupt(
+            format!("schema {schema} records a negative kuralle schema version {found}").into(),
+        ));
     }
     if found == 0 {
         let foreign = tx
@@ -111,9 +116,12 @@ pub(super) async fn migrate(client: &mut Object, schema: &str) -> Result<i32, St
             .map_err(errors::map)?;
         if let Some(row) = foreign {
             let table: String = row.try_get(0).map_err(errors::map)?;
-            return Err(StoreError::Corrupt(format!(
-                "schema {schema} has a table `{table}` but no kuralle schema version; it was not created by kuralle"
-            )));
+            return Err(StoreError::Corrupt(
+                format!(
+                    "schema {schema} has a table `{table}` but no kuralle schema version; it was not created by kuralle"
+                )
+                .into(),
+            ));
         }
     }
     for (from, migration) in MIGRATIONS.iter().enumerate().skip(found as usize) {

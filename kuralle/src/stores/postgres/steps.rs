@@ -6,9 +6,9 @@ use super::PostgresStore;
 use super::codec::{decode, encode, to_i64, to_u64};
 use super::errors::{Fail, retrying};
 use super::runs::{fence_param, fenced, get};
-use crate::store::{NewStep, StepKind, StepOutcome, StepRecord, StepStatus};
+use crate::store::{FinishedWithIntents, NewStep, StepKind, StepOutcome, StepRecord, StepStatus};
 use crate::stores::check_len;
-use crate::{JsonText, StoreError};
+use crate::{json::JsonText, store::StoreError};
 
 /// A step outcome as its `status`, `result` and `error` columns.
 type OutcomeColumns = (&'static str, Option<serde_json::Value>, Option<serde_json::Value>);
@@ -32,15 +32,13 @@ impl PostgresStore {
         &self,
         run_id: &str,
         fence: Option<u64>,
-        finished: NewStep,
-        outcome: &StepOutcome,
-        finished_at_ms: i64,
-        intents: Vec<NewStep>,
+        write: FinishedWithIntents,
     ) -> Result<Vec<u64>, StoreError> {
+        let FinishedWithIntents { finished, outcome, finished_at_ms, intents } = write;
         let mut steps = Vec::with_capacity(intents.len() + 1);
         steps.push(finished);
         steps.extend(intents);
-        let first = self.outcome_columns(outcome)?;
+        let first = self.outcome_columns(&outcome)?;
         self.append_rows(run_id, fence, &steps, Some((first, finished_at_ms))).await
     }
 
@@ -112,7 +110,7 @@ impl PostgresStore {
             let inserted: i64 = get(&row, 2)?;
             if inserted != count {
                 let message = format!("run `{run_id}`: {inserted} of {count} intents were stored");
-                return Err(StoreError::Corrupt(message).into());
+                return Err(StoreError::Corrupt(message.into()).into());
             }
             let ordinals = (first..first + count)
                 .map(|ordinal| to_u64("kuralle_runs.next_ordinal", ordinal))
@@ -168,11 +166,12 @@ fn step_from_row(row: &tokio_postgres::Row) -> Result<StepRecord, StoreError> {
     Ok(StepRecord {
         ordinal: to_u64("kuralle_steps.ordinal", get(row, 0)?)?,
         key: get(row, 1)?,
-        kind: StepKind::parse(&kind).ok_or_else(|| StoreError::Corrupt(format!("unknown step kind `{kind}`")))?,
+        kind: StepKind::parse(&kind)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown step kind `{kind}`").into()))?,
         name: get(row, 3)?,
         epoch: to_u64("kuralle_steps.epoch", get(row, 4)?)?,
         status: StepStatus::parse(&status)
-            .ok_or_else(|| StoreError::Corrupt(format!("unknown step status `{status}`")))?,
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown step status `{status}`").into()))?,
         result: get::<Option<serde_json::Value>>(row, 6)?
             .map(|v| decode("kuralle_steps.result", v).map(JsonText::from))
             .transpose()?,

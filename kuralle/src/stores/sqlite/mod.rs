@@ -4,16 +4,19 @@
 //! - `writer.rs`: one **writer thread** owns the only write connection and commits every
 //!   queued write together (group commit); an acknowledged write is durable
 //!   (`synchronous=FULL`).
-//! - `sql.rs`: the SQL of the `RunStore` contract, including leases and the fence check that
-//!   runs in each write's own transaction.
+//! - `runs.rs`, `steps.rs`, `leases.rs`: the SQL of the `RunStore` contract, one file per
+//!   table, including the fence check that runs in each write's own transaction.
 //! - `schema.rs`: the schema, its migrations, and the write connection's pragmas.
-//! - `codec.rs`: rows ↔ records, and SQLite errors → typed store errors.
+//! - `codec.rs`: rows ↔ records; `errors.rs`: SQLite errors → typed store errors.
 //! - Here: the store handle, its options, and the pool of read-only connections (WAL readers
 //!   never wait for the writer), used on `spawn_blocking`.
 
 mod codec;
+mod errors;
+mod leases;
+mod runs;
 mod schema;
-mod sql;
+mod steps;
 mod writer;
 
 use std::future::Future;
@@ -26,12 +29,14 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
 
-use self::codec::{Mapper, prepare_run, to_i64};
+use self::codec::{prepare_run, to_i64};
+use self::errors::Mapper;
 use self::schema::configure_writer;
 use self::writer::{FnJob, Job, writer_loop};
 use super::{DEFAULT_MAX_VALUE_BYTES, check_len};
 use crate::store::{
-    Lease, NewStep, RunFilter, RunRecord, RunStore, RunSummary, StepOutcome, StepRecord, StoreError, StoreFuture,
+    FinishedWithIntents, Lease, NewStep, RunFilter, RunRecord, RunStore, RunSummary, StepOutcome, StepRecord,
+    StoreError, StoreFuture,
 };
 
 /// Settings of a [`SqliteStore`]; start from [`Default`] and override fields.
@@ -299,7 +304,7 @@ impl SqliteStore {
                 Ok(handle) => handle
                     .spawn_blocking(run)
                     .await
-                    .map_err(|e| StoreError::Unavailable(format!("read task failed: {e}")))?,
+                    .map_err(|e| StoreError::Unavailable(format!("read task failed: {e}").into()))?,
                 Err(_) => run(),
             }
         })
@@ -307,7 +312,7 @@ impl SqliteStore {
 }
 
 /// Checks an outcome's size on the caller's thread, so the writer only runs SQL.
-fn prepare_outcome(outcome: StepOutcome, max: usize) -> Result<sql::PreparedOutcome, StoreError> {
+fn prepare_outcome(outcome: StepOutcome, max: usize) -> Result<steps::PreparedOutcome, StoreError> {
     match outcome {
         // Stored as the runtime wrote it: the text is checked by its length, never re-serialized.
         StepOutcome::Finished(text) => {
@@ -327,35 +332,35 @@ impl RunStore for SqliteStore {
         let prepared = prepare_run(&run, self.inner.options.max_value_bytes);
         let errors = self.inner.errors;
         Box::pin(self.write(move |conn| {
-            sql::check_fence(conn, errors, &run.run_id, fence)?;
-            sql::insert_run(conn, errors, &run, prepared?)
+            leases::check_fence(conn, errors, &run.run_id, fence)?;
+            runs::insert_run(conn, errors, &run, prepared?)
         }))
     }
 
     fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunRecord>> {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
-        self.read(move |conn| sql::get_run(conn, errors, &run_id))
+        self.read(move |conn| runs::get_run(conn, errors, &run_id))
     }
 
     fn put_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, u64> {
         let prepared = prepare_run(&run, self.inner.options.max_value_bytes);
         let errors = self.inner.errors;
         Box::pin(self.write(move |conn| {
-            sql::check_fence(conn, errors, &run.run_id, fence)?;
-            sql::update_run(conn, errors, &run, prepared?)
+            leases::check_fence(conn, errors, &run.run_id, fence)?;
+            runs::update_run(conn, errors, &run, prepared?)
         }))
     }
 
     fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>> {
         let errors = self.inner.errors;
-        self.read(move |conn| sql::list_runs(conn, errors, &filter))
+        self.read(move |conn| runs::list_runs(conn, errors, &filter))
     }
 
     fn delete_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, bool> {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
-        Box::pin(self.write(move |conn| sql::delete_run(conn, errors, &run_id)))
+        Box::pin(self.write(move |conn| runs::delete_run(conn, errors, &run_id)))
     }
 
     fn append_steps<'a>(&'a self, run_id: &'a str, fence: u64, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>> {
@@ -363,8 +368,8 @@ impl RunStore for SqliteStore {
         let errors = self.inner.errors;
         let epochs = steps.iter().map(|step| to_i64("step epoch", step.epoch)).collect::<Result<Vec<_>, _>>();
         Box::pin(self.write(move |conn| {
-            sql::check_fence(conn, errors, &run_id, fence)?;
-            sql::append(conn, errors, &run_id, steps, &epochs?)
+            leases::check_fence(conn, errors, &run_id, fence)?;
+            steps::append(conn, errors, &run_id, steps, &epochs?)
         }))
     }
 
@@ -381,8 +386,8 @@ impl RunStore for SqliteStore {
         let max = self.inner.options.max_value_bytes;
         let prepared = prepare_outcome(outcome, max);
         Box::pin(self.write(move |conn| {
-            sql::check_fence(conn, errors, &run_id, fence)?;
-            sql::finish(conn, errors, &run_id, ordinal, prepared?, finished_at_ms)
+            leases::check_fence(conn, errors, &run_id, fence)?;
+            steps::finish(conn, errors, &run_id, ordinal, prepared?, finished_at_ms)
         }))
     }
 
@@ -390,11 +395,9 @@ impl RunStore for SqliteStore {
         &'a self,
         run_id: &'a str,
         fence: u64,
-        finished: NewStep,
-        outcome: StepOutcome,
-        finished_at_ms: i64,
-        intents: Vec<NewStep>,
+        write: FinishedWithIntents,
     ) -> StoreFuture<'a, Vec<u64>> {
+        let FinishedWithIntents { finished, outcome, finished_at_ms, intents } = write;
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
         let max = self.inner.options.max_value_bytes;
@@ -406,11 +409,11 @@ impl RunStore for SqliteStore {
         // One job, so one savepoint in one commit: the response and its calls' intents land
         // together or not at all.
         Box::pin(self.write(move |conn| {
-            sql::check_fence(conn, errors, &run_id, fence)?;
-            let ordinals = sql::append(conn, errors, &run_id, steps, &epochs?)?;
+            leases::check_fence(conn, errors, &run_id, fence)?;
+            let ordinals = steps::append(conn, errors, &run_id, steps, &epochs?)?;
             let first =
                 *ordinals.first().ok_or_else(|| StoreError::Corrupt("no ordinal for an appended step".into()))?;
-            sql::finish(conn, errors, &run_id, first, prepared?, finished_at_ms)?;
+            steps::finish(conn, errors, &run_id, first, prepared?, finished_at_ms)?;
             Ok(ordinals)
         }))
     }
@@ -418,31 +421,31 @@ impl RunStore for SqliteStore {
     fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>> {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
-        self.read(move |conn| sql::steps(conn, errors, &run_id))
+        self.read(move |conn| steps::steps(conn, errors, &run_id))
     }
 
     fn acquire_lease<'a>(&'a self, run_id: &'a str, owner: &'a str, ttl: Duration) -> StoreFuture<'a, Lease> {
         let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
         let errors = self.inner.errors;
-        Box::pin(self.write(move |conn| sql::acquire(conn, errors, &run_id, &owner, ttl_ms(ttl))))
+        Box::pin(self.write(move |conn| leases::acquire(conn, errors, &run_id, &owner, ttl_ms(ttl))))
     }
 
     fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease> {
         let lease = lease.clone();
         let errors = self.inner.errors;
-        Box::pin(self.write(move |conn| sql::renew(conn, errors, &lease, ttl_ms(ttl))))
+        Box::pin(self.write(move |conn| leases::renew(conn, errors, &lease, ttl_ms(ttl))))
     }
 
     fn release_lease<'a>(&'a self, lease: &'a Lease) -> StoreFuture<'a, ()> {
         let lease = lease.clone();
         let errors = self.inner.errors;
-        Box::pin(self.write(move |conn| sql::release(conn, errors, &lease)))
+        Box::pin(self.write(move |conn| leases::release(conn, errors, &lease)))
     }
 
     fn current_lease<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<Lease>> {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
-        self.read(move |conn| sql::current_lease(conn, errors, &run_id))
+        self.read(move |conn| leases::current_lease(conn, errors, &run_id))
     }
 }
 

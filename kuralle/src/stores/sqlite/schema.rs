@@ -5,7 +5,7 @@ use std::path::Path;
 use rusqlite::{Connection, OptionalExtension};
 
 use super::SqliteOptions;
-use super::codec::Mapper;
+use super::errors::Mapper;
 use crate::store::StoreError;
 
 /// The kuralle schema version this build reads and writes (kept in table `kuralle_schema`).
@@ -87,9 +87,9 @@ pub(super) fn configure_writer(
     if path.is_some() {
         let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)).map_err(fail)?;
         if !mode.eq_ignore_ascii_case("wal") {
-            return Err(StoreError::Unavailable(format!(
-                "could not switch the database to WAL mode (mode is `{mode}`)"
-            )));
+            return Err(StoreError::Unavailable(
+                format!("could not switch the database to WAL mode (mode is `{mode}`)").into(),
+            ));
         }
     }
     conn.pragma_update(None, "synchronous", "FULL").map_err(fail)?;
@@ -123,12 +123,13 @@ fn check_schema_version(
                     return Err(newer(version));
                 }
                 while version < SCHEMA_VERSION {
-                    let step = usize::try_from(version - 1).ok().and_then(|i| MIGRATIONS.get(i)).ok_or_else(|| {
-                        StoreError::Corrupt(format!(
+                    let step =
+                        usize::try_from(version - 1).ok().and_then(|i| MIGRATIONS.get(i)).ok_or_else(|| {
+                            StoreError::Corrupt(format!(
                             "the database has kuralle schema version {version}, which this kuralle cannot migrate \
                              (it supports version {SCHEMA_VERSION})"
-                        ))
-                    })?;
+                        ).into())
+                        })?;
                     conn.execute_batch(step).map_err(fail)?;
                     version += 1;
                     tracing::info!(version, "migrated the SQLite store schema");
@@ -156,10 +157,13 @@ fn stored_version(conn: &Connection, fail: impl Fn(rusqlite::Error) -> StoreErro
 }
 
 fn newer(version: i64) -> StoreError {
-    StoreError::Corrupt(format!(
-        "the database has kuralle schema version {version}, newer than the version {SCHEMA_VERSION} this \
+    StoreError::Corrupt(
+        format!(
+            "the database has kuralle schema version {version}, newer than the version {SCHEMA_VERSION} this \
          kuralle supports; upgrade kuralle to open it"
-    ))
+        )
+        .into(),
+    )
 }
 
 fn create_schema(conn: &Connection, fail: impl Fn(rusqlite::Error) -> StoreError + Copy) -> Result<(), StoreError> {
@@ -176,10 +180,13 @@ fn create_schema(conn: &Connection, fail: impl Fn(rusqlite::Error) -> StoreError
             return Ok(false);
         }
         if let Some(table) = tables.first() {
-            return Err(StoreError::Corrupt(format!(
-                "the database has a table `{table}` that is not kuralle's (no `kuralle_schema` table); \
+            return Err(StoreError::Corrupt(
+                format!(
+                    "the database has a table `{table}` that is not kuralle's (no `kuralle_schema` table); \
                  use another file for the kuralle store"
-            )));
+                )
+                .into(),
+            ));
         }
         conn.execute_batch(SCHEMA).map_err(fail)?;
         conn.execute_batch(LEASES).map_err(fail)?;

@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
-use super::codec::Mapper;
+use super::errors::Mapper;
 use crate::store::StoreError;
 
 /// A write queued for the writer thread.

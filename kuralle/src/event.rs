@@ -1,9 +1,10 @@
-//! What a run reports while it runs, and what it ends with.
+//! What a run reports while it runs ([`Event`], sent on an [`EventSender`]), and what it ends
+//! with ([`RunOutput`]). Below dispatch: dispatch reports calls with it, the run loop turns.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{RunStatus, Usage};
+use crate::{approval::PendingApproval, model::Usage, store::RunStatus};
 
 /// A tool call named in a [`Event::ToolBatchStart`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -12,19 +13,6 @@ pub struct BatchCall {
     pub call_id: String,
     /// Tool name.
     pub name: String,
-}
-
-/// A tool call waiting for a human decision.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PendingApproval {
-    /// Request id to decide on.
-    pub request_id: String,
-    /// The model's id for the call.
-    pub call_id: String,
-    /// Tool name.
-    pub name: String,
-    /// The call's arguments.
-    pub args: Value,
 }
 
 /// One thing that happened in a run, in order.

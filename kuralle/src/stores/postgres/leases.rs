@@ -7,7 +7,7 @@ use super::PostgresStore;
 use super::codec::{to_i64, to_u64, ttl_ms};
 use super::errors::{Fail, retrying};
 use super::runs::get;
-use crate::{Lease, StoreError};
+use crate::store::{Lease, StoreError};
 
 /// How often acquiring retries when the holder it was refused by let go in the meantime.
 const ACQUIRE_ATTEMPTS: usize = 8;
@@ -43,7 +43,8 @@ impl PostgresStore {
                 }
                 // Released or expired between the two statements: try again.
             }
-            Err(StoreError::Unavailable(format!("the lease of run `{run_id}` kept changing hands; try again")).into())
+            Err(StoreError::Unavailable(format!("the lease of run `{run_id}` kept changing hands; try again").into())
+                .into())
         })
         .await
     }

@@ -1,27 +1,31 @@
 //! Nested effects of a running call — `ctx.tool()`, `ctx.now()`, `ctx.uuid()` — each a step
-//! journaled under a callsite `"<parent>.<n>"` and replayed from the journal when recorded.
+//! journaled under a callsite `"<parent>.<n>"` and replayed from the journal when recorded:
+//! dispatch's implementation of the context's [`Effects`].
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::{SystemTime, UNIX_EPOCH},
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
 };
 
-use serde_json::{Value, json};
+use futures::future::BoxFuture;
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::Lookup;
+use super::{
+    TurnCtx,
+    call::{self, CallSite},
+    journal_failure,
+    plan::{self, Job, Plan, Planned, replayed_error},
+};
 use crate::{
-    JsonText, RawArgs, StepKind, StepOutcome, ToolCallRequest, ToolError,
-    dispatch::{
-        TurnCtx,
-        call::{self, CallSite},
-        journal_failure,
-        plan::{self, Job, Plan, Planned, replayed_error},
-    },
+    context::{Effects, now_value, uuid_value},
+    error::ToolError,
+    input::text::RawArgs,
+    journal::Lookup,
+    json::JsonText,
+    model::ToolCallRequest,
+    store::{StepKind, StepOutcome},
     trace,
 };
 
@@ -69,7 +73,7 @@ impl Scope {
             return (Err(ToolError::UnknownTool { tool: name.to_owned(), available: turn.tools.names() }), false);
         };
         if !args.is_object() {
-            let message = format!("the arguments must be a JSON object, not {}", crate::tool::kind(&args));
+            let message = format!("the arguments must be a JSON object, not {}", crate::input::text::kind(&args));
             return (Err(ToolError::invalid_input(name, message)), false);
         }
         let req =
@@ -138,7 +142,16 @@ impl Scope {
     }
 }
 
-/// `ctx.now()` as stored: milliseconds since the Unix epoch.
-pub(crate) fn now_value() -> Value {
-    json!(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64))
+impl Effects for Scope {
+    fn tool<'a>(&'a self, name: &'a str, args: Value) -> BoxFuture<'a, Result<Value, ToolError>> {
+        Box::pin(Scope::tool(self, name, args))
+    }
+
+    fn now(&self) -> BoxFuture<'_, Result<Value, ToolError>> {
+        Box::pin(self.recorded(StepKind::Now, now_value))
+    }
+
+    fn uuid(&self) -> BoxFuture<'_, Result<Value, ToolError>> {
+        Box::pin(self.recorded(StepKind::Uuid, uuid_value))
+    }
 }

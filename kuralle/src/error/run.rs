@@ -1,0 +1,129 @@
+//! `RunError`: what can end a run (or keep it from starting).
+
+/// Why a run could not go on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The model request failed; the run stays resumable.
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    /// The store failed; when [`StoreError::is_retryable`](crate::StoreError::is_retryable),
+    /// the run stays resumable.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// No run with that id.
+    #[error("run `{0}` not found")]
+    RunNotFound(String),
+    /// No agent with that id.
+    #[error("no agent `{id}`; registered agents: {available}")]
+    UnknownAgent {
+        /// The requested id.
+        id: String,
+        /// Comma-separated registered ids.
+        available: String,
+    },
+    /// The run's unfinished turn has other input than the request.
+    #[error("run `{0}` has an unfinished turn with other input; resume it first")]
+    TurnInProgress(String),
+    /// The run's journal reached `max_journal_entries`.
+    #[error("run `{run_id}` reached the journal limit of {limit} steps")]
+    StepLimit {
+        /// Run id.
+        run_id: String,
+        /// The configured limit.
+        limit: u64,
+    },
+    /// A model response exceeded `max_value_bytes`.
+    #[error("a model response of {size} bytes exceeds the limit of {limit} bytes")]
+    ResponseTooLarge {
+        /// Its size.
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// The runtime is misconfigured.
+    #[error("runtime configuration: {0}")]
+    Config(String),
+    /// An agent has two tools with one name: the model could not tell them apart, and the
+    /// later one would silently replace the earlier.
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, RunError, Runtime, testing::ScriptedModel, tool};
+    ///
+    /// /// Look an order up.
+    /// #[tool(name = "lookup")]
+    /// async fn lookup_order(id: u64) -> u64 { id }
+    /// /// Look a customer up.
+    /// #[tool(name = "lookup")]
+    /// async fn lookup_customer(id: u64) -> u64 { id }
+    ///
+    /// let agent = AgentDef::new("support", "Help.").tool(LookupOrder).tool(LookupCustomer);
+    /// let err = Runtime::builder().agent(agent).model(ScriptedModel::new([])).build().unwrap_err();
+    /// assert!(matches!(&err, RunError::DuplicateTool { tool, .. } if tool == "lookup"));
+    /// assert!(err.to_string().contains("LookupOrder") && err.to_string().contains("LookupCustomer"));
+    /// ```
+    #[error("agent `{agent}` has two tools named `{tool}`: `{first}` and `{second}`")]
+    DuplicateTool {
+        /// The agent id.
+        agent: String,
+        /// The shared tool name.
+        tool: String,
+        /// The type of the tool added first.
+        first: String,
+        /// The type of the tool added later (which replaced the first).
+        second: String,
+    },
+    /// A decision was delivered for a run that is not waiting for it.
+    #[error("run `{run_id}` is not waiting for a decision on `{request_id}`")]
+    NotPending {
+        /// Run id.
+        run_id: String,
+        /// The request id in the decision.
+        request_id: String,
+    },
+    /// The run task panicked or was lost; the run stays resumable.
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// Another caller owns the run right now (it holds the run's lease); nothing was executed.
+    /// Try again later, or opt into waiting with
+    /// [`RunRequest::wait_for_lease`](crate::RunRequest::wait_for_lease).
+    #[error("run `{run_id}` is busy: owned by `{owner}` (lease expires at {expires_at_ms} ms since the Unix epoch)")]
+    Busy {
+        /// Run id.
+        run_id: String,
+        /// The current owner.
+        owner: String,
+        /// When its lease expires unless renewed, by the store's clock.
+        expires_at_ms: i64,
+    },
+    /// This turn lost the run's lease (it stalled past the lease's TTL and another owner took
+    /// over): it stopped dispatching and journaled nothing more. The new owner carries on.
+    #[error("run `{run_id}`: this turn lost the run's lease (token {token}) to another owner and stopped")]
+    LeaseLost {
+        /// Run id.
+        run_id: String,
+        /// The token the turn held.
+        token: u64,
+    },
+    /// The pending call(s) a decision names were already decided (a concurrent or earlier
+    /// delivery won); the first decision stands.
+    #[error("run `{run_id}`: `{request_id}` was already decided")]
+    AlreadyDecided {
+        /// Run id.
+        run_id: String,
+        /// The request id in the decision (`*` for all pending calls).
+        request_id: String,
+    },
+}
+
+impl RunError {
+    /// Whether resuming the run later may succeed (transient model or store failures).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Model(e) => !matches!(e, crate::model::ModelError::Auth { .. }),
+            Self::Store(e) => e.is_retryable(),
+            Self::Internal(_) | Self::Busy { .. } => true,
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! The journal's write guard: the fencing token of the lease a turn holds. Every write of the
+//! run carries it; a store that rejects it as stale makes the turn stop at once.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    error::RunError,
+    store::{Lease, StoreError},
+};
+
+/// The fencing token a turn writes under, and whether the turn lost it.
+#[derive(Debug)]
+pub(crate) struct Fence {
+    run_id: String,
+    token: u64,
+    lost: AtomicBool,
+    /// Fired on loss: the turn's interrupt, so dispatch stops and interruptible calls cancel.
+    stop: CancellationToken,
+}
+
+impl Fence {
+    pub(crate) fn new(lease: &Lease, stop: CancellationToken) -> Arc<Self> {
+        Arc::new(Self { run_id: lease.run_id.clone(), token: lease.token, lost: AtomicBool::new(false), stop })
+    }
+
+    pub(crate) fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    pub(crate) fn token(&self) -> u64 {
+        self.token
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Another owner took over (or the lease was released): stop at once.
+    pub(crate) fn lose(&self) {
+        if !self.lost.swap(true, Ordering::SeqCst) {
+            tracing::warn!(run_id = %self.run_id, token = self.token, "lost the run's lease; stopping this turn");
+        }
+        self.stop.cancel();
+    }
+
+    /// Notes a fenced store error; passes every result through.
+    pub(crate) fn watch<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(StoreError::Fenced { .. }) = &result {
+            self.lose();
+        }
+        result
+    }
+
+    /// The turn's result, as [`RunError::LeaseLost`] when the lease was lost.
+    pub(crate) fn settle<T>(&self, result: Result<T, RunError>) -> Result<T, RunError> {
+        let fenced = matches!(&result, Err(RunError::Store(StoreError::Fenced { .. })));
+        if fenced || self.is_lost() {
+            self.lose();
+            return Err(RunError::LeaseLost { run_id: self.run_id.clone(), token: self.token });
+        }
+        result
+    }
+}

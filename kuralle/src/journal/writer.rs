@@ -1,0 +1,61 @@
+//! A run's one fenced writer: every write of a run — its row and its steps — goes through a
+//! [`RunWriter`], which carries the turn's fencing token and notes a fenced write on the
+//! [`Fence`] (the turn then stops at once).
+
+use crate::{
+    journal::Fence,
+    store::{FinishedWithIntents, NewStep, RunRecord, RunStore, StepOutcome, StoreError},
+};
+
+/// The writes of one run under one fence. Borrowed and free to build: the journal builds one
+/// per step write, the run loop one per turn.
+#[derive(Clone, Copy)]
+pub(crate) struct RunWriter<'a> {
+    store: &'a dyn RunStore,
+    fence: &'a Fence,
+}
+
+impl<'a> RunWriter<'a> {
+    pub(crate) fn new(store: &'a dyn RunStore, fence: &'a Fence) -> Self {
+        Self { store, fence }
+    }
+
+    /// The run's id (the fence's).
+    pub(crate) fn run_id(&self) -> &'a str {
+        self.fence.run_id()
+    }
+
+    /// Reads the run's row (reads take no fence).
+    pub(crate) async fn get_run(&self) -> Result<Option<RunRecord>, StoreError> {
+        self.store.get_run(self.run_id()).await
+    }
+
+    /// Creates the run's row.
+    pub(crate) async fn create_run(&self, record: RunRecord) -> Result<(), StoreError> {
+        self.fence.watch(self.store.create_run(record, self.fence.token()).await)
+    }
+
+    /// Replaces the run's row by compare-and-swap on its version; returns the new version.
+    pub(crate) async fn put_run(&self, record: RunRecord) -> Result<u64, StoreError> {
+        self.fence.watch(self.store.put_run(record, self.fence.token()).await)
+    }
+
+    /// Appends `Running` intents; returns their ordinals.
+    pub(crate) async fn append_steps(&self, steps: Vec<NewStep>) -> Result<Vec<u64>, StoreError> {
+        self.fence.watch(self.store.append_steps(self.run_id(), self.fence.token(), steps).await)
+    }
+
+    /// Appends a finished step and the intents after it, in one commit.
+    pub(crate) async fn append_finished_with_intents(
+        &self,
+        write: FinishedWithIntents,
+    ) -> Result<Vec<u64>, StoreError> {
+        let run_id = self.run_id();
+        self.fence.watch(self.store.append_finished_with_intents(run_id, self.fence.token(), write).await)
+    }
+
+    /// Finalizes the `Running` step at `ordinal`.
+    pub(crate) async fn finish_step(&self, ordinal: u64, outcome: StepOutcome, at_ms: i64) -> Result<(), StoreError> {
+        self.fence.watch(self.store.finish_step(self.run_id(), self.fence.token(), ordinal, outcome, at_ms).await)
+    }
+}

@@ -1,0 +1,69 @@
+//! Closing a turn: the run's row written with the turn's end, retried under optimistic
+//! concurrency.
+
+use super::state::{RunState, decode_state, output_of};
+use crate::{
+    approval::Pending,
+    clock::now_ms,
+    error::RunError,
+    event::RunOutput,
+    journal::RunWriter,
+    json::JsonText,
+    model::Usage,
+    store::{RunRecord, RunStatus, StoreError},
+    transcript::Transcript,
+};
+
+/// How often closing a run retries after losing an optimistic-concurrency race.
+pub(super) const CLOSE_ATTEMPTS: usize = 16;
+
+/// version check protects the record, it never fails the turn.
+/// Persists the turn's end. Losing an optimistic-concurrency race re-reads and retries: the
+pub(super) struct Closing {
+    pub(super) transcript: Transcript,
+    pub(super) status: RunStatus,
+    pub(super) text: String,
+    pub(super) usage: Usage,
+    pub(super) pending: Vec<Pending>,
+}
+
+pub(super) async fn close(
+    writer: RunWriter<'_>,
+    mut record: RunRecord,
+    mut state: RunState,
+    closing: Closing,
+) -> Result<RunOutput, RunError> {
+    let Closing { transcript, status, text, usage, pending } = closing;
+    state.messages = transcript;
+    state.output = text;
+    state.usage = usage;
+    state.pending = pending;
+    record.status = status;
+    // The record is moved into the store (its state can be a long transcript); only a lost
+    // race rebuilds it.
+    record.state = JsonText::null();
+    for _ in 0..CLOSE_ATTEMPTS {
+        let attempt = RunRecord {
+            state: JsonText::serialize_from(&state).unwrap_or_default(),
+            updated_at_ms: now_ms(),
+            ..record.clone()
+        };
+        match writer.put_run(attempt).await {
+            Ok(version) => {
+                record.version = version;
+                return Ok(output_of(&record, &state));
+            }
+            Err(StoreError::VersionConflict { actual, .. }) => {
+                let fresh = writer.get_run().await?.ok_or_else(|| RunError::RunNotFound(record.run_id.clone()))?;
+                let keys = decode_state(&fresh)?.inbound_keys;
+                state.inbound_keys = keys;
+                record.version = actual.max(fresh.version);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(RunError::Store(StoreError::Unavailable(
+        format!("run `{}` kept changing under this turn; gave up after {CLOSE_ATTEMPTS} attempts", record.run_id)
+            .into(),
+    )))
+}

@@ -1,0 +1,102 @@
+//! The leased entry points of a turn: `run` (and `run_leased` for a worker that claimed the
+//! run), and `submit`, which records a turn for a worker without running it.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::{
+    Decision, Inner, RunRequest,
+    decide::record_under,
+    lease::{self, Held},
+    open::open,
+    turn::turn,
+};
+use crate::{
+    error::RunError,
+    event::{Event, EventSender, RunOutput},
+    journal::{Fence, RunWriter},
+};
+
+/// One turn under the run's lease: taken before anything is read, renewed while the turn
+/// runs, released when it closes (a paused run holds no lease). With `decision`, the decision
+/// is recorded under the same lease first (`deliver`).
+pub(super) async fn run(
+    rt: Arc<Inner>,
+    req: RunRequest,
+    events: EventSender,
+    interrupt: CancellationToken,
+    decision: Option<Decision>,
+) -> Result<RunOutput, RunError> {
+    run_leased(rt, req, events, interrupt, decision, None).await
+}
+
+/// [`run`], under `claimed` when the caller already holds the run's lease (a worker that
+/// claimed the run from the queue).
+pub(super) async fn run_leased(
+    rt: Arc<Inner>,
+    req: RunRequest,
+    events: EventSender,
+    interrupt: CancellationToken,
+    decision: Option<Decision>,
+    claimed: Option<crate::store::Lease>,
+) -> Result<RunOutput, RunError> {
+    let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let span = crate::trace::run_span(&run_id);
+    let started = std::time::Instant::now();
+    let result = async {
+        let lease = match claimed {
+            Some(lease) => lease,
+            None => lease::acquire(rt.store.as_ref(), &run_id, rt.lease_ttl, req.wait_for_lease).await?,
+        };
+        tracing::debug!(token = lease.token, owner = %lease.owner, "took the run's lease");
+        let held = Held::start(&rt.renewals, lease, interrupt.clone());
+        let fence = Arc::clone(held.fence());
+        let result = match &decision {
+            Some(d) => record_under(rt.store.as_ref(), &fence, &run_id, d).await,
+            None => Ok(()),
+        };
+        let result = match result {
+            Ok(()) => turn(&rt, &req, &run_id, &events, interrupt, &fence).await,
+            Err(e) => Err(e),
+        };
+        let result = fence.settle(result);
+        held.release().await;
+        result
+    }
+    .instrument(span.clone())
+    .await;
+    match &result {
+        Ok(out) => {
+            span.record("status", out.status.as_str());
+            span.record("outcome", "ok");
+        }
+        Err(e) => {
+            span.record("outcome", tracing::field::display(e));
+        }
+    }
+    crate::trace::record_duration(&span, started);
+    if let Err(e) = &result {
+        events.send(Event::Error { message: e.to_string() }).await;
+    }
+    result
+}
+
+/// Records the request's turn without running it (`Runtime::submit`): a new run, or a new
+/// turn of an existing one, in status `running` with no lease, so that a worker claims it.
+/// Returns the run id. A request whose idempotency key the run already processed changes
+/// nothing.
+pub(super) async fn submit(rt: &Inner, req: &RunRequest) -> Result<String, RunError> {
+    let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let lease = lease::acquire(rt.store.as_ref(), &run_id, rt.lease_ttl, req.wait_for_lease).await?;
+    let fence = Fence::new(&lease, CancellationToken::new());
+    let opened = fence.settle(open(rt, req, RunWriter::new(rt.store.as_ref(), &fence)).await.map(|_| ()));
+    if !fence.is_lost() {
+        let _ = rt.store.release_lease(&lease).await;
+    }
+    opened?;
+    // Only a hint for idle workers; they poll as well.
+    let _ = rt.store.notify_runnable().await;
+    Ok(run_id)
+}

@@ -1,0 +1,85 @@
+//! Opening a turn: a new run, a new turn of an existing one (a new epoch), or the unfinished
+//! turn of a run that resumes; inbound idempotency keys say which.
+
+use super::{
+    Inner, RunRequest,
+    state::{RunState, decode_state, output_of},
+};
+use crate::{
+    agent::AgentDef,
+    clock::now_ms,
+    error::RunError,
+    event::RunOutput,
+    journal::RunWriter,
+    json::JsonText,
+    model::Usage,
+    store::{RunRecord, RunStatus},
+};
+
+/// How many processed inbound idempotency keys a run remembers.
+pub(super) const INBOUND_KEYS_KEPT: usize = 64;
+
+pub(super) enum Opened {
+    Turn { record: Box<RunRecord>, state: Box<RunState> },
+    Done(RunOutput),
+}
+
+pub(super) fn agent<'a>(rt: &'a Inner, id: Option<&str>) -> Result<&'a AgentDef, RunError> {
+    match id {
+        None => Ok(&rt.agents[0]),
+        Some(id) => rt.agents.iter().find(|a| a.id == id).ok_or_else(|| RunError::UnknownAgent {
+            id: id.to_owned(),
+            available: rt.agents.iter().map(|a| a.id.as_str()).collect::<Vec<_>>().join(", "),
+        }),
+    }
+}
+
+pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) -> Result<Opened, RunError> {
+    let run_id = writer.run_id();
+    let Some(mut record) = writer.get_run().await? else {
+        let Some(input) = req.input.clone() else { return Err(RunError::RunNotFound(run_id.to_owned())) };
+        let agent = agent(rt, req.agent.as_deref())?;
+        let state = RunState {
+            turn_input: Some(input),
+            inbound_keys: req.idempotency_key.iter().cloned().collect(),
+            ..RunState::default()
+        };
+        let record =
+            RunRecord::new(run_id, agent.id.clone()).with_state(JsonText::serialize_from(&state).unwrap_or_default());
+        writer.create_run(record.clone()).await?;
+        return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) });
+    };
+    let mut state = decode_state(&record)?;
+    let unfinished = matches!(record.status, RunStatus::Running | RunStatus::Paused);
+    let seen = req.idempotency_key.as_ref().is_some_and(|k| state.inbound_keys.contains(k));
+    match &req.input {
+        _ if seen && !unfinished => return Ok(Opened::Done(output_of(&record, &state))),
+        None | Some(_) if seen => return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) }),
+        None if unfinished => return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) }),
+        None => return Ok(Opened::Done(output_of(&record, &state))),
+        Some(input) if unfinished => {
+            return if state.turn_input.as_ref() == Some(input) {
+                Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) })
+            } else {
+                Err(RunError::TurnInProgress(run_id.to_owned()))
+            };
+        }
+        Some(input) => {
+            // A new user turn: a new epoch, so the same call made again is a new effect.
+            record.epoch += 1;
+            record.status = RunStatus::Running;
+            state.turn_input = Some(input.clone());
+            state.output.clear();
+            state.usage = Usage::default();
+            if let Some(k) = &req.idempotency_key {
+                state.inbound_keys.push(k.clone());
+                let excess = state.inbound_keys.len().saturating_sub(INBOUND_KEYS_KEPT);
+                state.inbound_keys.drain(..excess);
+            }
+            record.state = JsonText::serialize_from(&state).unwrap_or_default();
+            record.updated_at_ms = now_ms();
+            record.version = writer.put_run(record.clone()).await?;
+        }
+    }
+    Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) })
+}

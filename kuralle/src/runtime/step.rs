@@ -1,0 +1,133 @@
+//! One model step: a response replayed from the journal, or streamed from the model,
+//! assembled into its parts and journaled.
+
+use futures::StreamExt;
+use serde_json::json;
+
+use super::{
+    Inner,
+    response::{ModelResponse, cap_arguments, dedupe_call_ids, put_calls, take_calls},
+};
+use crate::{
+    dispatch::TurnCtx,
+    error::RunError,
+    event::Event,
+    journal::Lookup,
+    json::JsonText,
+    model::{FinishReason, Model, ModelError, ModelEvent, ModelRequest, Origin, Part, Usage},
+    store::{StepKind, StepOutcome, StoreError},
+};
+
+/// One model response: replayed from the journal when recorded, else requested (live text
+/// deltas) and journaled. `None` when the caller interrupted the stream.
+pub(super) async fn model_step(
+    rt: &Inner,
+    ctx: &TurnCtx,
+    model: &dyn Model,
+    request: ModelRequest,
+    callsite: u64,
+) -> Result<Option<ModelResponse>, RunError> {
+    let journal = &ctx.journal;
+    let key = journal.key(&callsite.to_string(), &json!("model"));
+    if let Some(replayed) = journal.result_text(&key) {
+        // Straight from the journal's text into the typed response: no tree in between.
+        let response = replayed.decode::<ModelResponse>().map_err(|e| {
+            RunError::Store(StoreError::Corrupt(format!("journaled model response is unreadable: {e}").into()))
+        })?;
+        if ctx.events.is_listening() {
+            let text = response.text();
+            if !text.is_empty() {
+                ctx.events.send(Event::TextDelta { delta: text }).await;
+            }
+        }
+        tracing::Span::current().record("replayed", true);
+        return Ok(Some(response));
+    }
+    tracing::Span::current().record("replayed", false);
+    // No intent is written before asking: a response cut off by a crash is asked for again
+    // either way, so the response is journaled once it is complete, with the intents of the
+    // calls it asks for (one commit). An intent left by an older turn is finished in place.
+    let unfinished = match journal.lookup(&key) {
+        Lookup::Running(ordinal) => Some(ordinal),
+        // Model failures are never journaled as final (they are transient), so a failed step
+        // cannot occur; treat one like a fresh step and ask again.
+        Lookup::Finished(_) | Lookup::Failed(_) | Lookup::Fresh => None,
+    };
+
+    let mut stream = model.stream(request);
+    let mut response =
+        ModelResponse { parts: Vec::new(), origin: None, finish: FinishReason::Stop, usage: Usage::default() };
+    // Text streamed since the last part; it becomes a text part when the next part starts.
+    let mut open_text = String::new();
+    let mut finished = false;
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = ctx.interrupt.cancelled() => return Ok(None),
+            next = stream.next() => next,
+        };
+        match next {
+            None => break,
+            Some(Err(e)) => return Err(e.into()),
+            Some(Ok(ModelEvent::TextDelta { delta })) => {
+                open_text.push_str(&delta);
+                ctx.events.send(Event::TextDelta { delta }).await;
+            }
+            Some(Ok(ModelEvent::ReasoningDelta { delta })) => {
+                if ctx.events.is_listening() {
+                    ctx.events.send(Event::ReasoningDelta { delta }).await;
+                }
+            }
+            Some(Ok(ModelEvent::ToolCall(call))) => {
+                close_text(&mut response.parts, &mut open_text);
+                response.parts.push(Part::call(call));
+            }
+            Some(Ok(ModelEvent::Part { part })) => {
+                if matches!(part, Part::Text { .. }) {
+                    // The part is the streamed text, complete, with its signature or id.
+                    open_text.clear();
+                } else {
+                    close_text(&mut response.parts, &mut open_text);
+                }
+                response.parts.push(part);
+            }
+            Some(Ok(ModelEvent::Finish { reason, usage })) => {
+                response.finish = reason;
+                response.usage = usage;
+                finished = true;
+            }
+        }
+    }
+    if !finished {
+        return Err(ModelError::Protocol("the model stream ended without a finish reason".into()).into());
+    }
+    close_text(&mut response.parts, &mut open_text);
+    // Provider state goes back only to its provider; a turn without any needs no origin.
+    if response.parts.iter().any(Part::is_provider_state) {
+        response.origin = Some(Origin::new(model.provider(), model.name()));
+    }
+    // Before journaling, so a replay gives the model the same answers.
+    let mut calls = take_calls(&mut response.parts);
+    dedupe_call_ids(&mut calls);
+    cap_arguments(&mut calls, rt.max_value_bytes.saturating_sub(response.text_bytes()));
+    put_calls(&mut response.parts, calls);
+    // Written once, from the typed response, as the text the store keeps; measured by its
+    // length. A `ModelResponse` always serializes (its maps have string keys).
+    let value = JsonText::serialize_from(&response).unwrap_or_default();
+    let size = value.len();
+    if size > rt.max_value_bytes {
+        return Err(RunError::ResponseTooLarge { size, limit: rt.max_value_bytes });
+    }
+    match unfinished {
+        Some(ordinal) => journal.finish(&key, ordinal, StepOutcome::Finished(value), false).await?,
+        None => journal.defer_finished(key, StepKind::Model, "model", value).await?,
+    }
+    Ok(Some(response))
+}
+
+/// Ends the text streamed since the last part as a text part of its own.
+pub(super) fn close_text(parts: &mut Vec<Part>, open: &mut String) {
+    if !open.is_empty() {
+        parts.push(Part::text(std::mem::take(open)));
+    }
+}

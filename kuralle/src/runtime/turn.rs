@@ -1,0 +1,216 @@
+//! One turn: the model ↔ tool loop, from the first model step to the turn's close, and what
+//! ends a run for good.
+
+use std::sync::{Arc, Mutex};
+
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::{
+    Inner, RunRequest,
+    close::{Closing, close},
+    open::{Opened, agent, open},
+    response::{ModelResponse, put_calls, take_calls},
+    state::RunState,
+    step::model_step,
+};
+use crate::{
+    approval::Pending,
+    clock::now_ms,
+    dispatch::{self, TurnCtx},
+    error::RunError,
+    event::{Event, EventSender, RunOutput},
+    journal::{Fence, Journal, RunWriter},
+    model::{Message, Model, ModelRequest, ToolCallRequest, Usage},
+    store::{RunRecord, RunStatus, StoreError},
+    tool::ToolSpec,
+    truncate::truncate_owned,
+};
+
+pub(super) async fn turn(
+    rt: &Arc<Inner>,
+    req: &RunRequest,
+    run_id: &str,
+    events: &EventSender,
+    interrupt: CancellationToken,
+    fence: &Arc<Fence>,
+) -> Result<RunOutput, RunError> {
+    let writer = RunWriter::new(rt.store.as_ref(), fence);
+    let (record, state) = match open(rt, req, writer).await? {
+        Opened::Done(out) => {
+            events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
+            events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
+            return Ok(out);
+        }
+        Opened::Turn { record, state } => (*record, *state),
+    };
+    let result = drive(rt, run_id, record, state, events, interrupt, fence).await;
+    if let Err(e) = &result
+        && ends_the_run(e)
+        && !fence.is_lost()
+    {
+        mark_failed(writer).await;
+    }
+    result
+}
+
+/// Errors that resuming cannot fix: the run is marked failed. Model and store outages, and
+/// rejected credentials (fixable by configuration), leave it resumable.
+pub(super) fn ends_the_run(e: &RunError) -> bool {
+    matches!(
+        e,
+        RunError::StepLimit { .. }
+            | RunError::ResponseTooLarge { .. }
+            | RunError::Config(_)
+            | RunError::Store(StoreError::Corrupt(_) | StoreError::LimitExceeded(_))
+    )
+}
+
+/// Best effort: a failure to record the failure leaves the run resumable, which is safe.
+pub(super) async fn mark_failed(writer: RunWriter<'_>) {
+    let Ok(Some(mut record)) = writer.get_run().await else { return };
+    record.status = RunStatus::Failed;
+    record.updated_at_ms = now_ms();
+    if let Err(e) = writer.put_run(record).await {
+        tracing::warn!(run_id = writer.run_id(), error = %e, "could not mark the run failed");
+    }
+}
+
+pub(super) async fn drive(
+    rt: &Arc<Inner>,
+    run_id: &str,
+    record: RunRecord,
+    state: RunState,
+    events: &EventSender,
+    interrupt: CancellationToken,
+    fence: &Arc<Fence>,
+) -> Result<RunOutput, RunError> {
+    let agent = agent(rt, Some(&record.agent_id))?.clone();
+    tracing::Span::current().record("agent", agent.id.as_str());
+    let model: Arc<dyn Model> = match (&agent.model, &rt.model) {
+        (Some(m), _) | (None, Some(m)) => Arc::clone(m),
+        (None, None) => return Err(RunError::Config(format!("agent `{}` has no model", agent.id))),
+    };
+    events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
+
+    let journal =
+        Journal::open(Arc::clone(&rt.store), Arc::clone(fence), run_id, record.epoch, rt.max_journal_entries).await?;
+    let ctx = Arc::new(TurnCtx {
+        journal,
+        tools: agent.tools.clone(),
+        events: events.clone(),
+        interrupt: interrupt.clone(),
+        max_concurrency: agent.max_tool_concurrency,
+        max_result_bytes: rt.max_value_bytes,
+        policy: agent.policy.clone(),
+        fatal: Mutex::new(None),
+    });
+
+    // Shared with every request (never copied per step): a step costs the same at step 5,000
+    // as at step 1.
+    let mut transcript = state.messages.clone();
+    if let Some(input) = &state.turn_input {
+        transcript.push(Message::User { content: input.clone() });
+    }
+    let specs: Arc<[ToolSpec]> = agent.tools.specs().into();
+    let mut usage = Usage::default();
+    let mut callsite: u64 = 0;
+    let mut status = RunStatus::MaxSteps;
+    let mut text = String::new();
+    let mut pending = Vec::new();
+
+    for _ in 0..agent.max_steps {
+        // On an in-memory store with quick tools nothing here waits, and a lone call runs in
+        // this task: spend the task's cooperative budget so a long run still yields its
+        // thread to others now and then.
+        tokio::task::coop::consume_budget().await;
+        if interrupt.is_cancelled() {
+            status = RunStatus::Interrupted;
+            break;
+        }
+        let request = ModelRequest {
+            system: agent.instructions.clone(),
+            messages: transcript.clone(),
+            tools: Arc::clone(&specs),
+        };
+        let span = crate::trace::model_span(run_id, callsite);
+        let started = std::time::Instant::now();
+        let step = model_step(rt, &ctx, model.as_ref(), request, callsite).instrument(span.clone()).await;
+        span.record(
+            "outcome",
+            match &step {
+                Ok(Some(_)) => "ok",
+                Ok(None) => "interrupted",
+                Err(_) => "error",
+            },
+        );
+        crate::trace::record_duration(&span, started);
+        let Some(response) = step? else {
+            status = RunStatus::Interrupted;
+            break;
+        };
+        callsite += 1;
+        usage += response.usage;
+        let has_calls = response.has_calls();
+        let ModelResponse { mut parts, origin, .. } = response;
+        if !has_calls {
+            let message = Message::Assistant { parts, origin };
+            text = message.text();
+            transcript.push(message);
+            status = RunStatus::Finished;
+            break;
+        }
+        let calls = take_calls(&mut parts);
+        let n = calls.len() as u64;
+        let dispatched = dispatch::dispatch(&ctx, calls, callsite).await?;
+        callsite += n;
+        if !dispatched.pending.is_empty() {
+            // The turn resumes from its start once decided: everything before the pending
+            // calls replays from the journal, so only the decision is missing. (The transcript
+            // is rolled back to the turn's start below, so it never gets this response.)
+            pending = dispatched.pending;
+            status = RunStatus::Paused;
+            break;
+        }
+        // Dispatch reads nothing of the transcript, so the response joins it only now, its
+        // calls rebuilt from what dispatch gives back instead of copied before dispatch: every
+        // call answered, in source order, since nothing is pending.
+        let mut tool_calls = Vec::with_capacity(dispatched.outcomes.len());
+        let mut results = Vec::with_capacity(dispatched.outcomes.len());
+        for o in dispatched.outcomes {
+            let content = truncate_owned(dispatch::into_model_value(o.result), agent.max_tool_result_tokens);
+            results.push(Message::Tool { call_id: o.call_id.clone(), name: o.name.clone(), content });
+            tool_calls.push(ToolCallRequest { call_id: o.call_id, name: o.name, arguments: o.arguments });
+        }
+        put_calls(&mut parts, tool_calls);
+        transcript.push(Message::Assistant { parts, origin });
+        for message in results {
+            transcript.push(message);
+        }
+    }
+
+    if status == RunStatus::Paused {
+        events
+            .send(Event::Paused {
+                run_id: run_id.to_owned(),
+                pending: pending.iter().map(|p: &Pending| p.request.clone()).collect(),
+            })
+            .await;
+        // The transcript of a paused turn is rebuilt by replay on resume; keep the one
+        // before the turn.
+        transcript = state.messages.clone();
+    }
+    // A final answer (or an interrupted or paused turn) may leave its model response
+    // unwritten; it is journaled before the run's state says the turn ended.
+    if !fence.is_lost() {
+        ctx.journal.flush().await?;
+    }
+    if fence.is_lost() {
+        // Another owner carries the run on; this turn writes nothing more.
+        return Err(RunError::LeaseLost { run_id: run_id.to_owned(), token: fence.token() });
+    }
+    let closing = Closing { transcript, status, text, usage, pending };
+    let out = close(RunWriter::new(rt.store.as_ref(), fence), record, state, closing).await?;
+    events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
+    Ok(out)
+}

@@ -1,0 +1,315 @@
+//! The `RunStore` contract: where runs and their append-only journals live.
+//!
+//! One idea per file: [`runs`] (a run's row), [`steps`] (journal entries), [`leases`]
+//! (ownership) and [`errors`]; the trait itself is here. Implementations are in
+//! [`crate::stores`]. Every store passes the same conformance suite
+//! (`tests/store_conformance.rs`).
+
+mod errors;
+mod leases;
+mod runs;
+mod steps;
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+
+pub use errors::{StoreError, StoreErrorMessage};
+pub use leases::Lease;
+pub use runs::{RunFilter, RunRecord, RunStatus, RunSummary};
+pub use steps::{FinishedWithIntents, NewStep, StepKind, StepOutcome, StepRecord, StepStatus};
+
+/// Shorthand for store futures.
+///
+/// ```
+/// use kuralle::{RunStore, StoreFuture, stores::MemoryStore};
+///
+/// fn count_runs(store: &MemoryStore) -> StoreFuture<'_, usize> {
+///     Box::pin(async move { Ok(store.list_runs(Default::default()).await?.len()) })
+/// }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// assert_eq!(count_runs(&MemoryStore::new()).await, Ok(0));
+/// # });
+/// ```
+pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
+
+/// Durable storage of runs and their journals.
+///
+/// Contract (checked by the conformance suite):
+/// - [`append_steps`](Self::append_steps) assigns ordinals atomically: concurrent appenders
+///   get unique, gap-free ordinals, and one call's steps are contiguous and in the given order.
+///   A call is one durable commit.
+/// - [`put_run`](Self::put_run) is a compare-and-swap on `version`: of writers that read the
+///   same version exactly one wins.
+/// - A step moves `Running → Finished | Failed` once.
+/// - **Ownership.** A run has at most one owner, holding a [`Lease`]. Every write that belongs
+///   to a run carries the lease's token as `fence` and is checked in the same transaction as
+///   the write: it is accepted iff the run's lease exists, is not released, and its token
+///   equals `fence` (expiry alone does not reject: only a newer grant or a release does).
+///   Otherwise it fails with [`StoreError::Fenced`] and changes nothing. The fence check
+///   comes before every other check. Lease expiry is computed from the store's own clock.
+///   Reads and [`delete_run`](Self::delete_run) take no fence.
+///
+/// A run's life in a store, as the runtime drives it:
+///
+/// ```
+/// use kuralle::{RunStore, stores::MemoryStore};
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use kuralle::{StepOutcome, StoreError};
+///
+/// let store = MemoryStore::new();
+/// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+/// store.create_run(kuralle::RunRecord::new("run-1", "support"), lease.token).await?;
+/// // Intent before execute: the step is journaled `Running` first...
+/// let ordinals = store.append_steps("run-1", lease.token, vec![kuralle::NewStep::new("charge:o-1", kuralle::StepKind::Tool, "charge")]).await?;
+/// // ...then finalized once with its outcome.
+/// store.finish_step("run-1", lease.token, ordinals[0], StepOutcome::Finished(kuralle::JsonText::from(serde_json::json!("charged"))), 10).await?;
+/// let again = store.finish_step("run-1", lease.token, ordinals[0], StepOutcome::Finished(kuralle::JsonText::from(serde_json::json!("twice"))), 11).await;
+/// assert!(matches!(again, Err(StoreError::StepNotRunning { .. })));
+/// // The run's row is replaced by compare-and-swap on its version.
+/// let mut record = store.get_run("run-1").await?.expect("created");
+/// record.status = kuralle::RunStatus::Finished;
+/// assert_eq!(store.put_run(record, lease.token).await?, 1);
+/// # Ok::<(), kuralle::StoreError>(())
+/// # }).unwrap();
+/// ```
+pub trait RunStore: Send + Sync + 'static {
+    /// Creates a run (its `version` is stored as given, normally 0), under lease `fence`.
+    ///
+    /// ```
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(kuralle::RunRecord::new("run-1", "support"), lease.token).await?;
+    /// assert!(store.create_run(kuralle::RunRecord::new("run-1", "support"), lease.token).await.is_err()); // ids are unique
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    fn create_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, ()>;
+
+    /// The run, if it exists.
+    ///
+    /// ```
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(kuralle::RunRecord::new("run-1", "support"), lease.token).await?;
+    /// assert_eq!(store.get_run("run-1").await?.map(|r| r.agent_id), Some("support".into()));
+    /// assert_eq!(store.get_run("run-2").await?, None);
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunRecord>>;
+
+    /// Replaces the run's row if its stored version is `run.version`; returns the new version
+    /// (`run.version + 1`). Under lease `fence`.
+    ///
+    /// ```
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(kuralle::RunRecord::new("run-1", "support"), lease.token).await?;
+    /// let read = store.get_run("run-1").await?.expect("created");
+    /// assert_eq!(store.put_run(read.clone(), lease.token).await?, 1);
+    /// // A second writer that read the same version loses.
+    /// assert!(matches!(store.put_run(read, lease.token).await, Err(kuralle::StoreError::VersionConflict { .. })));
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    fn put_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, u64>;
+
+    /// Runs matching `filter`, most recently updated first.
+    ///
+    /// ```
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// let lease2 = store.acquire_lease("run-2", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(kuralle::RunRecord::new("run-1", "support"), lease.token).await?;
+    /// store.create_run(kuralle::RunRecord::new("run-2", "support"), lease2.token).await?;
+    /// let one = store.list_runs(kuralle::RunFilter { limit: Some(1), ..Default::default() }).await?;
+    /// assert_eq!(one.len(), 1);
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>>;
+
+    /// Deletes a run and its journal; `false` if it did not exist. Administrative: takes no
+    /// fence, and keeps the run's lease token so a reused id never reuses a token.
+    ///
+    /// ```
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(kuralle::RunRecord::new("run-1", "support"), lease.token).await?;
+    /// assert!(store.delete_run("run-1").await?);
+    /// assert!(!store.delete_run("run-1").await?);
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    fn delete_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, bool>;
+
+    /// Appends `Running` intents at the next ordinals, atomically, in one durable commit;
+    /// returns their ordinals. Under lease `fence`.
+    ///
+    /// ```
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(kuralle::RunRecord::new("run-1", "support"), lease.token).await?;
+    /// assert_eq!(store.append_steps("run-1", lease.token, vec![kuralle::NewStep::new("a", kuralle::StepKind::Tool, "charge"), kuralle::NewStep::new("b", kuralle::StepKind::Tool, "charge")]).await?, vec![0, 1]);
+    /// assert_eq!(store.append_steps("run-1", lease.token, vec![kuralle::NewStep::new("c", kuralle::StepKind::Tool, "charge")]).await?, vec![2]);
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    fn append_steps<'a>(&'a self, run_id: &'a str, fence: u64, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>>;
+
+    /// Finalizes a `Running` step, under lease `fence`.
+    ///
+    /// ```
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(kuralle::RunRecord::new("run-1", "support"), lease.token).await?;
+    /// store.append_steps("run-1", lease.token, vec![kuralle::NewStep::new("a", kuralle::StepKind::Tool, "charge")]).await?;
+    /// store.finish_step("run-1", lease.token, 0, kuralle::StepOutcome::Finished(kuralle::JsonText::from(serde_json::json!(42))), 3).await?;
+    /// assert_eq!(store.steps("run-1").await?[0].result.as_ref().expect("finished"), &serde_json::json!(42));
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    fn finish_step<'a>(
+        &'a self,
+        run_id: &'a str,
+        fence: u64,
+        ordinal: u64,
+        outcome: StepOutcome,
+        finished_at_ms: i64,
+    ) -> StoreFuture<'a, ()>;
+
+    /// Appends `write.finished` already finished with `write.outcome`, then the `Running`
+    /// intents `write.intents`, atomically, under lease `fence`; returns their ordinals (`finished`'s
+    /// first). The runtime journals a model response together with the intents of the calls it
+    /// asks for, so a one-call turn is two durable commits (this, then the call's outcome).
+    ///
+    /// The provided implementation is [`append_steps`](Self::append_steps) then
+    /// [`finish_step`](Self::finish_step): correct (a crash between them leaves the response
+    /// `Running`, which the runtime asks for again) but two commits; a store that can do both
+    /// in one transaction should.
+    fn append_finished_with_intents<'a>(
+        &'a self,
+        run_id: &'a str,
+        fence: u64,
+        write: FinishedWithIntents,
+    ) -> StoreFuture<'a, Vec<u64>> {
+        Box::pin(async move {
+            let FinishedWithIntents { finished, outcome, finished_at_ms, intents } = write;
+            let mut steps = Vec::with_capacity(intents.len() + 1);
+            steps.push(finished);
+            steps.extend(intents);
+            let ordinals = self.append_steps(run_id, fence, steps).await?;
+            let first = *ordinals
+                .first()
+                .ok_or_else(|| StoreError::Corrupt("the store assigned no ordinal to an appended step".into()))?;
+            self.finish_step(run_id, fence, first, outcome, finished_at_ms).await?;
+            Ok(ordinals)
+        })
+    }
+
+    /// The run's journal in ordinal order (empty for an unknown run).
+    ///
+    /// ```
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(kuralle::RunRecord::new("run-1", "support"), lease.token).await?;
+    /// store.append_steps("run-1", lease.token, vec![kuralle::NewStep::new("a", kuralle::StepKind::Tool, "charge"), kuralle::NewStep::new("b", kuralle::StepKind::Tool, "charge")]).await?;
+    /// let keys: Vec<_> = store.steps("run-1").await?.into_iter().map(|s| s.key).collect();
+    /// assert_eq!(keys, ["a", "b"]);
+    /// assert!(store.steps("unknown").await?.is_empty());
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>>;
+
+    /// Takes ownership of `run_id` (which need not exist yet) for `ttl` by the store's clock.
+    ///
+    /// Succeeds iff the run has no lease, or its lease is released or expired; the new token
+    /// is the previous one plus 1 (1 if none). Of concurrent acquirers exactly one wins; the
+    /// others get [`StoreError::LeaseHeld`].
+    fn acquire_lease<'a>(&'a self, run_id: &'a str, owner: &'a str, ttl: Duration) -> StoreFuture<'a, Lease>;
+
+    /// Extends `lease` to the store's now + `ttl`; returns it with the new expiry. Succeeds iff
+    /// its token is still the run's current one and not released (an expired lease nobody took
+    /// over may be renewed); else [`StoreError::Fenced`].
+    fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease>;
+
+    /// Gives the run up at once: others may acquire it, with a higher token. Fails with
+    /// [`StoreError::Fenced`] if `lease` is no longer current (callers usually ignore that).
+    fn release_lease<'a>(&'a self, lease: &'a Lease) -> StoreFuture<'a, ()>;
+
+    /// The run's current lease, if one is held (not released, not expired). Read-only: for
+    /// operators and tests.
+    fn current_lease<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<Lease>>;
+
+    /// The work queue: claims up to `limit` **runnable** runs (status
+    /// [`Running`](RunStatus::Running) and no live lease: submitted and not yet started,
+    /// handed back, or orphaned by a process that died) for `ttl`, granting each a lease whose
+    /// owner is `"<owner>/<run id>"`; oldest first. Used by
+    /// [`Runtime::serve`](crate::Runtime::serve).
+    ///
+    /// The default lists running runs and tries [`acquire_lease`](Self::acquire_lease) on each
+    /// that has no live lease (correct for any store, since acquiring is atomic); stores may
+    /// override it with one statement (PostgreSQL uses `FOR UPDATE SKIP LOCKED`).
+    fn claim_runnable<'a>(&'a self, owner: &'a str, ttl: Duration, limit: usize) -> StoreFuture<'a, Vec<Lease>> {
+        Box::pin(async move {
+            let mut claimed = Vec::new();
+            if limit == 0 {
+                return Ok(claimed);
+            }
+            let filter = RunFilter { status: Some(RunStatus::Running), limit: None };
+            // Most recently updated first: walk it backwards for oldest first.
+            for run in self.list_runs(filter).await?.iter().rev() {
+                if self.current_lease(&run.run_id).await?.is_some() {
+                    continue;
+                }
+                let lease = match self.acquire_lease(&run.run_id, &format!("{owner}/{}", run.run_id), ttl).await {
+                    Ok(lease) => lease,
+                    Err(StoreError::LeaseHeld { .. }) => continue,
+                    Err(e) => return Err(e),
+                };
+                // The list is a snapshot: the run's last turn may have closed it (and released
+                // its lease) since, and a closed run must not be claimed again.
+                let still_runnable = self.get_run(&run.run_id).await?.is_some_and(|r| r.status == RunStatus::Running);
+                if still_runnable {
+                    claimed.push(lease);
+                } else {
+                    self.release_lease(&lease).await?;
+                }
+                if claimed.len() == limit {
+                    break;
+                }
+            }
+            Ok(claimed)
+        })
+    }
+
+    /// Hints idle workers (of any process) that a run became runnable. Only a hint: workers
+    /// also poll. The default does nothing (workers of this store poll).
+    fn notify_runnable(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Waits for a [`notify_runnable`](Self::notify_runnable) hint from any process, or
+    /// `poll`, whichever comes first. The default sleeps `poll`.
+    fn wait_runnable(&self, poll: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(tokio::time::sleep(poll))
+    }
+}

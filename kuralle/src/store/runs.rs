@@ -1,0 +1,182 @@
+//! Runs: a run's row, its status, and what listing returns.
+
+use serde::{Deserialize, Serialize};
+
+use crate::json::JsonText;
+
+/// Lifecycle of a run.
+///
+/// ```
+/// use kuralle::RunStatus;
+///
+/// let status = RunStatus::MaxSteps;
+/// assert_eq!(status.as_str(), "max_steps");
+/// assert_eq!(serde_json::to_value(status).unwrap(), "max_steps");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// A turn is in progress (or was, when its process died: resume it).
+    Running,
+    /// Waiting for a human decision.
+    Paused,
+    /// The last turn finished with a model answer.
+    Finished,
+    /// The last turn reached `max_steps` before the model answered.
+    MaxSteps,
+    /// The caller interrupted the last turn.
+    Interrupted,
+    /// The last turn failed with an error that is not retryable.
+    Failed,
+}
+
+impl RunStatus {
+    /// The status as stored (`"running"`, `"max_steps"`, ...).
+    ///
+    /// ```
+    /// assert_eq!(kuralle::RunStatus::Paused.as_str(), "paused");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Paused => "paused",
+            Self::Finished => "finished",
+            Self::MaxSteps => "max_steps",
+            Self::Interrupted => "interrupted",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// Parses [`as_str`](Self::as_str) output.
+    ///
+    /// ```
+    /// use kuralle::RunStatus;
+    ///
+    /// assert_eq!(RunStatus::parse("finished"), Some(RunStatus::Finished));
+    /// assert_eq!(RunStatus::parse("done"), None);
+    /// ```
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "running" => Self::Running,
+            "paused" => Self::Paused,
+            "finished" => Self::Finished,
+            "max_steps" => Self::MaxSteps,
+            "interrupted" => Self::Interrupted,
+            "failed" => Self::Failed,
+            _ => return None,
+        })
+    }
+}
+
+/// A run's state row. `state` is owned by the runtime (transcript, current turn); stores
+/// keep it opaque.
+///
+/// ```
+/// use kuralle::{RunStore, stores::MemoryStore};
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let store = MemoryStore::new();
+/// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+/// store.create_run(kuralle::RunRecord::new("run-1", "support"), lease.token).await?;
+/// let record = store.get_run("run-1").await?.expect("created");
+/// assert_eq!((record.agent_id.as_str(), record.version), ("support", 0));
+/// # Ok::<(), kuralle::StoreError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// Run id.
+    pub run_id: String,
+    /// The agent that owns the run.
+    pub agent_id: String,
+    /// Lifecycle status.
+    pub status: RunStatus,
+    /// Current turn epoch; journal keys of earlier turns never match.
+    pub epoch: u64,
+    /// Optimistic-concurrency version, bumped by every successful [`RunStore::put_run`](super::RunStore::put_run).
+    pub version: u64,
+    /// Runtime-owned state, as JSON text.
+    pub state: JsonText,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_at_ms: i64,
+    /// Last update time, milliseconds since the Unix epoch.
+    pub updated_at_ms: i64,
+}
+
+impl RunRecord {
+    /// A new run of `agent_id`: status [`Running`](RunStatus::Running), epoch and version 0,
+    /// `null` state, created and updated now.
+    ///
+    /// ```
+    /// let record = kuralle::RunRecord::new("run-1", "support");
+    /// assert_eq!((record.status, record.version, record.epoch), (kuralle::RunStatus::Running, 0, 0));
+    /// assert_eq!(record.created_at_ms, record.updated_at_ms);
+    /// ```
+    pub fn new(run_id: impl Into<String>, agent_id: impl Into<String>) -> Self {
+        let now = crate::clock::now_ms();
+        Self {
+            run_id: run_id.into(),
+            agent_id: agent_id.into(),
+            status: RunStatus::Running,
+            epoch: 0,
+            version: 0,
+            state: JsonText::null(),
+            created_at_ms: now,
+            updated_at_ms: now,
+        }
+    }
+
+    /// The record with `state` as its runtime-owned state.
+    #[must_use]
+    pub fn with_state(mut self, state: JsonText) -> Self {
+        self.state = state;
+        self
+    }
+}
+
+/// What [`RunStore::list_runs`](super::RunStore::list_runs) returns per run: no state, no journal.
+///
+/// ```
+/// use kuralle::{RunStore, stores::MemoryStore};
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let store = MemoryStore::new();
+/// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+/// store.create_run(kuralle::RunRecord::new("run-1", "support"), lease.token).await?;
+/// let summaries = store.list_runs(kuralle::RunFilter::default()).await?;
+/// assert_eq!(summaries[0].run_id, "run-1");
+/// # Ok::<(), kuralle::StoreError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// Run id.
+    pub run_id: String,
+    /// The agent that owns the run.
+    pub agent_id: String,
+    /// Lifecycle status.
+    pub status: RunStatus,
+    /// Last update time, milliseconds since the Unix epoch.
+    pub updated_at_ms: i64,
+}
+
+/// Which runs [`RunStore::list_runs`](super::RunStore::list_runs) returns.
+///
+/// ```
+/// use kuralle::{RunStore, stores::MemoryStore};
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use kuralle::{RunFilter, RunStatus};
+///
+/// let store = MemoryStore::new();
+/// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+/// store.create_run(kuralle::RunRecord::new("run-1", "support"), lease.token).await?;
+/// let paused = RunFilter { status: Some(RunStatus::Paused), limit: Some(10) };
+/// assert!(store.list_runs(paused).await?.is_empty());
+/// # Ok::<(), kuralle::StoreError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunFilter {
+    /// Only runs with this status.
+    pub status: Option<RunStatus>,
+    /// At most this many, most recently updated first.
+    pub limit: Option<usize>,
+}

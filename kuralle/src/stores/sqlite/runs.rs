@@ -1,0 +1,160 @@
+//! Run rows' SQL: insert, compare-and-swap, read, list, delete.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::codec::{parse_run_status, to_u64};
+use super::errors::Mapper;
+use crate::store::{RunFilter, RunRecord, RunSummary, StoreError};
+
+/// The run's stored version, `None` when the run does not exist.
+pub(super) fn stored_version(conn: &Connection, run_id: &str, errors: Mapper) -> Result<Option<u64>, StoreError> {
+    let version: Option<i64> = conn
+        .prepare_cached("SELECT version FROM runs WHERE run_id = ?1")
+        .and_then(|mut stmt| stmt.query_row([run_id], |row| row.get(0)).optional())
+        .map_err(|e| errors.map(e))?;
+    version.map(|v| to_u64("runs.version", v)).transpose()
+}
+
+/// A run row ready to write: `(epoch, version, state JSON)`, converted before it is queued.
+pub(super) type PreparedRun = (i64, i64, String);
+
+pub(super) fn insert_run(
+    conn: &Connection,
+    errors: Mapper,
+    run: &RunRecord,
+    (epoch, version, state): PreparedRun,
+) -> Result<(), StoreError> {
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO runs (run_id, agent_id, status, epoch, version, next_ordinal, state, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8) ON CONFLICT (run_id) DO NOTHING",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                run.run_id,
+                run.agent_id,
+                run.status.as_str(),
+                epoch,
+                version,
+                state,
+                run.created_at_ms,
+                run.updated_at_ms
+            ])
+        })
+        .map_err(|e| errors.map(e))?;
+    if inserted == 0 {
+        return Err(StoreError::RunExists(run.run_id.clone()));
+    }
+    Ok(())
+}
+
+pub(super) fn update_run(
+    conn: &Connection,
+    errors: Mapper,
+    run: &RunRecord,
+    (epoch, version, state): PreparedRun,
+) -> Result<u64, StoreError> {
+    let next = version
+        .checked_add(1)
+        .ok_or_else(|| StoreError::LimitExceeded(format!("run `{}` version overflow", run.run_id).into()))?;
+    let updated = conn
+        .prepare_cached(
+            "UPDATE runs SET agent_id = ?1, status = ?2, epoch = ?3, version = ?4, state = ?5, updated_at = ?6
+             WHERE run_id = ?7 AND version = ?8",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                run.agent_id,
+                run.status.as_str(),
+                epoch,
+                next,
+                state,
+                run.updated_at_ms,
+                run.run_id,
+                version
+            ])
+        })
+        .map_err(|e| errors.map(e))?;
+    if updated == 1 {
+        return to_u64("runs.version", next);
+    }
+    match stored_version(conn, &run.run_id, errors)? {
+        None => Err(StoreError::RunNotFound(run.run_id.clone())),
+        Some(actual) => Err(StoreError::VersionConflict { run_id: run.run_id.clone(), expected: run.version, actual }),
+    }
+}
+
+pub(super) fn get_run(conn: &Connection, errors: Mapper, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+    conn.prepare_cached(
+        "SELECT run_id, agent_id, status, epoch, version, state, created_at, updated_at
+         FROM runs WHERE run_id = ?1",
+    )
+    .and_then(|mut stmt| {
+        stmt.query_row([run_id], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, i64>(3)?,
+                row.get::<_, i64>(4)?,
+                row.get::<_, String>(5)?,
+                row.get::<_, i64>(6)?,
+                row.get::<_, i64>(7)?,
+            ))
+        })
+        .optional()
+    })
+    .map_err(|e| errors.map(e))?
+    .map(|(run_id, agent_id, status, epoch, version, state, created_at_ms, updated_at_ms)| {
+        Ok(RunRecord {
+            status: parse_run_status(&status)?,
+            epoch: to_u64("runs.epoch", epoch)?,
+            version: to_u64("runs.version", version)?,
+            state: crate::json::JsonText::parse(state)
+                .map_err(|e| StoreError::Corrupt(format!("runs.state holds invalid JSON: {e}").into()))?,
+            run_id,
+            agent_id,
+            created_at_ms,
+            updated_at_ms,
+        })
+    })
+    .transpose()
+}
+
+pub(super) fn list_runs(conn: &Connection, errors: Mapper, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
+    let limit = filter.limit.map_or(-1, |limit| i64::try_from(limit).unwrap_or(i64::MAX));
+    let map_row = |row: &rusqlite::Row<'_>| {
+        Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?, row.get::<_, String>(2)?, row.get::<_, i64>(3)?))
+    };
+    let rows = match filter.status {
+        Some(status) => conn
+            .prepare_cached(
+                "SELECT run_id, agent_id, status, updated_at FROM runs WHERE status = ?1
+                 ORDER BY updated_at DESC, run_id ASC LIMIT ?2",
+            )
+            .and_then(|mut stmt| stmt.query_map(params![status.as_str(), limit], map_row)?.collect()),
+        None => conn
+            .prepare_cached(
+                "SELECT run_id, agent_id, status, updated_at FROM runs
+                 ORDER BY updated_at DESC, run_id ASC LIMIT ?1",
+            )
+            .and_then(|mut stmt| stmt.query_map(params![limit], map_row)?.collect()),
+    };
+    let rows: Vec<(String, String, String, i64)> = rows.map_err(|e| errors.map(e))?;
+    rows.into_iter()
+        .map(|(run_id, agent_id, status, updated_at_ms)| {
+            Ok(RunSummary { run_id, agent_id, status: parse_run_status(&status)?, updated_at_ms })
+        })
+        .collect()
+}
+
+/// Deletes the run and its journal; its lease row stays so a reused id never reuses a token.
+pub(super) fn delete_run(conn: &Connection, errors: Mapper, run_id: &str) -> Result<bool, StoreError> {
+    let deleted = conn
+        .prepare_cached("DELETE FROM steps WHERE run_id = ?1")
+        .and_then(|mut stmt| stmt.execute([run_id]))
+        .and_then(|_| conn.prepare_cached("DELETE FROM runs WHERE run_id = ?1"))
+        .and_then(|mut stmt| stmt.execute([run_id]))
+        .map_err(|e| errors.map(e))?;
+    Ok(deleted > 0)
+}
