@@ -169,6 +169,7 @@
 //! - [`ToolSet`]: export tool schemas (`to_openai()`, `specs()`) without running anything.
 //! - [`RunStore`]: the journal contract, to write your own store.
 //! - [`Event`]: what a run reports, serializable for your UI.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Lets doc tests and unit tests use the `::kuralle::` paths that the macros generate.
 #[allow(unused_extern_crates)]

@@ -769,13 +769,13 @@ async fn reasoning_items_survive_the_journal_into_the_next_turn_of_a_reopened_st
             .unwrap()
     };
     let first = runtime(kuralle::stores::SqliteStore::open(dir.path().join("runs.db")).unwrap());
-    let out = first.run(kuralle::RunRequest::new("Weather in Oslo?").session("s-j")).await.unwrap();
+    let out = first.run(kuralle::RunRequest::new("Weather in Oslo?").run_id("s-j")).await.unwrap();
     assert_eq!(out.text, "Oslo: 3 °C.");
     drop(first);
 
     // Another process, as it were: the store reopened, the transcript read back from it.
     let second = runtime(kuralle::stores::SqliteStore::open(dir.path().join("runs.db")).unwrap());
-    let out = second.run(kuralle::RunRequest::new("And tomorrow?").session("s-j")).await.unwrap();
+    let out = second.run(kuralle::RunRequest::new("And tomorrow?").run_id("s-j")).await.unwrap();
     assert_eq!(out.text, "Tomorrow: 5 °C.");
     let requests = server.requests();
     assert_eq!(requests.len(), 3);
@@ -836,7 +836,7 @@ async fn a_turn_from_the_chat_wire_sends_no_reasoning_and_no_item_ids() {
         .store_arc(Arc::clone(&store))
         .build()
         .unwrap();
-    let out = on_chat.run(kuralle::RunRequest::new("Weather in Oslo?").session("s-1")).await.unwrap();
+    let out = on_chat.run(kuralle::RunRequest::new("Weather in Oslo?").run_id("s-1")).await.unwrap();
     assert_eq!(out.text, "Oslo is 3 °C.");
     assert_eq!(chat.requests()[1].body["messages"][2]["reasoning_content"], "The user wants Oslo.");
 
@@ -846,7 +846,7 @@ async fn a_turn_from_the_chat_wire_sends_no_reasoning_and_no_item_ids() {
         .store_arc(store)
         .build()
         .unwrap();
-    let out = on_responses.run(kuralle::RunRequest::new("And Rome?").session("s-1")).await.unwrap();
+    let out = on_responses.run(kuralle::RunRequest::new("And Rome?").run_id("s-1")).await.unwrap();
     assert_eq!(out.text, "Rome is 18 °C.");
     assert_eq!(
         responses.requests()[0].body["input"],

@@ -73,8 +73,8 @@ impl RunRequest {
     }
 
     /// The old name of [`run_id`](Self::run_id), kept as an alias: a conversation is one run,
-    /// and every turn of it names the run. Like `run_id`, the last call wins. Prefer `run_id`;
-    /// this alias is to be deprecated.
+    /// and every turn of it names the run. Like `run_id`, the last call wins.
+    #[deprecated(since = "0.1.0", note = "a conversation is one run: use `run_id`")]
     #[must_use]
     pub fn session(self, id: impl Into<String>) -> Self {
         self.run_id(id)

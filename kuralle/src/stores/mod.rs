@@ -3,7 +3,7 @@
 //! - [`MemoryStore`]: a process-local map; nothing survives the process. For tests and demos.
 //! - [`SqliteStore`] (feature `sqlite`, on by default): the embedded durable store. WAL,
 //!   `synchronous=FULL`, one writer thread doing group commit.
-//! - [`PostgresStore`] (feature `postgres`): many workers on many machines; leases with
+//! - `PostgresStore` (feature `postgres`): many workers on many machines; leases with
 //!   fencing tokens checked by the database on every write.
 //!
 //! Every store passes the same conformance suite and has the same semantics, including the
