@@ -55,7 +55,9 @@ pub enum Yielded<P, R> {
 /// Obtained from [`Tool::prepare`]; validation happened exactly once, there.
 pub trait PreparedCall: Send {
     /// The idempotency key the tool derives from its validated input, if it overrides the
-    /// journal's derived key (`#[tool(idempotency_key = ...)]`).
+    /// journal's derived key (`#[tool(idempotency_key = ...)]`). Calls with one key are one
+    /// effect: a later call replays the first one's result, and calls of one parallel batch
+    /// that share it run once (after one approval) and each get its result.
     fn idempotency_key(&self) -> Option<String> {
         None
     }

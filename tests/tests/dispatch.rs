@@ -11,7 +11,7 @@ use std::{
 
 use futures::StreamExt;
 use kuralle::{
-    AgentDef, Event, Message, RunOutput, RunStatus, Runtime, ToolError,
+    AgentDef, Decision, Event, Message, RunOutput, RunRequest, RunStatus, Runtime, StepKind, ToolError,
     testing::{ScriptedModel, Turn},
 };
 use kuralle_tests::{FnTool, Probe, tool_results as results};
@@ -339,4 +339,123 @@ async fn model_errors_end_the_run_with_a_typed_error() {
     let err = rt.run("go").await.unwrap_err();
     assert!(matches!(err, kuralle::RunError::Model(kuralle::ModelError::Provider(_))), "{err:?}");
     assert!(err.is_retryable());
+}
+
+/// Two parallel calls in one response that share an idempotency key are one effect: it runs
+/// once, both calls get its result, and the journal holds one tool step (issue 24, item 6).
+#[tokio::test]
+async fn parallel_calls_sharing_a_key_run_once_and_both_get_the_result() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let charge = FnTool::new("charge", move |args, _| {
+        let r = r.clone();
+        async move {
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok(json!({"charged": args["amount"]}))
+        }
+    })
+    .parallel()
+    .key(|args| format!("charge-{}", args["order"]));
+    let model = ScriptedModel::new([
+        Turn::tool_calls([
+            ("c1", "charge", r#"{"order":"A-1","amount":5}"#),
+            ("c2", "charge", r#"{"order":"A-1","amount":5}"#),
+            ("c3", "charge", r#"{"order":"B-2","amount":7}"#),
+        ]),
+        Turn::text("done"),
+    ]);
+    let rt = Runtime::builder().agent(AgentDef::new("shop", "x").tool(charge)).model(model).build().unwrap();
+    let mut handle = rt.run(RunRequest::new("pay").run_id("r"));
+    let mut events = Vec::new();
+    while let Some(e) = handle.next().await {
+        events.push(e);
+    }
+    let out = handle.await.unwrap();
+    assert_eq!(out.status, RunStatus::Finished);
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "A-1 once, B-2 once");
+    let results = results(&events);
+    assert_eq!(results.len(), 3, "{results:?}");
+    assert_eq!(results[0].1, json!({"charged": 5}));
+    assert_eq!(results[1].1, json!({"charged": 5}));
+    assert_eq!(results[2].1, json!({"charged": 7}));
+    let tool_steps = rt.journal("r").await.unwrap().into_iter().filter(|s| s.kind == StepKind::Tool).count();
+    assert_eq!(tool_steps, 2, "one step per key");
+}
+
+/// With `needs_approval`, two parallel calls sharing a key ask once; once approved, the call
+/// runs once and both calls get its result.
+#[tokio::test]
+async fn parallel_calls_sharing_a_key_ask_for_approval_once() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let charge = FnTool::new("charge", move |args, _| {
+        let r = r.clone();
+        async move {
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok(json!({"charged": args["amount"]}))
+        }
+    })
+    .parallel()
+    .needs_approval()
+    .key(|args| format!("charge-{}", args["order"]));
+    let model = ScriptedModel::by_transcript([
+        Turn::tool_calls([
+            ("c1", "charge", r#"{"order":"A-1","amount":5}"#),
+            ("c2", "charge", r#"{"order":"A-1","amount":5}"#),
+        ]),
+        Turn::text("done"),
+    ]);
+    let rt = Runtime::builder().agent(AgentDef::new("shop", "x").tool(charge)).model(model).build().unwrap();
+    let mut handle = rt.run(RunRequest::new("pay").run_id("r"));
+    let mut pending = Vec::new();
+    while let Some(e) = handle.next().await {
+        if let Event::Paused { pending: p, .. } = e {
+            pending = p;
+        }
+    }
+    assert_eq!(handle.await.unwrap().status, RunStatus::Paused);
+    assert_eq!(pending.len(), 1, "one approval per key: {pending:?}");
+    let out = rt.deliver("r", Decision::approve("alice")).await.unwrap();
+    assert_eq!(out.status, RunStatus::Finished, "{out:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, ..Default::default() })]
+
+    /// However many parallel calls of one response share keys, and in whatever order, each key
+    /// runs exactly once, every call gets its key's result, and the run finishes.
+    #[test]
+    fn shared_keys_in_a_batch_run_once_each(orders in proptest::collection::vec(0u8..4, 1..10)) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let runs = Arc::new(std::sync::Mutex::new(std::collections::HashMap::<String, usize>::new()));
+            let r = runs.clone();
+            let charge = FnTool::new("charge", move |args, _| {
+                let r = r.clone();
+                async move {
+                    *r.lock().unwrap().entry(args["order"].to_string()).or_default() += 1;
+                    Ok(json!({"order": args["order"]}))
+                }
+            })
+            .parallel()
+            .key(|args| format!("charge-{}", args["order"]));
+            let calls: Vec<(String, String, String)> = orders
+                .iter()
+                .enumerate()
+                .map(|(i, o)| (format!("c{i}"), "charge".to_owned(), format!(r#"{{"order":{o}}}"#)))
+                .collect();
+            let model = ScriptedModel::new([Turn::tool_calls(calls), Turn::text("done")]);
+            let runtime = runtime(AgentDef::new("shop", "x").tool(charge), &model);
+            let (events, out) = run_collect(&runtime, "pay").await;
+            assert_eq!(out.status, RunStatus::Finished);
+            let distinct: std::collections::HashSet<u8> = orders.iter().copied().collect();
+            let runs = runs.lock().unwrap().clone();
+            assert_eq!(runs.len(), distinct.len());
+            assert!(runs.values().all(|n| *n == 1), "{runs:?}");
+            let got: Vec<Value> = results(&events).into_iter().map(|r| r.1).collect();
+            let want: Vec<Value> = orders.iter().map(|o| json!({"order": o})).collect();
+            assert_eq!(got, want);
+        });
+    }
 }

@@ -68,11 +68,17 @@ pub(super) async fn run(
         })
         .collect();
 
+    // Calls of the batch that share a key (a tool's own idempotency key, called twice with the
+    // same arguments) are one effect: the first runs, the others take its answer. Without this
+    // both would write the same intent, and the store refuses the second.
+    let leaders = shared_keys(&plans);
+
     // Intents for every fresh call of the batch, in source order, in one append.
     let fresh: Vec<&mut Ready> = plans
         .iter_mut()
-        .filter_map(|pl| match pl {
-            Plan::Job(Job::Run(r)) if r.ordinal.is_none() => Some(r),
+        .enumerate()
+        .filter_map(|(i, pl)| match pl {
+            Plan::Job(Job::Run(r)) if r.ordinal.is_none() && leaders.get(i).is_none_or(Option::is_none) => Some(r),
             _ => None,
         })
         .collect();
@@ -86,7 +92,8 @@ pub(super) async fn run(
     // their slot at once; only calls that run go through the bounded pool.
     let mut slots: Vec<Option<Slot>> = Vec::with_capacity(heads.len());
     let mut jobs = Vec::new();
-    let runs = plans.iter().filter(|pl| matches!(pl, Plan::Job(_))).count();
+    let followers = leaders.iter().filter(|l| l.is_some()).count();
+    let runs = plans.iter().filter(|pl| matches!(pl, Plan::Job(_))).count() - followers;
     // A lone call (every serial call) runs without a task of its own; see `execute`.
     let alone = runs == 1;
     for (i, (p, plan)) in heads.iter().zip(plans).enumerate() {
@@ -101,6 +108,8 @@ pub(super) async fn run(
                 trace::tool_pending(&span, started);
                 slots.push(Some(Err(pending)));
             }
+            // Answered below from the call whose key it shares.
+            Plan::Job(_) if leaders.get(i).is_some_and(Option::is_some) => slots.push(None),
             Plan::Job(job) => {
                 slots.push(None);
                 let turn = Arc::clone(turn);
@@ -142,6 +151,12 @@ pub(super) async fn run(
     for (i, result) in ran {
         slots[i] = Some(Ok((result, false)));
     }
+    for (i, leader) in leaders.iter().enumerate() {
+        if let Some(leader) = *leader {
+            let answer = slots[leader].clone();
+            slots[i] = answer;
+        }
+    }
 
     let mut pending = Vec::new();
     let mut outcomes = Vec::with_capacity(heads.len());
@@ -151,6 +166,8 @@ pub(super) async fn run(
                 let arguments = p.args.into_text();
                 outcomes.push(CallOutcome { call_id: p.req.call_id, name: p.req.name, arguments, result, replayed });
             }
+            // One approval per key: calls that share one are decided together.
+            Err(waiting) if pending.iter().any(|p: &Pending| p.request.request_id == waiting.request.request_id) => {}
             Err(waiting) => pending.push(waiting),
         }
     }
@@ -165,4 +182,37 @@ pub(super) async fn run(
         .await;
     }
     Ok((outcomes, pending))
+}
+
+/// For each planned call, the earlier call of the batch whose key it shares, if any. Empty when
+/// no two calls share a key (the common case costs no map).
+fn shared_keys(plans: &[Plan]) -> Vec<Option<usize>> {
+    fn key(pl: &Plan) -> Option<&str> {
+        match pl {
+            Plan::Job(Job::Run(r)) => Some(r.key.as_str()),
+            Plan::Job(Job::Indeterminate { key, .. }) => Some(key.as_str()),
+            _ => None,
+        }
+    }
+    let jobs = plans.iter().filter_map(key).count();
+    if jobs < 2 {
+        return Vec::new();
+    }
+    let mut first: std::collections::HashMap<&str, usize> = std::collections::HashMap::with_capacity(jobs);
+    let mut leaders = vec![None; plans.len()];
+    let mut shared = false;
+    for (i, pl) in plans.iter().enumerate() {
+        if let Some(k) = key(pl) {
+            match first.entry(k) {
+                std::collections::hash_map::Entry::Occupied(e) => {
+                    leaders[i] = Some(*e.get());
+                    shared = true;
+                }
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(i);
+                }
+            }
+        }
+    }
+    if shared { leaders } else { Vec::new() }
 }
