@@ -13,7 +13,8 @@ use futures::StreamExt;
 use kuralle::{
     AgentDef, Event, RunStore, Runtime, StepKind, Tool, ToolContext, ToolError, ToolEvent, ToolSet,
     mcp::{
-        IDEMPOTENCY_KEY_META, McpClient, McpContent, McpRequest, McpServer, McpTool, rmcp::model::CallToolRequestParams,
+        IDEMPOTENCY_KEY_META, McpClient, McpClientOptions, McpContent, McpError, McpRequest, McpServer, McpTool,
+        rmcp::model::CallToolRequestParams,
     },
     progress,
     stores::MemoryStore,
@@ -283,4 +284,65 @@ async fn an_agent_journals_remote_calls_under_the_key_the_server_sees() {
     let step = steps.iter().find(|s| s.kind == StepKind::Tool && s.name == "key_seen").expect("a journal step");
     assert_eq!(seen, Some(Value::String(step.key.clone())));
     assert_eq!(step.result.as_ref().map(kuralle::JsonText::to_value), seen);
+}
+
+/// A server that accepts the connection and never answers cannot hang the client: connecting
+/// ends with a timeout (issue 24, item 4).
+#[tokio::test]
+async fn a_server_that_never_answers_the_handshake_times_out() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket); // read nothing, answer nothing
+        }
+    });
+    let options = McpClientOptions::new().connect_timeout(Duration::from_millis(300));
+    let err = McpClient::http_with(url, options).await.unwrap_err();
+    assert!(matches!(err, McpError::Timeout { after, .. } if after == Duration::from_millis(300)), "{err}");
+}
+
+static NEVER_CANCELLED: AtomicU64 = AtomicU64::new(0);
+
+/// Answers only when cancelled.
+#[tool]
+async fn never_answers(ctx: &ToolContext) -> String {
+    ctx.cancellation().cancelled().await;
+    NEVER_CANCELLED.fetch_add(1, Ordering::SeqCst);
+    "cancelled".to_owned()
+}
+
+/// A call the server never answers ends at the call timeout with a typed error for the model,
+/// and the server is told to cancel (the tool sees its token fire).
+#[tokio::test]
+async fn a_call_the_server_never_answers_times_out() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    tokio::spawn(McpServer::new(ToolSet::new().with(NeverAnswers)).serve_http(listener, std::future::pending()));
+    let options = McpClientOptions::new().call_timeout(Duration::from_millis(300));
+    let client = McpClient::http_with(url, options).await.unwrap();
+    let result = call(&client, "never_answers", json!({})).await;
+    assert!(
+        matches!(&result, Err(ToolError::Timeout { tool, limit }) if tool == "never_answers" && *limit == Duration::from_millis(300)),
+        "{result:?}"
+    );
+    for _ in 0..100 {
+        if NEVER_CANCELLED.load(Ordering::SeqCst) > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the server's call was never cancelled");
+}
+
+/// Listing limits reach the real client: a server listing more tools than allowed is refused.
+#[tokio::test]
+async fn a_listing_past_the_tool_limit_is_refused() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    tokio::spawn(McpServer::new(tools()).serve_http(listener, std::future::pending()));
+    let client = McpClient::http_with(url, McpClientOptions::new().max_tools(3)).await.unwrap();
+    let err = client.tools().await.unwrap_err();
+    assert!(matches!(&err, McpError::Limit(m) if m.contains("3 tools")), "{err}");
 }

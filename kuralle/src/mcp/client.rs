@@ -21,6 +21,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use super::{
     IDEMPOTENCY_KEY_META, McpError,
     content::{from_call_result, unwrap_output_schema},
+    options::{McpClientOptions, gather, unusable},
 };
 use crate::{
     context::ToolContext,
@@ -121,6 +122,7 @@ pub struct McpClient {
 
 struct Inner {
     service: RunningService<RoleClient, Handler>,
+    options: McpClientOptions,
 }
 
 impl std::fmt::Debug for McpClient {
@@ -138,23 +140,56 @@ impl McpClient {
     /// # Errors
     /// [`McpError::Connect`] when the command cannot start or the handshake fails.
     pub async fn stdio(command: tokio::process::Command) -> Result<Self, McpError> {
+        Self::stdio_with(command, McpClientOptions::default()).await
+    }
+
+    /// [`stdio`](Self::stdio) with deadlines and limits of its own.
+    ///
+    /// # Errors
+    /// [`McpError::Connect`] as for `stdio`; [`McpError::Timeout`] when the handshake takes
+    /// longer than the connect timeout.
+    pub async fn stdio_with(command: tokio::process::Command, options: McpClientOptions) -> Result<Self, McpError> {
         let transport = TokioChildProcess::new(command).map_err(|e| McpError::Connect(e.to_string()))?;
-        Self::connect(Handler::default().serve(transport).await)
+        let served = tokio::time::timeout(options.connect_timeout, Handler::default().serve(transport)).await;
+        Self::connect(served, options)
     }
 
     /// Connects to a streamable HTTP endpoint such as `http://127.0.0.1:3001/mcp`.
     ///
     /// # Errors
-    /// [`McpError::Connect`] when the server cannot be reached or the handshake fails.
+    /// [`McpError::Connect`] when the server cannot be reached or the handshake fails;
+    /// [`McpError::Timeout`] when it does not answer within 30 s.
     pub async fn http(url: impl Into<String>) -> Result<Self, McpError> {
-        let url: String = url.into();
-        let transport = StreamableHttpClientTransport::from_uri(url);
-        Self::connect(Handler::default().serve(transport).await)
+        Self::http_with(url, McpClientOptions::default()).await
     }
 
-    fn connect<E: std::fmt::Display>(served: Result<RunningService<RoleClient, Handler>, E>) -> Result<Self, McpError> {
+    /// [`http`](Self::http) with deadlines and limits of its own.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use kuralle::mcp::{McpClient, McpClientOptions};
+    /// # async fn demo() -> Result<(), kuralle::mcp::McpError> {
+    /// let options = McpClientOptions::new().connect_timeout(Duration::from_secs(5)).call_timeout(Duration::from_secs(30));
+    /// let client = McpClient::http_with("http://127.0.0.1:3001/mcp", options).await?;
+    /// # let _ = client; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// See [`http`](Self::http).
+    pub async fn http_with(url: impl Into<String>, options: McpClientOptions) -> Result<Self, McpError> {
+        let url: String = url.into();
+        let transport = StreamableHttpClientTransport::from_uri(url);
+        let served = tokio::time::timeout(options.connect_timeout, Handler::default().serve(transport)).await;
+        Self::connect(served, options)
+    }
+
+    fn connect<E: std::fmt::Display>(
+        served: Result<Result<RunningService<RoleClient, Handler>, E>, tokio::time::error::Elapsed>,
+        options: McpClientOptions,
+    ) -> Result<Self, McpError> {
+        let served = served.map_err(|_| McpError::Timeout { what: "the handshake", after: options.connect_timeout })?;
         let service = served.map_err(|e| McpError::Connect(e.to_string()))?;
-        Ok(Self { inner: Arc::new(Inner { service }) })
+        Ok(Self { inner: Arc::new(Inner { service, options }) })
     }
 
     /// The connection, for requests this type does not wrap.
@@ -162,14 +197,35 @@ impl McpClient {
         self.inner.service.peer()
     }
 
-    /// The server's tools, as [`Tool`]s.
+    /// The server's tools, as [`Tool`]s. A tool a model provider would refuse (a name outside
+    /// `[a-zA-Z0-9_-]{1,64}`, an input schema that is not an object, a name listed twice) is
+    /// left out with a warning, so one bad tool cannot make every model request fail.
     ///
     /// # Errors
-    /// [`McpError::Request`] when listing fails.
+    /// [`McpError::Request`] when listing fails; [`McpError::Timeout`] when a page takes
+    /// longer than the list timeout; [`McpError::Limit`] past the page, tool or size limit.
     pub async fn tools(&self) -> Result<Vec<McpTool>, McpError> {
-        let listed = self.peer().list_all_tools().await?;
+        let peer = self.peer();
+        let listed = gather(&self.inner.options, |cursor| async move {
+            let params = rmcp::model::PaginatedRequestParams::default().with_cursor(cursor);
+            let page = peer.list_tools(Some(params)).await?;
+            Ok((page.tools, page.next_cursor))
+        })
+        .await?;
+        let mut names = std::collections::HashSet::new();
         Ok(listed
             .into_iter()
+            .filter(|t| match unusable(t) {
+                Some(why) => {
+                    tracing::warn!(tool = %t.name, %why, "an MCP tool is left out");
+                    false
+                }
+                None if !names.insert(t.name.to_string()) => {
+                    tracing::warn!(tool = %t.name, "an MCP tool listed twice is left out the second time");
+                    false
+                }
+                None => true,
+            })
             .map(|t| {
                 let (output_schema, wrapped) = match t.output_schema {
                     Some(s) => {
@@ -231,9 +287,15 @@ impl McpClient {
         };
         let mut handle = self.peer().send_cancellable_request(request, options).await.map_err(unreachable)?;
         let (mut updates, _subscription) = self.inner.service.service().subscribe(handle.progress_token.clone());
+        let deadline = tokio::time::sleep(self.inner.options.call_timeout);
+        tokio::pin!(deadline);
         let response = loop {
             tokio::select! {
                 response = &mut handle.rx => break response,
+                () = &mut deadline => {
+                    let _ = handle.cancel(Some("the call took too long".to_owned())).await;
+                    return Err(ToolError::Timeout { tool: name.to_owned(), limit: self.inner.options.call_timeout });
+                }
                 Some(update) = updates.recv() => {
                     let _ = progress.unbounded_send(progress_value(&update));
                 }

@@ -15,6 +15,17 @@ pub enum McpError {
     /// A request to the peer failed (transport closed, protocol error, timeout).
     #[error("MCP request failed: {0}")]
     Request(String),
+    /// The server did not answer in time (connecting, or one `tools/list` page).
+    #[error("the MCP server did not answer {what} within {after:?}")]
+    Timeout {
+        /// What was waited for.
+        what: &'static str,
+        /// The deadline.
+        after: std::time::Duration,
+    },
+    /// A listing passed a limit of [`McpClientOptions`](super::McpClientOptions).
+    #[error("MCP listing refused: {0}")]
+    Limit(String),
     /// Serving failed (the transport broke, or the listener could not accept).
     #[error("MCP server failed: {0}")]
     Serve(String),

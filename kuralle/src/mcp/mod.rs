@@ -10,7 +10,9 @@
 //!   tools into [`Tool`](crate::Tool)s for an agent. Their calls are journaled like any tool's:
 //!   a resumed run answers a finished call from the journal instead of calling the server
 //!   again, and every call carries its idempotency key in `_meta`
-//!   ([`IDEMPOTENCY_KEY_META`]).
+//!   ([`IDEMPOTENCY_KEY_META`]). Connecting, listing and calling have deadlines, and a
+//!   listing has page, tool and size limits ([`McpClientOptions`]); a tool a model provider
+//!   would reject (its name or input schema) is left out of the listing with a warning.
 //!
 //! ```no_run
 //! use kuralle::{ToolSet, mcp::McpServer, tool};
@@ -27,12 +29,14 @@
 mod client;
 mod content;
 mod error;
+mod options;
 mod request;
 mod server;
 
 pub use client::{McpClient, McpTool};
 pub use content::{CONTENT_KEY, McpContent};
 pub use error::McpError;
+pub use options::McpClientOptions;
 pub use request::McpRequest;
 /// The MCP SDK kuralle is built on, for tools that need its types (content blocks, sampling,
 /// elicitation) without a dependency of their own.
