@@ -231,3 +231,40 @@ async fn the_agent_attribute_sets_the_policy() {
     let denied = rt.deliver("r", Decision::deny("bob", "no")).await.unwrap();
     assert_eq!(denied.status, RunStatus::Finished);
 }
+
+/// The MCP path: an agent served over MCP holds every MCP client to the agent's policy (issue
+/// 24, item 3). Before, `McpServer::for_agent` dropped the policy and a denied or asked-about
+/// call ran for any client.
+#[tokio::test]
+async fn an_mcp_client_cannot_bypass_the_agents_policy() {
+    use kuralle::mcp::{McpClient, McpServer};
+
+    let wires = Arc::new(AtomicUsize::new(0));
+    let deletes = Arc::new(AtomicUsize::new(0));
+    let agent = AgentDef::new("payments", "x")
+        .tool(counting("wire", &wires))
+        .tool(counting("delete_user", &deletes))
+        .policy(payments_policy());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    tokio::spawn(McpServer::for_agent(&agent).serve_http(listener, std::future::pending()));
+    let client = McpClient::http(url).await.unwrap();
+    let tools = client.tools().await.unwrap();
+    let call = |name: &'static str, args: Value| {
+        let tool = tools.iter().find(|t| kuralle::Tool::name(*t) == name).unwrap().clone();
+        async move { kuralle::Tool::call(&tool, args, kuralle::ToolContext::detached()).await }
+    };
+
+    let denied = call("delete_user", json!({"id": 1})).await;
+    assert!(denied.is_err(), "{denied:?}");
+    assert!(format!("{denied:?}").contains("deleting is not allowed"), "{denied:?}");
+    assert_eq!(deletes.load(Ordering::SeqCst), 0, "a denied call never runs");
+
+    let asked = call("wire", json!({"amount": 900})).await;
+    assert!(asked.is_err(), "a call the policy asks about cannot wait for a human over MCP: {asked:?}");
+    assert_eq!(wires.load(Ordering::SeqCst), 0);
+
+    let allowed = call("wire", json!({"amount": 5})).await;
+    assert!(allowed.is_ok(), "{allowed:?}");
+    assert_eq!(wires.load(Ordering::SeqCst), 1);
+}

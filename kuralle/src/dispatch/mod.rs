@@ -189,6 +189,7 @@ pub(crate) fn journal_failure(turn: &TurnCtx, name: &str, doing: &str, e: RunErr
 #[cfg(feature = "mcp")]
 pub(crate) async fn call_standalone(
     tools: &ToolSet,
+    policy: &Policy,
     run_id: &str,
     call: ToolCallRequest,
     interrupt: CancellationToken,
@@ -205,8 +206,8 @@ pub(crate) async fn call_standalone(
         interrupt,
         max_concurrency: 1,
         max_result_bytes: crate::stores::DEFAULT_MAX_VALUE_BYTES,
-        // A tool set served on its own has no agent, so no agent policy applies.
-        policy: Policy::new(),
+        // The same policy as the agent's model calls: no path to a tool skips it.
+        policy: policy.clone(),
         fatal: Mutex::new(None),
     });
     let done = dispatch(&turn, vec![call], 0)

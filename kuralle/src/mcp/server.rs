@@ -33,6 +33,7 @@ use crate::{
     dispatch::call_standalone,
     event::Event,
     model::ToolCallRequest,
+    policy::Policy,
     tool::{Tool, ToolSet},
 };
 
@@ -59,6 +60,9 @@ pub struct McpServer {
 
 struct Shared {
     tools: ToolSet,
+    /// The agent's policy (or one set with [`McpServer::policy`]): an MCP client is held to
+    /// the same rules as the agent's model.
+    policy: Policy,
     info: Implementation,
     instructions: Option<String>,
     allowed_hosts: Option<Vec<String>>,
@@ -76,6 +80,7 @@ impl McpServer {
         Self {
             shared: Arc::new(Shared {
                 tools: tools.into(),
+                policy: Policy::new(),
                 info: Implementation::new("kuralle", env!("CARGO_PKG_VERSION")),
                 instructions: None,
                 allowed_hosts: None,
@@ -84,12 +89,30 @@ impl McpServer {
         }
     }
 
-    /// A server for an agent's tools, with its instructions.
+    /// A server for an agent's tools, with its instructions and its [`Policy`]: a call the
+    /// policy denies is refused, and one it would ask a human about is refused too (an MCP
+    /// call cannot wait for a decision), exactly as for the agent's own model.
     pub fn for_agent(agent: &impl Agent) -> Self {
         let def = agent.definition();
         let mut server = Self::new(def.tools);
-        server.shared_mut().instructions = Some(def.instructions);
+        let shared = server.shared_mut();
+        shared.instructions = Some(def.instructions);
+        shared.policy = def.policy;
         server
+    }
+
+    /// The policy every `tools/call` goes through (default: allow all, as a tool set with no
+    /// agent has none).
+    ///
+    /// ```
+    /// use kuralle::{Policy, ToolSet, mcp::McpServer};
+    /// let server = McpServer::new(ToolSet::new()).policy(Policy::new().deny("delete_*", "not over MCP"));
+    /// # let _ = server;
+    /// ```
+    #[must_use]
+    pub fn policy(mut self, policy: impl Into<Policy>) -> Self {
+        self.shared_mut().policy = policy.into();
+        self
     }
 
     fn shared_mut(&mut self) -> &mut Shared {
@@ -180,7 +203,7 @@ impl McpServer {
         let (events, mut progress) = crate::event::EventSender::channel(crate::runtime::DEFAULT_EVENT_BUFFER);
         let token = cx.meta.get_progress_token();
         let mut sent = 0u64;
-        let running = call_standalone(&self.shared.tools, &run_id, call, cx.ct.clone(), events);
+        let running = call_standalone(&self.shared.tools, &self.shared.policy, &run_id, call, cx.ct.clone(), events);
         tokio::pin!(running);
         let outcome = loop {
             tokio::select! {
