@@ -1180,3 +1180,27 @@ async fn a_schema_strict_mode_cannot_express_is_an_invalid_request() {
     );
     assert!(server.requests().is_empty());
 }
+
+/// A 429 that persists is retried by the request's own budget only: the answer that never came
+/// is not asked for again by the before-first-event retry (that would be (n + 1)² requests).
+#[tokio::test(start_paused = true)]
+async fn persistent_429_spends_the_retry_budget_once() {
+    let limited = || {
+        Reply::Status {
+        status: 429,
+        reason: "Too Many Requests",
+        headers: vec![],
+        body: json!({"error": {"message": "Rate limit reached.", "type": "requests", "param": null, "code": "rate_limit_exceeded"}})
+            .to_string(),
+    }
+    };
+    let server = Server::start((0..9).map(|_| limited()).collect()).await;
+    let model = client(&server)
+        .max_retries(2)
+        .retry_backoff(Duration::from_millis(20), Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let events = collect(&model, user_request("hi")).await;
+    assert!(matches!(&events[..], [Err(ModelError::RateLimited { attempts: 3, .. })]), "{events:?}");
+    assert_eq!(server.requests().len(), 3);
+}

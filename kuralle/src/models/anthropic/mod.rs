@@ -7,11 +7,7 @@ mod assemble;
 mod config;
 mod request;
 
-use std::{
-    borrow::Cow,
-    fmt,
-    sync::{Arc, Mutex},
-};
+use std::{borrow::Cow, fmt, sync::Arc};
 
 use assemble::Assembler;
 pub use config::AnthropicBuilder;
@@ -21,7 +17,10 @@ use serde_json::Value;
 use crate::{
     Model,
     model::{ModelError, ModelEvent, ModelRequest, Usage},
-    models::http::{Http, Instrumented, read, send::retry_before_first_event},
+    models::http::{
+        Http, Instrumented, read,
+        send::{SendFailure, retry_before_first_event},
+    },
 };
 
 /// What [`Model::provider`] says for this wire.
@@ -145,34 +144,19 @@ impl Model for Anthropic {
             Ok(body) => Arc::new(body),
             Err(e) => return Box::pin(futures::stream::once(async move { Err(e) })),
         };
-        // `send` has already spent the retry budget on a failed request; such a failure is
-        // parked here, out of the retry below, which is for errors inside a 200 answer.
-        let failed = Arc::new(Mutex::new(None));
         let retry = inner.http.retry;
-        let attempts = {
-            let failed = Arc::clone(&failed);
-            retry_before_first_event(retry, move || respond(Arc::clone(&inner), Arc::clone(&body), Arc::clone(&failed)))
-        };
-        let events = async_stream::stream! {
-            let mut attempts = attempts;
-            while let Some(item) = attempts.next().await {
-                yield item;
-            }
-            let parked = failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
-            if let Some(error) = parked {
-                yield Err(error);
-            }
-        };
+        let events =
+            retry_before_first_event(retry, move |failed| respond(Arc::clone(&inner), Arc::clone(&body), failed));
         Box::pin(Instrumented { inner: events, span })
     }
 }
 
 /// One attempt at the response: the request, and as many continuations as the API pauses
-/// for. A failure of `send` ends the stream and is left in `failed`.
+/// for. A failure of `send` ends the stream and is handed to `failed`.
 fn respond(
     inner: Arc<Inner>,
     body: Arc<Value>,
-    failed: Arc<Mutex<Option<ModelError>>>,
+    failed: SendFailure,
 ) -> impl Stream<Item = Result<ModelEvent, ModelError>> + Send + 'static {
     async_stream::try_stream! {
         let limit = inner.http.max_response_bytes;
@@ -185,7 +169,7 @@ fn respond(
             let response = match inner.http.send(&body, "text/event-stream").await {
                 Ok(response) => response,
                 Err(e) => {
-                    *failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+                    failed.keep(e);
                     return;
                 }
             };

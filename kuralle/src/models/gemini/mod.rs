@@ -20,10 +20,7 @@ mod assemble;
 mod config;
 mod request;
 
-use std::{
-    fmt,
-    sync::{Arc, Mutex, PoisonError},
-};
+use std::{fmt, sync::Arc};
 
 pub use config::GeminiBuilder;
 use futures::{Stream, StreamExt, stream::BoxStream};
@@ -32,7 +29,10 @@ use serde_json::Value;
 use crate::{
     Model,
     model::{ModelError, ModelEvent, ModelRequest},
-    models::http::{Http, Instrumented, read, send::retry_before_first_event},
+    models::http::{
+        Http, Instrumented, read,
+        send::{SendFailure, retry_before_first_event},
+    },
 };
 
 /// What [`Model::provider`] says for this wire.
@@ -134,14 +134,10 @@ impl Model for Gemini {
         let turn = request.messages.len();
         let events = async_stream::try_stream! {
             let body = Arc::new(body?);
-            // `send` spends the retry budget on 429s and 5xx itself, so its failure is final:
-            // it is parked here, out of the retry below, which is for errors inside a 200
-            // answer that come before its first event.
-            let failed = Arc::new(Mutex::new(None));
             let mut events = {
-                let (inner, failed) = (Arc::clone(&inner), Arc::clone(&failed));
-                retry_before_first_event(inner.http.retry, move || {
-                    Arc::clone(&inner).read(Arc::clone(&body), turn, Arc::clone(&failed))
+                let inner = Arc::clone(&inner);
+                retry_before_first_event(inner.http.retry, move |failed| {
+                    Arc::clone(&inner).read(Arc::clone(&body), turn, failed)
                 })
             };
             while let Some(event) = events.next().await {
@@ -154,10 +150,6 @@ impl Model for Gemini {
                 }
                 yield event;
             }
-            let parked = failed.lock().unwrap_or_else(PoisonError::into_inner).take();
-            if let Some(error) = parked {
-                Err(error)?;
-            }
         };
         Box::pin(Instrumented { inner: events, span })
     }
@@ -169,18 +161,18 @@ impl Inner {
     }
 
     /// One request and its answer, read to the end. A failure of `send` ends the stream and
-    /// is left in `failed`.
+    /// is handed to `failed`.
     fn read(
         self: Arc<Self>,
         body: Arc<Value>,
         turn: usize,
-        failed: Arc<Mutex<Option<ModelError>>>,
+        failed: SendFailure,
     ) -> impl Stream<Item = Result<ModelEvent, ModelError>> + Send + 'static {
         async_stream::try_stream! {
             let response = match self.http.send(&body, self.accept()).await {
                 Ok(response) => response,
                 Err(error) => {
-                    *failed.lock().unwrap_or_else(PoisonError::into_inner) = Some(key_refused(error));
+                    failed.keep(key_refused(error));
                     return;
                 }
             };

@@ -2,7 +2,10 @@
 //! overloaded answers and connections cut before an answer, and the same budget for an answer
 //! that fails before its first event. Errors are typed the same way on every wire.
 
-use std::time::Duration;
+use std::{
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use futures::{Stream, StreamExt, stream::BoxStream};
 use reqwest::header::{ACCEPT, HeaderMap};
@@ -157,23 +160,41 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     number("retry-after").filter(|n| valid(*n)).map(|s| Duration::from_secs_f64(s.min(86_400.0)))
 }
 
+/// Where an attempt leaves a failure of [`Http::send`]: `send` has spent the retry budget
+/// already, so [`retry_before_first_event`] ends with it instead of asking again.
+#[derive(Clone, Default)]
+pub(crate) struct SendFailure(Arc<Mutex<Option<ModelError>>>);
+
+impl SendFailure {
+    /// Ends the attempt with `error`, not to be retried.
+    pub(crate) fn keep(&self, error: ModelError) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(error);
+    }
+
+    fn take(&self) -> Option<ModelError> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
 /// Runs `attempt` again, within the retry budget, while it fails with an overloaded or
 /// rate-limit error before emitting any event (Anthropic sends `overloaded_error` as an event
 /// after HTTP 200). Once an event was emitted, an error is final: the caller has seen part of
-/// the answer, and a second answer would not continue it.
+/// the answer, and a second answer would not continue it. A failure the attempt hands to its
+/// [`SendFailure`] (the request itself failed, its retries spent) is final too.
 pub(crate) fn retry_before_first_event<F, S>(
     retry: Retry,
     attempt: F,
 ) -> BoxStream<'static, Result<ModelEvent, ModelError>>
 where
-    F: Fn() -> S + Send + 'static,
+    F: Fn(SendFailure) -> S + Send + 'static,
     S: Stream<Item = Result<ModelEvent, ModelError>> + Send + 'static,
 {
     Box::pin(async_stream::stream! {
         let mut attempts = 0u32;
         'attempt: loop {
             attempts += 1;
-            let mut events = std::pin::pin!(attempt());
+            let failed = SendFailure::default();
+            let mut events = std::pin::pin!(attempt(failed.clone()));
             let mut emitted = false;
             while let Some(item) = events.next().await {
                 match item {
@@ -194,6 +215,9 @@ where
                         yield Ok(event);
                     }
                 }
+            }
+            if let Some(error) = failed.take() {
+                yield Err(error);
             }
             return;
         }
@@ -233,7 +257,7 @@ mod tests {
         let tries = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
         let counter = tries.clone();
         let retry = Retry { max_retries: 3, base: Duration::from_millis(10), max: Duration::from_millis(20) };
-        let events: Vec<_> = retry_before_first_event(retry, move || {
+        let events: Vec<_> = retry_before_first_event(retry, move |_| {
             let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             futures::stream::iter(if n < 2 {
                 vec![Err(ModelError::Overloaded("busy".into()))]

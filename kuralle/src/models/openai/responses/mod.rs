@@ -18,7 +18,10 @@ use serde_json::Value;
 use crate::{
     Model,
     model::{ModelError, ModelEvent, ModelRequest},
-    models::http::{Http, Instrumented, read, send::retry_before_first_event},
+    models::http::{
+        Http, Instrumented, read,
+        send::{SendFailure, retry_before_first_event},
+    },
 };
 
 /// What [`Model::provider`] says for this wire. Distinct from the chat wire's `"openai"`: a
@@ -127,7 +130,9 @@ impl Model for OpenAiResponses {
                 let (inner, body) = (Arc::clone(&self.inner), Arc::new(body));
                 // A `response.failed` (rate limit, overloaded) after HTTP 200 but before any
                 // output is asked again; once something was emitted, an error is final.
-                retry_before_first_event(self.inner.http.retry, move || attempt(Arc::clone(&inner), Arc::clone(&body)))
+                retry_before_first_event(self.inner.http.retry, move |failed| {
+                    attempt(Arc::clone(&inner), Arc::clone(&body), failed)
+                })
             }
             Err(e) => futures::stream::once(async move { Err(e) }).boxed(),
         };
@@ -135,14 +140,22 @@ impl Model for OpenAiResponses {
     }
 }
 
-/// One request and its answer, as events.
+/// One request and its answer, as events. A failure of `send` (its retries spent) ends the
+/// stream and is handed to `failed`, so it is not asked again.
 fn attempt(
     inner: Arc<Inner>,
     body: Arc<Value>,
+    failed: SendFailure,
 ) -> impl futures::Stream<Item = Result<ModelEvent, ModelError>> + Send + 'static {
     async_stream::try_stream! {
         let limit = inner.http.max_response_bytes;
-        let response = inner.http.send(&body, "text/event-stream").await?;
+        let response = match inner.http.send(&body, "text/event-stream").await {
+            Ok(response) => response,
+            Err(e) => {
+                failed.keep(e);
+                return;
+            }
+        };
         let mut assembler = Assembler::default();
         if read::is_json(&response) {
             // A server (or proxy) that ignored `stream: true` and sent the whole response.
