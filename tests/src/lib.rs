@@ -191,6 +191,11 @@ impl Probe {
         ProbeGuard { probe: self.clone(), label: label.to_owned() }
     }
 
+    /// Calls in flight now.
+    pub fn active(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
+    }
+
     /// The most calls that were ever in flight at once.
     pub fn peak(&self) -> usize {
         self.peak.load(Ordering::SeqCst)
@@ -236,6 +241,9 @@ pub struct FlakyStore {
     finishes: Arc<AtomicUsize>,
     fail_from: Arc<AtomicUsize>,
     after_list: Arc<std::sync::Mutex<Option<ListHook>>>,
+    fail_renew: Arc<AtomicBool>,
+    fail_release: Arc<AtomicBool>,
+    hang_renew: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// What [`FlakyStore::after_next_list`] runs: it gets the wrapped store.
@@ -251,7 +259,26 @@ impl FlakyStore {
             finishes: Arc::default(),
             fail_from: Arc::new(AtomicUsize::new(usize::MAX)),
             after_list: Arc::default(),
+            fail_renew: Arc::default(),
+            fail_release: Arc::default(),
+            hang_renew: Arc::default(),
         }
+    }
+
+    /// Makes `renew_lease` fail (or succeed again): the store is unreachable from this
+    /// process, perhaps not from others.
+    pub fn fail_renew(&self, on: bool) {
+        self.fail_renew.store(on, Ordering::SeqCst);
+    }
+
+    /// Makes `release_lease` fail (or succeed again).
+    pub fn fail_release(&self, on: bool) {
+        self.fail_release.store(on, Ordering::SeqCst);
+    }
+
+    /// Makes every `renew_lease` of `run_id` hang for good (a stuck connection).
+    pub fn hang_renew(&self, run_id: &str) {
+        *self.hang_renew.lock().unwrap() = Some(run_id.to_owned());
     }
 
     /// Makes `finish_step` fail (or succeed again).
@@ -347,9 +374,18 @@ impl kuralle::RunStore for FlakyStore {
         self.inner.acquire_lease(run_id, owner, ttl)
     }
     fn renew_lease<'a>(&'a self, lease: &'a kuralle::Lease, ttl: Duration) -> kuralle::StoreFuture<'a, kuralle::Lease> {
+        if self.hang_renew.lock().unwrap().as_deref() == Some(lease.run_id.as_str()) {
+            return Box::pin(std::future::pending());
+        }
+        if self.fail_renew.load(Ordering::SeqCst) {
+            return outage();
+        }
         self.inner.renew_lease(lease, ttl)
     }
     fn release_lease<'a>(&'a self, lease: &'a kuralle::Lease) -> kuralle::StoreFuture<'a, ()> {
+        if self.fail_release.load(Ordering::SeqCst) {
+            return outage();
+        }
         self.inner.release_lease(lease)
     }
     fn current_lease<'a>(&'a self, run_id: &'a str) -> kuralle::StoreFuture<'a, Option<kuralle::Lease>> {

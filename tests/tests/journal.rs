@@ -108,7 +108,9 @@ async fn a_failed_step_replays_as_the_same_typed_error() {
     assert_eq!(count.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test]
+// An outage that outlasts the lease's proof: the outcome is retried on the paused clock
+// until then, and the turn ends resumable.
+#[tokio::test(start_paused = true)]
 async fn a_step_left_running_reruns_with_the_same_idempotency_key_and_outages_are_retryable() {
     let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
     let flaky = FlakyStore::new(memory.clone());
@@ -142,7 +144,33 @@ async fn a_step_left_running_reruns_with_the_same_idempotency_key_and_outages_ar
     assert_eq!(steps.iter().filter(|s| s.kind == StepKind::Tool).count(), 1, "no second intent");
 }
 
-#[tokio::test]
+/// A store blip while a call's outcome is written: the outcome in hand is written once the
+/// store is back (the lease is still proven held), so the turn goes on and the call never runs
+/// again. Before, the turn failed at once and the resumed turn ran the call a second time.
+#[tokio::test(start_paused = true)]
+async fn an_outcome_in_hand_survives_a_store_blip() {
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let flaky = FlakyStore::new(memory.clone());
+    let count = Arc::new(AtomicUsize::new(0));
+    let agent = AgentDef::new("pay", "x").tool(counting("charge", &count));
+    flaky.fail_finish_from(1); // the model response records; the charge's outcome cannot, for now
+    let healer = flaky.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        healer.fail_finish(false);
+    });
+    let out = rt(agent, ScriptedModel::by_transcript(script()), Arc::new(flaky))
+        .run(RunRequest::new("pay").run_id("r"))
+        .await;
+    assert_eq!(out.unwrap().status, RunStatus::Finished);
+    assert_eq!(count.load(Ordering::SeqCst), 1, "the charge ran once");
+    let steps = memory.steps("r").await.unwrap();
+    assert_eq!(steps.iter().find(|s| s.kind == StepKind::Tool).unwrap().status, StepStatus::Finished);
+}
+
+// An outage that outlasts the lease's proof: the outcome is retried on the paused clock
+// until then, and the turn ends resumable.
+#[tokio::test(start_paused = true)]
 async fn an_at_most_once_step_left_running_is_indeterminate_and_not_rerun() {
     let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
     let flaky = FlakyStore::new(memory.clone());
@@ -240,7 +268,9 @@ async fn inbound_idempotency_keys_start_no_second_turn() {
     assert_eq!(count.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test]
+// An outage that outlasts the lease's proof: the outcome is retried on the paused clock
+// until then, and the turn ends resumable.
+#[tokio::test(start_paused = true)]
 async fn durable_now_and_uuid_replay_their_first_values() {
     let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
     let stamp = FnTool::new("stamp", |_, ctx| async move {

@@ -176,6 +176,105 @@ async fn a_holder_that_loses_its_lease_stops_and_journals_nothing_more() {
     assert_eq!(store.current_lease("r").await.unwrap(), Some(thief), "the new owner keeps its lease");
 }
 
+/// Renewals fail (the store is unreachable from this process, not from others): the holder
+/// counts its lease lost at the local deadline, before the store lets anyone else take the run,
+/// and cancels its interruptible call then. Before, only a `Fenced` answer stopped a turn: the
+/// call ran on while another owner took the run over and ran it again.
+#[tokio::test(start_paused = true)]
+async fn failing_renewals_stop_the_holder_before_anyone_can_take_over() {
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store = FlakyStore::new(memory.clone());
+    let cancelled_at = Arc::new(std::sync::Mutex::new(None));
+    let count = Arc::new(AtomicUsize::new(0));
+    let (seen, calls) = (cancelled_at.clone(), count.clone());
+    let fetch = FnTool::new("charge", move |_, ctx| {
+        let (seen, calls) = (seen.clone(), calls.clone());
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(20)) => Ok(json!("done")),
+                () = ctx.cancellation().cancelled() => {
+                    *seen.lock().unwrap() = Some(tokio::time::Instant::now());
+                    Err(kuralle::ToolError::Cancelled { tool: "charge".into() })
+                }
+            }
+        }
+    });
+    let rt = runtime(Arc::new(store.clone()), fetch, pay_then_done());
+    let started = tokio::time::Instant::now();
+    let holder = rt.run(RunRequest::new("pay").run_id("r"));
+    until(|| count.load(Ordering::SeqCst) == 1).await;
+    store.fail_renew(true);
+
+    // Another process, which still reaches the store, takes the run as soon as it may.
+    let taken_at = loop {
+        if memory.acquire_lease("r", "other process", Duration::from_secs(3)).await.is_ok() {
+            break tokio::time::Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let cancelled_at = cancelled_at.lock().unwrap().expect("the holder cancelled its call");
+    assert!(
+        cancelled_at < taken_at,
+        "cancelled {:?} after the start, taken over {:?} after it",
+        cancelled_at - started,
+        taken_at - started
+    );
+    let (_, out) = drain(holder).await;
+    assert!(matches!(out, Err(RunError::LeaseLost { .. })), "{out:?}");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+/// One run's renewal hangs (a stuck connection): the other leases of the process are still
+/// renewed on time. Before, the renewing task waited on every renewal of a round together, so
+/// one stuck request stalled them all and the others' leases lapsed.
+#[tokio::test(start_paused = true)]
+async fn a_hanging_renewal_does_not_stall_the_others() {
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store = FlakyStore::new(memory.clone());
+    let count = Arc::new(AtomicUsize::new(0));
+    let calls = count.clone();
+    let slow = FnTool::new("charge", move |_, _| {
+        let calls = calls.clone();
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            Ok(json!("charged"))
+        }
+    })
+    .uninterruptible();
+    let model =
+        ScriptedModel::by_transcript([Turn::tool_calls([("c1", "charge", r#"{"amount":1}"#)]), Turn::text("Paid.")]);
+    let rt = runtime(Arc::new(store.clone()), slow, model);
+    store.hang_renew("stuck");
+    let stuck = rt.run(RunRequest::new("pay").run_id("stuck"));
+    let healthy = rt.run(RunRequest::new("pay").run_id("healthy"));
+    until(|| count.load(Ordering::SeqCst) == 2).await;
+    // Two TTLs in: the healthy run's lease has been renewed; the stuck one's is lost.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let taken = memory.acquire_lease("healthy", "other process", Duration::from_secs(3)).await;
+    assert!(matches!(taken, Err(kuralle::StoreError::LeaseHeld { .. })), "still held: {taken:?}");
+    assert_eq!(healthy.await.unwrap().status, RunStatus::Finished);
+    assert!(matches!(stuck.await, Err(RunError::LeaseLost { .. })));
+}
+
+/// A release that fails while the store is down is tried again once it is back: the next
+/// caller waits about the outage, not the lease's whole TTL.
+#[tokio::test(start_paused = true)]
+async fn a_failed_release_is_retried_once_the_store_is_back() {
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let store = FlakyStore::new(memory.clone());
+    let count = Arc::new(AtomicUsize::new(0));
+    let rt = runtime(Arc::new(store.clone()), charge(&count, None), pay_then_done());
+    store.fail_release(true);
+    assert_eq!(rt.run(RunRequest::new("pay").run_id("r")).await.unwrap().status, RunStatus::Finished);
+    assert!(memory.current_lease("r").await.unwrap().is_some(), "the release failed");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    store.fail_release(false);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(memory.current_lease("r").await.unwrap(), None, "released again, well before the 3 s TTL");
+}
+
 #[tokio::test(start_paused = true)]
 async fn fresh_concurrent_starts_race_on_the_lease_not_on_create() {
     let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
@@ -285,7 +384,8 @@ async fn record_decision_records_under_the_lease_and_a_resume_carries_it_out() {
     assert_eq!(count.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test]
+// Paused clock: the outcome's write is retried for as long as the lease is proven held.
+#[tokio::test(start_paused = true)]
 async fn needs_approval_with_replay_false_needs_an_approval_for_every_execution() {
     let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
     let flaky = FlakyStore::new(memory);
@@ -311,8 +411,8 @@ async fn needs_approval_with_replay_false_needs_an_approval_for_every_execution(
     assert_eq!(out.status, RunStatus::Paused);
     assert_eq!(count.load(Ordering::SeqCst), 0);
 
-    // Approved: it executes once; its outcome cannot be recorded (the store fails), so the
-    // turn stops, resumable.
+    // Approved: it executes once; its outcome cannot be recorded (the store fails for longer
+    // than the lease can be proven held), so the turn stops, resumable.
     flaky.fail_finish_from(1); // the approval is recorded; the call's outcome is not
     let err = rt.deliver("r", Decision::approve("alice")).await.unwrap_err();
     assert!(err.is_retryable(), "{err:?}");

@@ -14,7 +14,7 @@ use kuralle::{
     AgentDef, Decision, RunError, RunRequest, RunStatus, RunStore, Runtime, ServeReport, WorkerOptions,
     testing::{ScriptedModel, Turn},
 };
-use kuralle_tests::FnTool;
+use kuralle_tests::{FnTool, Probe};
 use serde_json::json;
 
 fn counting_tool(name: &str, count: &Arc<AtomicUsize>) -> FnTool {
@@ -208,6 +208,93 @@ async fn shutdown_hands_back_in_flight_turns() {
     assert_eq!(report.claimed, 1);
     assert_eq!(rt.get_run(&run_id).await.unwrap().unwrap().status, RunStatus::Finished);
     assert_eq!(started.load(Ordering::SeqCst), 2, "the cut-off call re-ran once (at-least-once)");
+}
+
+/// Shutdown under a parallel batch whose calls run in tasks of their own: when `serve`
+/// returns, no call of the handed-back turn is still running (before, the turn was aborted and
+/// its call tasks ran on, detached, after the lease was released and another worker could
+/// claim the run and run them again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_leaves_no_call_running_behind_the_lease() {
+    let probe = Probe::default();
+    let calls = probe.clone();
+    let slow = FnTool::new("fetch", move |args, _| {
+        let calls = calls.clone();
+        async move {
+            let _running = calls.enter(args["page"].as_str().unwrap_or("?"));
+            // Long enough to outlive the grace; cancellation reaches it at an await.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok(json!("fetched"))
+        }
+    })
+    .parallel();
+    let model = ScriptedModel::by_transcript([
+        Turn::tool_calls([("c1", "fetch", r#"{"page":"a"}"#), ("c2", "fetch", r#"{"page":"b"}"#)]),
+        Turn::text("Fetched."),
+    ]);
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let rt = Runtime::builder()
+        .agent(AgentDef::new("shop", "x").tool(slow))
+        .model(model)
+        .store_arc(store.clone())
+        .build()
+        .unwrap();
+    let run_id = rt.submit("fetch both").await.unwrap();
+    let serving = Serving::start(&rt, WorkerOptions { shutdown_grace: Duration::from_millis(50), ..fast() });
+    while probe.active() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let report = serving.stop().await;
+    assert_eq!(report.handed_back, 1);
+    assert_eq!(probe.active(), 0, "no call of the handed-back turn outlives it: {:?}", probe.log());
+    assert_eq!(store.current_lease(&run_id).await.unwrap(), None, "handed back: no lease to wait out");
+    assert_eq!(rt.get_run(&run_id).await.unwrap().unwrap().status, RunStatus::Running);
+}
+
+/// Shutdown under a call that cannot be interrupted: the turn keeps the run's lease (renewed
+/// past its TTL) until the call ends, journals the outcome, and only then hands the run back;
+/// the next worker replays the call instead of running it again.
+#[tokio::test(start_paused = true)]
+async fn shutdown_keeps_the_lease_until_an_uninterruptible_call_ends() {
+    let count = Arc::new(AtomicUsize::new(0));
+    let calls = count.clone();
+    let charge = FnTool::new("pay", move |_, _| {
+        let calls = calls.clone();
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            // Three lease TTLs: the lease must be renewed under it.
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            Ok(json!({"paid": 5}))
+        }
+    })
+    .uninterruptible();
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let rt = runtime(store.clone(), charge);
+    let run_id = rt.submit("order").await.unwrap();
+    let serving = Serving::start(&rt, WorkerOptions { shutdown_grace: Duration::from_millis(50), ..fast() });
+    while count.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (stop, task) = (serving.stop, serving.task);
+    stop.send(()).unwrap();
+    // Past the grace and past the TTL: the call still runs, and the run is still held.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(!task.is_finished(), "shutdown waits for the call");
+    let taken = store.acquire_lease(&run_id, "another worker", Duration::from_secs(2)).await;
+    assert!(matches!(taken, Err(kuralle::StoreError::LeaseHeld { .. })), "the lease is kept: {taken:?}");
+    let report = task.await.unwrap().unwrap();
+    assert_eq!(report.handed_back, 1);
+    assert_eq!(store.current_lease(&run_id).await.unwrap(), None, "released once the call ended");
+    let journal = rt.journal(&run_id).await.unwrap();
+    assert!(
+        journal.iter().any(|s| s.name == "pay" && s.status == kuralle::StepStatus::Finished),
+        "the outcome was journaled before the hand-back: {journal:?}"
+    );
+
+    let report = rt.serve_with(wait_then_stop(&rt, &run_id), fast()).await.unwrap();
+    assert_eq!(report.claimed, 1);
+    assert_eq!(rt.get_run(&run_id).await.unwrap().unwrap().status, RunStatus::Finished);
+    assert_eq!(count.load(Ordering::SeqCst), 1, "the payment ran once");
 }
 
 async fn wait_then_stop(rt: &Runtime, run_id: &str) {

@@ -7,7 +7,13 @@ use futures::{FutureExt, StreamExt};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::{TurnCtx, effects::Scope, journal_failure, plan::Ready};
+use super::{
+    TurnCtx,
+    effects::Scope,
+    journal_failure,
+    plan::Ready,
+    stragglers::{CallTask, Outcome},
+};
 use crate::{
     context::ToolContext,
     error::ToolError,
@@ -71,13 +77,13 @@ pub(crate) struct CallSite<'a> {
 
 /// The tool's stream driven to its outcome: in a task of its own, or inline.
 enum Running {
-    Task(tokio::task::JoinHandle<Option<Result<Value, ToolError>>>),
-    Inline(futures::future::BoxFuture<'static, std::thread::Result<Option<Result<Value, ToolError>>>>),
+    Task(CallTask),
+    Inline(futures::future::BoxFuture<'static, std::thread::Result<Outcome>>),
 }
 
 /// How driving a tool's stream ended.
 enum Joined {
-    Done(Option<Result<Value, ToolError>>),
+    Done(Outcome),
     Panicked(Box<dyn std::any::Any + Send>),
     Aborted,
 }
@@ -87,7 +93,7 @@ impl std::future::Future for Running {
 
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Joined> {
         match self.get_mut() {
-            Self::Task(handle) => std::pin::Pin::new(handle).poll(cx).map(|joined| match joined {
+            Self::Task(task) => std::pin::Pin::new(task.handle()).poll(cx).map(|joined| match joined {
                 Ok(out) => Joined::Done(out),
                 Err(e) if e.is_panic() => Joined::Panicked(e.into_panic()),
                 Err(_) => Joined::Aborted,
@@ -104,8 +110,8 @@ impl Running {
     /// Stops a call that ignored its token past the grace period (an inline one stops when
     /// dropped, which follows).
     fn abort(&self) {
-        if let Self::Task(handle) = self {
-            handle.abort();
+        if let Self::Task(task) = self {
+            task.abort();
         }
     }
 }
@@ -159,7 +165,7 @@ async fn execute(
     let mut task = if alone && timeout.is_none() {
         Running::Inline(AssertUnwindSafe(drive).catch_unwind().boxed())
     } else {
-        Running::Task(tokio::spawn(drive))
+        Running::Task(CallTask::new(tokio::spawn(drive)))
     };
 
     let interrupt = if tool.interruptible() { Some(turn.interrupt.clone()) } else { None };
@@ -188,17 +194,11 @@ async fn execute(
     if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
         task.abort();
         // An abort takes effect when the task next yields; one that blocks its thread keeps
-        // running (and holding what it captured) until it does. The run does not wait for it.
-        let (stop_text, name) = (stop.to_string(), name.clone());
-        tokio::spawn(async move {
-            if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
-                tracing::warn!(
-                    tool = %name,
-                    "{stop_text}, but the call is still running: it blocks its thread, so it cannot be cancelled; \
-                     move blocking work into `tokio::task::spawn_blocking`"
-                );
-            }
-        });
+        // running (and holding what it captured) until it does. The model gets its answer now;
+        // the turn waits for the call's end before it gives up the lease.
+        if let Running::Task(task) = task {
+            turn.stragglers.keep(&name, stop.to_string(), task);
+        }
     }
     Err(stop)
 }

@@ -12,11 +12,14 @@ mod batch;
 mod call;
 mod effects;
 mod plan;
+mod stragglers;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+
+pub(crate) use stragglers::Stragglers;
 
 use crate::{
     approval::Pending,
@@ -40,6 +43,9 @@ pub(crate) struct TurnCtx {
     pub(crate) policy: Policy,
     /// A store failure inside a nested effect: it ends the run after the current batch.
     pub(crate) fatal: Mutex<Option<RunError>>,
+    /// Calls cut off (timed out or interrupted) that have not ended yet: the lease is given
+    /// up only once they have.
+    pub(crate) stragglers: Arc<Stragglers>,
 }
 
 impl TurnCtx {
@@ -209,6 +215,8 @@ pub(crate) async fn call_standalone(
         // The same policy as the agent's model calls: no path to a tool skips it.
         policy: policy.clone(),
         fatal: Mutex::new(None),
+        // No lease to outlive: a call cut off here is answered at once, as in a run.
+        stragglers: Arc::default(),
     });
     let done = dispatch(&turn, vec![call], 0)
         .await

@@ -96,14 +96,25 @@ pub enum RunError {
         /// When its lease expires unless renewed, by the store's clock.
         expires_at_ms: i64,
     },
-    /// This turn lost the run's lease (it stalled past the lease's TTL and another owner took
-    /// over): it stopped dispatching and journaled nothing more. The new owner carries on.
+    /// This turn lost the run's lease: another owner took over (this one stalled past the
+    /// lease's TTL), or no renewal could prove it still held the lease before its local
+    /// deadline (the store was unreachable from here). It stopped dispatching, cancelled its
+    /// interruptible calls and journaled nothing more. The next owner carries on.
     #[error("run `{run_id}`: this turn lost the run's lease (token {token}) to another owner and stopped")]
     LeaseLost {
         /// Run id.
         run_id: String,
         /// The token the turn held.
         token: u64,
+    },
+    /// A worker stopping at shutdown ended this turn when its grace ran out and gave the run
+    /// back: interruptible calls were cancelled, calls that cannot be interrupted ran to their
+    /// end under the lease, and every outcome was journaled. The run stays `running`; another
+    /// worker resumes it from the journal.
+    #[error("run `{run_id}`: handed back at shutdown; another worker resumes it")]
+    HandedBack {
+        /// Run id.
+        run_id: String,
     },
     /// The pending call(s) a decision names were already decided (a concurrent or earlier
     /// delivery won); the first decision stands.

@@ -1,9 +1,12 @@
 //! The journal's write guard: the fencing token of the lease a turn holds. Every write of the
 //! run carries it; a store that rejects it as stale makes the turn stop at once.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
 };
 
 use tokio_util::sync::CancellationToken;
@@ -21,11 +24,28 @@ pub(crate) struct Fence {
     lost: AtomicBool,
     /// Fired on loss: the turn's interrupt, so dispatch stops and interruptible calls cancel.
     stop: CancellationToken,
+    /// How long a write that failed with a store outage may be tried again: as long as a
+    /// renewed lease can stay proven held without a renewal (zero for a lease nobody renews).
+    patience: Duration,
 }
 
 impl Fence {
+    /// The fence of a lease held only for a moment (nobody renews it): a failed write is not
+    /// tried again.
     pub(crate) fn new(lease: &Lease, stop: CancellationToken) -> Arc<Self> {
-        Arc::new(Self { run_id: lease.run_id.clone(), token: lease.token, lost: AtomicBool::new(false), stop })
+        Self::renewed(lease, stop, Duration::ZERO)
+    }
+
+    /// The fence of a renewed lease: a failed write of an outcome in hand may be tried again
+    /// for `patience` (the renewals lose the fence sooner if the lease lapses).
+    pub(crate) fn renewed(lease: &Lease, stop: CancellationToken, patience: Duration) -> Arc<Self> {
+        let (run_id, token, lost) = (lease.run_id.clone(), lease.token, AtomicBool::new(false));
+        Arc::new(Self { run_id, token, lost, stop, patience })
+    }
+
+    /// How long a failed write of an outcome in hand may be tried again.
+    pub(crate) fn patience(&self) -> Duration {
+        self.patience
     }
 
     pub(crate) fn run_id(&self) -> &str {

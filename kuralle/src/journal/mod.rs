@@ -24,7 +24,7 @@ use crate::{
     error::RunError,
     json::JsonText,
     keymap::KeyMap,
-    store::{FinishedWithIntents, NewStep, RunStore, StepKind, StepOutcome, StepRecord, StepStatus},
+    store::{FinishedWithIntents, NewStep, RunStore, StepKind, StepOutcome, StepRecord, StepStatus, StoreError},
 };
 pub(crate) use fence::Fence;
 pub(crate) use writer::RunWriter;
@@ -32,6 +32,10 @@ pub(crate) use writer::RunWriter;
 /// Default [`RuntimeBuilder::max_journal_entries`](crate::RuntimeBuilder::max_journal_entries):
 /// the most entries one run's journal may hold.
 pub const DEFAULT_MAX_JOURNAL_ENTRIES: u64 = 10_000;
+
+/// The pause before an outcome's write is tried again; it doubles up to [`MAX_OUTCOME_PAUSE`].
+const FIRST_OUTCOME_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+const MAX_OUTCOME_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One run's journal, as seen by one turn of that run.
 pub(crate) struct Journal {
@@ -281,6 +285,40 @@ impl Journal {
         Ok(ordinals)
     }
 
+    /// Writes a step's outcome. The outcome is in hand: the call ran. Losing it would run the
+    /// call again on resume, so a store outage does not end the turn at once: the write is
+    /// tried again, with backoff, for as long as one renewal proves the lease held (the
+    /// renewals lose the fence sooner if the lease lapses). An outage longer than that ends
+    /// the turn, resumable, as before.
+    async fn write_outcome(&self, ordinal: u64, outcome: StepOutcome, at: i64) -> Result<(), RunError> {
+        let mut pause = FIRST_OUTCOME_PAUSE;
+        let mut gives_up = None;
+        loop {
+            match self.writer().finish_step(ordinal, outcome.clone(), at).await {
+                Ok(()) => return Ok(()),
+                // An earlier attempt committed but its answer was lost (the connection broke):
+                // under our fence nobody else can have finished the step.
+                Err(StoreError::StepNotRunning { .. }) if gives_up.is_some() => return Ok(()),
+                Err(e) if e.is_retryable() && !self.fence.is_lost() => {
+                    let now = tokio::time::Instant::now();
+                    let until = *gives_up.get_or_insert_with(|| {
+                        tracing::warn!(
+                            run_id = %self.run_id, ordinal, error = %e,
+                            "writing a step's outcome failed; retrying while the lease is held"
+                        );
+                        now + self.fence.patience()
+                    });
+                    if now >= until {
+                        return Err(e.into());
+                    }
+                    tokio::time::sleep(pause.min(until - now)).await;
+                    pause = (pause * 2).min(MAX_OUTCOME_PAUSE);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
     /// Records the outcome of the step at `ordinal` (whose key is `key`). `reused` says whether
     /// this turn may look the key up again (a user-chosen idempotency key two calls can share);
     /// otherwise the cache keeps only that the step finished, not its result.
@@ -301,7 +339,7 @@ impl Journal {
             StepOutcome::Failed(e) => Some(e.clone()),
             StepOutcome::Finished(_) => None,
         };
-        self.writer().finish_step(ordinal, outcome, at).await?;
+        self.write_outcome(ordinal, outcome, at).await?;
         if let Some(entry) = self.state().by_key.get_mut(key) {
             *entry = match failed {
                 None => Cached::Finished(cached),

@@ -33,32 +33,32 @@ pub(super) async fn run(
 }
 
 /// [`run`], under `claimed` when the caller already holds the run's lease (a worker that
-/// claimed the run from the queue).
+/// claimed the run from the queue), with when the claim was sent.
 pub(super) async fn run_leased(
     rt: Arc<Inner>,
     req: RunRequest,
     events: EventSender,
     interrupt: CancellationToken,
     decision: Option<Decision>,
-    claimed: Option<crate::store::Lease>,
+    claimed: Option<(crate::store::Lease, tokio::time::Instant)>,
 ) -> Result<RunOutput, RunError> {
     let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let span = crate::trace::run_span(&run_id);
     let started = std::time::Instant::now();
     let result = async {
-        let lease = match claimed {
-            Some(lease) => lease,
+        let (lease, granted) = match claimed {
+            Some(claimed) => claimed,
             None => lease::acquire(rt.store.as_ref(), &run_id, rt.lease_ttl, req.wait_for_lease).await?,
         };
         tracing::debug!(token = lease.token, owner = %lease.owner, "took the run's lease");
-        let held = Held::start(&rt.renewals, lease, interrupt.clone());
+        let held = Held::start(&rt.renewals, lease, granted, interrupt.clone());
         let fence = Arc::clone(held.fence());
         let result = match &decision {
             Some(d) => record_under(rt.store.as_ref(), &fence, &run_id, d).await,
             None => Ok(()),
         };
         let result = match result {
-            Ok(()) => turn(&rt, &req, &run_id, &events, interrupt, &fence).await,
+            Ok(()) => turn(&rt, &req, &run_id, &events, interrupt, &held).await,
             Err(e) => Err(e),
         };
         let result = fence.settle(result);
@@ -89,7 +89,7 @@ pub(super) async fn run_leased(
 /// nothing.
 pub(super) async fn submit(rt: &Inner, req: &RunRequest) -> Result<String, RunError> {
     let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    let lease = lease::acquire(rt.store.as_ref(), &run_id, rt.lease_ttl, req.wait_for_lease).await?;
+    let (lease, _) = lease::acquire(rt.store.as_ref(), &run_id, rt.lease_ttl, req.wait_for_lease).await?;
     let fence = Fence::new(&lease, CancellationToken::new());
     let opened = fence.settle(open(rt, req, RunWriter::new(rt.store.as_ref(), &fence)).await.map(|_| ()));
     if !fence.is_lost() {

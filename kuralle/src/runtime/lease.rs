@@ -6,9 +6,11 @@ use std::{
     time::Duration,
 };
 
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::renewals::{Registration, Renewals};
+use crate::dispatch::Stragglers;
 use crate::{
     error::RunError,
     journal::Fence,
@@ -36,22 +38,24 @@ pub(crate) fn owner_id() -> String {
     format!("{process}/{}", uuid::Uuid::new_v4())
 }
 
-/// Takes the run's lease. Held by another owner: [`RunError::Busy`] at once, or, with
-/// `wait`, after polling (with backoff, on Tokio's clock) until `wait` has passed.
+/// Takes the run's lease; returns it with the moment the request that got it was sent (its
+/// local deadline counts from there). Held by another owner: [`RunError::Busy`] at once, or,
+/// with `wait`, after polling (with backoff, on Tokio's clock) until `wait` has passed.
 pub(crate) async fn acquire(
     store: &dyn RunStore,
     run_id: &str,
     ttl: Duration,
     wait: Option<Duration>,
-) -> Result<Lease, RunError> {
+) -> Result<(Lease, Instant), RunError> {
     let owner = owner_id();
-    let deadline = wait.map(|w| tokio::time::Instant::now() + w);
+    let deadline = wait.map(|w| Instant::now() + w);
     let mut backoff = Duration::from_millis(10);
     loop {
+        let sent = Instant::now();
         match store.acquire_lease(run_id, &owner, ttl).await {
-            Ok(lease) => return Ok(lease),
+            Ok(lease) => return Ok((lease, sent)),
             Err(StoreError::LeaseHeld { run_id, owner, expires_at_ms }) => {
-                let now = tokio::time::Instant::now();
+                let now = Instant::now();
                 match deadline {
                     Some(deadline) if now < deadline => {
                         // Poll again at the latest just after the holder's lease would expire
@@ -74,32 +78,53 @@ pub(crate) async fn acquire(
 pub(crate) struct Held {
     lease: Lease,
     fence: Arc<Fence>,
+    /// The turn's calls that were cut off but have not ended: the lease outlives them.
+    stragglers: Arc<Stragglers>,
     renewals: Arc<Renewals>,
     registration: Registration,
 }
 
 impl Held {
-    /// Starts renewing `lease`; a renewal that is fenced loses the fence (and fires `stop`).
-    pub(crate) fn start(renewals: &Arc<Renewals>, lease: Lease, stop: CancellationToken) -> Self {
-        let fence = Fence::new(&lease, stop);
-        let registration = renewals.register(lease.clone(), Arc::clone(&fence));
-        Self { lease, fence, renewals: Arc::clone(renewals), registration }
+    /// Starts renewing `lease`, granted by a request sent at `granted`; a renewal that is
+    /// fenced, or none succeeding before the local deadline, loses the fence (and fires `stop`).
+    pub(crate) fn start(renewals: &Arc<Renewals>, lease: Lease, granted: Instant, stop: CancellationToken) -> Self {
+        let fence = Fence::renewed(&lease, stop, renewals.proven_for());
+        let registration = renewals.register(lease.clone(), Arc::clone(&fence), granted);
+        let stragglers = Arc::default();
+        Self { lease, fence, stragglers, renewals: Arc::clone(renewals), registration }
     }
 
     pub(crate) fn fence(&self) -> &Arc<Fence> {
         &self.fence
     }
 
-    /// Stops renewing and gives the run up; a lost lease is not released (it is not ours).
+    pub(crate) fn stragglers(&self) -> &Arc<Stragglers> {
+        &self.stragglers
+    }
+
+    /// Gives the run up once nothing of the turn runs any more: a call that was cut off but
+    /// blocks its thread keeps the lease (renewed, in the background) until it ends, so no
+    /// other owner runs it again meanwhile; the turn's caller does not wait for it.
     pub(crate) async fn release(self) {
+        match self.stragglers.take().await {
+            None => self.release_now().await,
+            Some(mut ending) => {
+                tokio::spawn(async move {
+                    ending.ended().await;
+                    self.release_now().await;
+                });
+            }
+        }
+    }
+
+    /// Stops renewing and gives the run up (again in the background, if the store is down); a
+    /// lost lease is not released (it is not ours).
+    async fn release_now(self) {
         self.renewals.deregister(self.registration);
         if self.fence.is_lost() {
             return;
         }
-        if let Err(e) = self.renewals.store().release_lease(&self.lease).await {
-            // Expiry gives it up anyway; nothing else to do.
-            tracing::debug!(run_id = %self.lease.run_id, error = %e, "releasing the lease failed");
-        }
+        self.renewals.release(self.lease.clone()).await;
     }
 }
 

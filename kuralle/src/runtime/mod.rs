@@ -57,6 +57,9 @@ pub struct RunRequest {
     pub(crate) run_id: Option<String>,
     pub(crate) idempotency_key: Option<String>,
     pub(crate) wait_for_lease: Option<Duration>,
+    /// A worker's turn: an interrupt hands the run back (it stays runnable) instead of ending
+    /// the turn `interrupted`.
+    pub(crate) hand_back: bool,
 }
 
 impl RunRequest {

@@ -1,4 +1,5 @@
-//! Renewing the leases a runtime holds, from one task.
+//! Renewing the leases a runtime holds, from one task, and knowing when one can no longer be
+//! proven held.
 //!
 //! A turn registers its lease when it takes it and deregisters it when it gives it back; one
 //! task per runtime renews each lease every third of its TTL. It used to be a task per turn:
@@ -7,6 +8,19 @@
 //! and made every turn a fifth dearer (6.0–6.7 µs instead of 5.0 in the `runtime` bench). The
 //! shared task wakes once per renewal period while leases are held, and sleeps on a `Notify`
 //! otherwise; a registration wakes it only when it is due before the task's next wake-up.
+//!
+//! Each renewal is a request of its own, with a deadline: one that hangs (a store connection
+//! stuck in a half-open socket) delays only its own lease, never the others. A lease is held
+//! only as long as a renewal proves it: its **local deadline** is the moment the last successful
+//! renewal was sent plus the TTL, less a safety margin. The store counts the TTL from when it
+//! received that renewal, later, so no other process can take the run over before the local
+//! deadline. When the deadline passes without a newer success (the store is unreachable from
+//! here, perhaps not from elsewhere) the lease is treated as lost: the turn stops dispatching
+//! and its interruptible calls are cancelled, before anyone else may run them.
+//!
+//! Releasing a lease goes through here too: a release that fails while the store is down is
+//! tried again in the background, so a short outage delays the run's next owner by about the
+//! outage, not by the whole TTL.
 
 use std::{
     collections::HashMap,
@@ -18,6 +32,10 @@ use tokio::{sync::Notify, task::JoinHandle, time::Instant};
 
 use crate::journal::Fence;
 use crate::store::{Lease, RunStore, StoreError};
+
+/// The first pause before a failed release is tried again; it doubles up to [`MAX_RELEASE_PAUSE`].
+const FIRST_RELEASE_PAUSE: Duration = Duration::from_millis(50);
+const MAX_RELEASE_PAUSE: Duration = Duration::from_secs(1);
 
 /// The leases of one runtime, and the task that renews them.
 pub(crate) struct Renewals {
@@ -32,6 +50,8 @@ pub(crate) struct Renewals {
 struct State {
     next_id: u64,
     held: HashMap<u64, Entry>,
+    /// Releases that failed, to try again.
+    releases: Vec<Release>,
     /// The renewing task, once started (it ends with the Tokio runtime it was spawned on; the
     /// next registration starts another).
     task: Option<JoinHandle<()>>,
@@ -39,25 +59,41 @@ struct State {
     wakes_at: Option<Instant>,
 }
 
-/// One registered lease: the latest renewal of it, its turn's fence, and when it is due.
+/// One registered lease: the latest renewal of it, its turn's fence, when it is due, and until
+/// when it is proven held.
 struct Entry {
     lease: Lease,
     fence: Arc<Fence>,
     due: Instant,
+    /// The local deadline: past it, the lease is lost.
+    deadline: Instant,
+    /// A renewal of it is in flight.
+    renewing: bool,
+}
+
+/// A release to try again at `due`, until `gives_up` (after which the lease has expired anyway).
+struct Release {
+    lease: Lease,
+    due: Instant,
+    pause: Duration,
+    gives_up: Instant,
 }
 
 /// A registration; deregister it with [`Renewals::deregister`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Registration(u64);
 
+/// What the task does on one wake-up, decided under the lock and done outside it.
+#[derive(Default)]
+struct Work {
+    renew: Vec<(u64, Lease, Arc<Fence>)>,
+    release: Vec<Release>,
+    lapsed: Vec<Arc<Fence>>,
+}
+
 impl Renewals {
     pub(crate) fn new(store: Arc<dyn RunStore>, ttl: Duration) -> Arc<Self> {
         Arc::new(Self { store, ttl, state: Mutex::default(), wake: Arc::new(Notify::new()) })
-    }
-
-    /// The store the leases are renewed in (the runtime's).
-    pub(crate) fn store(&self) -> &Arc<dyn RunStore> {
-        &self.store
     }
 
     /// How often a lease is renewed: a third of its TTL, so two renewals can fail before it
@@ -66,26 +102,46 @@ impl Renewals {
         (self.ttl / 3).max(Duration::from_millis(1))
     }
 
+    /// How long after a failed renewal the next one is tried: soon, so a short outage costs
+    /// little of the TTL, but not in a tight loop.
+    fn retry_pause(&self) -> Duration {
+        (self.period() / 4).max(Duration::from_millis(1))
+    }
+
+    /// How much earlier than the store could expire it a lease counts as lost here: the time a
+    /// cancellation takes to reach the calls (their grace is 50 ms), with room for clocks that
+    /// run at slightly different rates.
+    fn margin(&self) -> Duration {
+        self.ttl / 10
+    }
+
+    /// How long one successful renewal proves a lease held: the TTL less the margin.
+    pub(crate) fn proven_for(&self) -> Duration {
+        self.ttl.saturating_sub(self.margin())
+    }
+
+    /// The local deadline of a lease whose renewal (or grant) was sent at `sent`.
+    fn deadline_from(&self, sent: Instant) -> Instant {
+        sent + self.proven_for()
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         // Nothing under the lock can panic halfway through an update.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Renews `lease` until deregistered; a renewal that is fenced loses `fence`.
-    pub(crate) fn register(self: &Arc<Self>, lease: Lease, fence: Arc<Fence>) -> Registration {
+    /// Renews `lease` until deregistered. A renewal that is fenced loses `fence`, and so does
+    /// the local deadline passing, counted from `granted` (when the request that granted the
+    /// lease was sent).
+    pub(crate) fn register(self: &Arc<Self>, lease: Lease, fence: Arc<Fence>, granted: Instant) -> Registration {
         let due = Instant::now() + self.period();
+        let deadline = self.deadline_from(granted);
         let mut state = self.state();
         let id = state.next_id;
         state.next_id += 1;
-        state.held.insert(id, Entry { lease, fence, due });
-        if state.task.as_ref().is_none_or(JoinHandle::is_finished) {
-            state.task = Some(tokio::spawn(keep(Arc::downgrade(self), Arc::clone(&self.wake))));
-            state.wakes_at = None;
-        }
-        if state.wakes_at.is_none_or(|at| due < at) {
-            // A permit is kept if the task is not waiting yet: no registration is missed.
-            self.wake.notify_one();
-        }
+        state.held.insert(id, Entry { lease, fence, due, deadline, renewing: false });
+        self.ensure_task(&mut state);
+        self.wake_for(&mut state, due.min(deadline));
         Registration(id)
     }
 
@@ -94,45 +150,121 @@ impl Renewals {
         self.state().held.remove(&registration.0);
     }
 
-    /// The leases due for renewal at `now`.
-    fn due(&self, now: Instant) -> Vec<(u64, Lease, Arc<Fence>)> {
-        let state = self.state();
-        state
-            .held
-            .iter()
-            .filter(|(_, held)| held.due <= now)
-            .map(|(&id, held)| (id, held.lease.clone(), Arc::clone(&held.fence)))
-            .collect()
+    /// Gives `lease` back. If the store cannot be reached, the release is tried again in the
+    /// background until it succeeds or the lease would have expired anyway.
+    pub(crate) async fn release(self: &Arc<Self>, lease: Lease) {
+        let store = Arc::clone(&self.store);
+        match store.release_lease(&lease).await {
+            Ok(()) => {}
+            Err(e) if e.is_retryable() => {
+                tracing::debug!(run_id = %lease.run_id, error = %e, "releasing the lease failed; trying again");
+                let now = Instant::now();
+                let due = now + FIRST_RELEASE_PAUSE;
+                let mut state = self.state();
+                state.releases.push(Release { lease, due, pause: FIRST_RELEASE_PAUSE, gives_up: now + self.ttl });
+                self.ensure_task(&mut state);
+                self.wake_for(&mut state, due);
+            }
+            // Fenced: someone else holds it already. Anything else: expiry gives it up.
+            Err(e) => tracing::debug!(run_id = %lease.run_id, error = %e, "releasing the lease failed"),
+        }
     }
 
-    /// Notes renewals' results; returns when the task must wake next (and records it).
-    fn settle(&self, renewed: Vec<(u64, Arc<Fence>, Result<Lease, StoreError>)>) -> Option<Instant> {
-        let next_due = Instant::now() + self.period();
-        let mut state = self.state();
-        for (id, fence, result) in renewed {
-            match result {
-                Ok(lease) => {
-                    if let Some(held) = state.held.get_mut(&id) {
-                        held.lease = lease;
-                        held.due = next_due;
-                    }
-                }
-                Err(StoreError::Fenced { .. }) => {
-                    fence.lose();
-                    state.held.remove(&id);
-                }
-                // A store outage: try again next period; if it outlasts the lease, the store
-                // fences us.
-                Err(e) => {
-                    tracing::warn!(run_id = %fence.run_id(), error = %e, "renewing the lease failed");
-                    if let Some(held) = state.held.get_mut(&id) {
-                        held.due = next_due;
-                    }
-                }
-            }
+    fn ensure_task(self: &Arc<Self>, state: &mut State) {
+        if state.task.as_ref().is_none_or(JoinHandle::is_finished) {
+            state.task = Some(tokio::spawn(keep(Arc::downgrade(self), Arc::clone(&self.wake))));
+            state.wakes_at = None;
         }
-        state.wakes_at = state.held.values().map(|held| held.due).min();
+    }
+
+    /// Wakes the task if `at` comes before its next wake-up.
+    fn wake_for(&self, state: &mut State, at: Instant) {
+        if state.wakes_at.is_none_or(|wakes| at < wakes) {
+            // A permit is kept if the task is not waiting yet: no registration is missed.
+            self.wake.notify_one();
+        }
+    }
+
+    /// Takes what is due at `now`: renewals to send (marked in flight), releases to retry,
+    /// and the fences of leases whose local deadline passed (removed: they are lost).
+    fn take_work(&self, now: Instant) -> Work {
+        let mut state = self.state();
+        let mut work = Work::default();
+        state.held.retain(|&id, held| {
+            if held.deadline <= now {
+                work.lapsed.push(Arc::clone(&held.fence));
+                return false;
+            }
+            if held.due <= now && !held.renewing {
+                held.renewing = true;
+                work.renew.push((id, held.lease.clone(), Arc::clone(&held.fence)));
+            }
+            true
+        });
+        let (due, waiting): (Vec<Release>, Vec<Release>) =
+            std::mem::take(&mut state.releases).into_iter().partition(|r| r.due <= now);
+        state.releases = waiting;
+        // Past `gives_up` the lease has expired: nothing is left to release. One that fails
+        // again is queued anew by `released`.
+        work.release = due.into_iter().filter(|r| r.gives_up > now).collect();
+        state.wakes_at = None;
+        work
+    }
+
+    /// When the task must wake next (recorded), or `None` when nothing is held or queued.
+    fn next_wake(&self) -> Option<Instant> {
+        let mut state = self.state();
+        let leases = state.held.values().map(|h| if h.renewing { h.deadline } else { h.due.min(h.deadline) });
+        let releases = state.releases.iter().map(|r| r.due);
+        state.wakes_at = leases.chain(releases).min();
         state.wakes_at
+    }
+
+    /// Notes one renewal's result: a success moves the lease's deadline to `sent` + TTL − margin.
+    fn renewed(&self, id: u64, fence: &Fence, sent: Instant, result: Result<Lease, StoreError>) {
+        let now = Instant::now();
+        let mut state = self.state();
+        let next = match result {
+            Ok(lease) => {
+                let Some(held) = state.held.get_mut(&id) else { return };
+                held.lease = lease;
+                held.renewing = false;
+                held.due = now + self.period();
+                held.deadline = self.deadline_from(sent);
+                held.due
+            }
+            Err(StoreError::Fenced { .. }) => {
+                fence.lose();
+                state.held.remove(&id);
+                return;
+            }
+            // A store outage, or a renewal that took too long: try again soon. If no renewal
+            // succeeds before the local deadline, the lease is lost then.
+            Err(e) => {
+                let Some(held) = state.held.get_mut(&id) else { return };
+                tracing::warn!(run_id = %fence.run_id(), error = %e, "renewing the lease failed");
+                held.renewing = false;
+                held.due = now + self.retry_pause();
+                held.due.min(held.deadline)
+            }
+        };
+        self.wake_for(&mut state, next);
+    }
+
+    /// Notes a retried release's result.
+    fn released(&self, retried: Release, result: Result<(), StoreError>) {
+        let Release { lease, pause, gives_up, .. } = retried;
+        match result {
+            Ok(()) => tracing::debug!(run_id = %lease.run_id, "released the lease after a retry"),
+            Err(e) if e.is_retryable() => {
+                let pause = (pause * 2).min(MAX_RELEASE_PAUSE);
+                let due = Instant::now() + pause;
+                let mut state = self.state();
+                state.releases.push(Release { lease, due, pause, gives_up });
+                self.wake_for(&mut state, due);
+            }
+            Err(e) => tracing::debug!(run_id = %lease.run_id, error = %e, "releasing the lease failed"),
+        }
     }
 }
 
@@ -144,22 +276,46 @@ impl Drop for Renewals {
     }
 }
 
-/// The renewing task: renews what is due, then sleeps until the next lease is due or a
+/// The renewing task: sends what is due, each renewal and retried release a task of its own,
+/// loses the leases whose deadline passed, then sleeps until the next thing is due or a
 /// registration wakes it. It holds the runtime's leases only weakly, so it ends with them.
 async fn keep(renewals: Weak<Renewals>, wake: Arc<Notify>) {
     loop {
         let Some(this) = renewals.upgrade() else { return };
-        let due = this.due(Instant::now());
-        let renewed = futures::future::join_all(due.into_iter().map(|(id, lease, fence)| {
-            let store = Arc::clone(&this.store);
-            let ttl = this.ttl;
-            async move {
-                let result = store.renew_lease(&lease, ttl).await;
-                (id, fence, result)
-            }
-        }))
-        .await;
-        let next = this.settle(renewed);
+        let now = Instant::now();
+        let work = this.take_work(now);
+        for fence in work.lapsed {
+            tracing::warn!(
+                run_id = %fence.run_id(),
+                "no renewal of the lease succeeded within its TTL (less a safety margin); it can no longer be proven held"
+            );
+            fence.lose();
+        }
+        for (id, lease, fence) in work.renew {
+            let (weak, store, ttl, limit) = (Weak::clone(&renewals), Arc::clone(&this.store), this.ttl, this.period());
+            tokio::spawn(async move {
+                let result = match tokio::time::timeout(limit, store.renew_lease(&lease, ttl)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(StoreError::Unavailable(format!("the renewal took longer than {limit:?}").into())),
+                };
+                if let Some(this) = weak.upgrade() {
+                    this.renewed(id, &fence, now, result);
+                }
+            });
+        }
+        for retried in work.release {
+            let (weak, store, limit) = (Weak::clone(&renewals), Arc::clone(&this.store), this.period());
+            tokio::spawn(async move {
+                let result = match tokio::time::timeout(limit, store.release_lease(&retried.lease)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(StoreError::Unavailable(format!("the release took longer than {limit:?}").into())),
+                };
+                if let Some(this) = weak.upgrade() {
+                    this.released(retried, result);
+                }
+            });
+        }
+        let next = this.next_wake();
         drop(this);
         match next {
             Some(at) => {
@@ -172,7 +328,6 @@ async fn keep(renewals: Weak<Renewals>, wake: Arc<Notify>) {
         }
     }
 }
-
 #[cfg(test)]
 mod tests {
     use tokio_util::sync::CancellationToken;
@@ -198,10 +353,10 @@ mod tests {
         let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
         let renewals = Renewals::new(Arc::clone(&store), TTL);
         let (a, fence_a, _) = take(&store, "a").await;
-        let registered_a = renewals.register(a, fence_a);
+        let registered_a = renewals.register(a, fence_a, Instant::now());
         tokio::time::sleep(Duration::from_secs(2)).await;
         let (b, fence_b, _) = take(&store, "b").await;
-        let _registered_b = renewals.register(b, fence_b);
+        let _registered_b = renewals.register(b, fence_b, Instant::now());
         // Three TTLs later both are still held: each was renewed every second.
         tokio::time::sleep(3 * TTL).await;
         assert!(held_by_someone(&store, "a").await);
@@ -218,7 +373,7 @@ mod tests {
         let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
         let renewals = Renewals::new(Arc::clone(&store), TTL);
         let (lease, fence, stop) = take(&store, "a").await;
-        let _registered = renewals.register(lease.clone(), Arc::clone(&fence));
+        let _registered = renewals.register(lease.clone(), Arc::clone(&fence), Instant::now());
         // Another owner takes the run over.
         store.release_lease(&lease).await.unwrap();
         store.acquire_lease("a", "thief", TTL).await.unwrap();
@@ -232,7 +387,7 @@ mod tests {
         let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
         let renewals = Renewals::new(Arc::clone(&store), TTL);
         let (lease, fence, _) = take(&store, "a").await;
-        renewals.register(lease, fence);
+        renewals.register(lease, fence, Instant::now());
         let task = renewals.state().task.as_ref().map(JoinHandle::abort_handle).unwrap();
         drop(renewals);
         tokio::task::yield_now().await;

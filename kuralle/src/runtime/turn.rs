@@ -9,12 +9,14 @@ use tracing::Instrument;
 use super::{
     Inner, RunRequest,
     close::{Closing, close},
+    lease::Held,
     open::{Opened, agent, open},
     response::{ModelResponse, put_calls, take_calls},
     state::RunState,
     step::model_step,
 };
 use crate::{
+    agent::AgentDef,
     approval::Pending,
     clock::now_ms,
     dispatch::{self, TurnCtx},
@@ -33,8 +35,9 @@ pub(super) async fn turn(
     run_id: &str,
     events: &EventSender,
     interrupt: CancellationToken,
-    fence: &Arc<Fence>,
+    held: &Held,
 ) -> Result<RunOutput, RunError> {
+    let fence = held.fence();
     let writer = RunWriter::new(rt.store.as_ref(), fence);
     let (record, state) = match open(rt, req, writer).await? {
         Opened::Done(out) => {
@@ -44,7 +47,7 @@ pub(super) async fn turn(
         }
         Opened::Turn { record, state } => (*record, *state),
     };
-    let result = drive(rt, run_id, record, state, events, interrupt, fence).await;
+    let result = drive(rt, record, state, events, interrupt, held, req.hand_back).await;
     if let Err(e) = &result
         && ends_the_run(e)
         && !fence.is_lost()
@@ -76,15 +79,18 @@ pub(super) async fn mark_failed(writer: RunWriter<'_>) {
     }
 }
 
-pub(super) async fn drive(
+/// Runs the turn of an opened run.
+async fn drive(
     rt: &Arc<Inner>,
-    run_id: &str,
     record: RunRecord,
     state: RunState,
     events: &EventSender,
     interrupt: CancellationToken,
-    fence: &Arc<Fence>,
+    held: &Held,
+    hand_back: bool,
 ) -> Result<RunOutput, RunError> {
+    let fence = held.fence();
+    let run_id = fence.run_id();
     let agent = agent(rt, Some(&record.agent_id))?.clone();
     tracing::Span::current().record("agent", agent.id.as_str());
     let model: Arc<dyn Model> = match (&agent.model, &rt.model) {
@@ -104,7 +110,28 @@ pub(super) async fn drive(
         max_result_bytes: rt.max_value_bytes,
         policy: agent.policy.clone(),
         fatal: Mutex::new(None),
+        // Calls cut off but still running are the lease's to wait for: see `Held::release`.
+        stragglers: Arc::clone(held.stragglers()),
     });
+    steps(rt, run_id, &agent, model.as_ref(), record, state, events, &ctx, fence, hand_back).await
+}
+
+/// The turn's steps: model, dispatch, model, ... until an answer, a pause, an interrupt or
+/// the step limit; then the run's close.
+#[allow(clippy::too_many_arguments)]
+async fn steps(
+    rt: &Arc<Inner>,
+    run_id: &str,
+    agent: &AgentDef,
+    model: &dyn Model,
+    record: RunRecord,
+    state: RunState,
+    events: &EventSender,
+    ctx: &Arc<TurnCtx>,
+    fence: &Arc<Fence>,
+    hand_back: bool,
+) -> Result<RunOutput, RunError> {
+    let interrupt = &ctx.interrupt;
 
     // Shared with every request (never copied per step): a step costs the same at step 5,000
     // as at step 1.
@@ -135,7 +162,7 @@ pub(super) async fn drive(
         };
         let span = crate::trace::model_span(run_id, callsite);
         let started = std::time::Instant::now();
-        let step = model_step(rt, &ctx, model.as_ref(), request, callsite).instrument(span.clone()).await;
+        let step = model_step(rt, ctx, model, request, callsite).instrument(span.clone()).await;
         span.record(
             "outcome",
             match &step {
@@ -162,7 +189,7 @@ pub(super) async fn drive(
         }
         let calls = take_calls(&mut parts);
         let n = calls.len() as u64;
-        let dispatched = dispatch::dispatch(&ctx, calls, callsite).await?;
+        let dispatched = dispatch::dispatch(ctx, calls, callsite).await?;
         callsite += n;
         if !dispatched.pending.is_empty() {
             // The turn resumes from its start once decided: everything before the pending
@@ -189,6 +216,12 @@ pub(super) async fn drive(
         }
     }
 
+    if status == RunStatus::Interrupted && hand_back && !fence.is_lost() {
+        // A worker's shutdown: the run stays `running` for another worker. Every call this
+        // turn ran was journaled as it ended; a model response may still wait to be written.
+        ctx.journal.flush().await?;
+        return Err(RunError::HandedBack { run_id: run_id.to_owned() });
+    }
     if status == RunStatus::Paused {
         events
             .send(Event::Paused {

@@ -35,9 +35,12 @@ pub struct WorkerOptions {
     /// How often an idle worker looks for runnable runs. Wake-up hints (PostgreSQL
     /// `LISTEN/NOTIFY`, or a `submit` in this process) make it look sooner. Default 1 s.
     pub poll_interval: Duration,
-    /// After `shutdown` completes, how long in-flight turns may take to finish; those still
-    /// running then are stopped and handed back (their leases released, so another worker
-    /// resumes them from the journal at once). Default 30 s.
+    /// After `shutdown` completes, how long in-flight turns may take to finish. Those still
+    /// running then are handed back: their interruptible calls are cancelled, calls that
+    /// cannot be interrupted run to their end (the lease still held and renewed), every
+    /// outcome is journaled, and only then is the lease released, so another worker resumes
+    /// the run from the journal at once and never runs a call this one is still running.
+    /// Default 30 s.
     pub shutdown_grace: Duration,
     /// A run whose turn failed with a retryable error (a model or store outage) is not claimed
     /// again, by any worker, for this long. Default 5 s.
@@ -165,7 +168,7 @@ impl Runtime {
     ) -> Result<ServeReport, RunError> {
         let owner = lease::owner_id();
         let span = tracing::info_span!("worker", owner = %owner);
-        Worker { inner: Arc::clone(&self.inner), owner, options, tasks: JoinSet::new(), held: HashMap::new() }
+        Worker { inner: Arc::clone(&self.inner), owner, options, tasks: JoinSet::new(), in_flight: HashMap::new() }
             .serve(shutdown)
             .instrument(span)
             .await
@@ -177,8 +180,13 @@ struct Worker {
     owner: String,
     options: WorkerOptions,
     tasks: JoinSet<Result<RunOutput, RunError>>,
-    /// The claimed lease of each turn task.
-    held: HashMap<Id, Lease>,
+    /// The run of each turn task, and the token that hands it back.
+    in_flight: HashMap<Id, InFlight>,
+}
+
+struct InFlight {
+    run_id: String,
+    hand_back: CancellationToken,
 }
 
 impl Worker {
@@ -189,12 +197,13 @@ impl Worker {
         loop {
             let free = self.options.max_concurrent_runs.max(1).saturating_sub(self.tasks.len());
             if free > 0 {
+                let sent = tokio::time::Instant::now();
                 match self.inner.store.claim_runnable(&self.owner, self.inner.lease_ttl, free).await {
                     Ok(leases) => {
                         store_backoff = self.options.poll_interval;
                         for lease in leases {
                             report.claimed += 1;
-                            self.start(lease);
+                            self.start(lease, sent);
                         }
                     }
                     Err(e) if e.is_retryable() => {
@@ -231,17 +240,20 @@ impl Worker {
         Ok(report)
     }
 
-    fn start(&mut self, lease: Lease) {
+    /// Drives a claimed run's turn under `lease`, granted by a claim sent at `sent`.
+    fn start(&mut self, lease: Lease, sent: tokio::time::Instant) {
         tracing::debug!(run_id = %lease.run_id, token = lease.token, "claimed a runnable run");
         let inner = Arc::clone(&self.inner);
-        let request = RunRequest { run_id: Some(lease.run_id.clone()), ..RunRequest::default() };
+        let run_id = lease.run_id.clone();
+        let request = RunRequest { run_id: Some(run_id.clone()), hand_back: true, ..RunRequest::default() };
         // Events go nowhere: a worker's output is the journal and the run record.
         let (events, _) = crate::event::EventSender::channel(1);
-        let claimed = lease.clone();
-        let task = self.tasks.spawn(async move {
-            entry::run_leased(inner, request, events, CancellationToken::new(), None, Some(claimed)).await
-        });
-        self.held.insert(task.id(), lease);
+        let hand_back = CancellationToken::new();
+        let token = hand_back.clone();
+        let task = self
+            .tasks
+            .spawn(async move { entry::run_leased(inner, request, events, token, None, Some((lease, sent))).await });
+        self.in_flight.insert(task.id(), InFlight { run_id, hand_back });
     }
 
     async fn settle(
@@ -257,24 +269,28 @@ impl Worker {
                 (id, Err(RunError::Internal(message.to_owned())))
             }
         };
-        let Some(lease) = self.held.remove(&id) else { return };
+        let Some(InFlight { run_id, .. }) = self.in_flight.remove(&id) else { return };
         match result {
             Ok(out) => {
                 tracing::debug!(run_id = %out.run_id, status = ?out.status, "turn ended");
                 report.completed += 1;
             }
             Err(RunError::LeaseLost { .. }) => report.lost += 1,
+            Err(RunError::HandedBack { .. }) => {
+                tracing::info!(run_id, "handed the run back");
+                report.handed_back += 1;
+            }
             Err(e) if e.is_retryable() => {
                 report.retried += 1;
-                tracing::warn!(run_id = %lease.run_id, error = %e, "turn failed; the run is retried after a backoff");
-                self.back_off(&lease.run_id).await;
+                tracing::warn!(run_id, error = %e, "turn failed; the run is retried after a backoff");
+                self.back_off(&run_id).await;
             }
             Err(e) => {
                 // The run ended failed (the turn marked it) or is left as it was; either way
                 // give it a pause before anyone claims it again.
                 report.completed += 1;
-                tracing::warn!(run_id = %lease.run_id, error = %e, "turn failed");
-                self.back_off(&lease.run_id).await;
+                tracing::warn!(run_id, error = %e, "turn failed");
+                self.back_off(&run_id).await;
             }
         }
     }
@@ -288,7 +304,9 @@ impl Worker {
         }
     }
 
-    /// Lets in-flight turns finish within the grace period, then hands the rest back.
+    /// Lets in-flight turns finish within the grace period, then hands the rest back. A turn
+    /// is never aborted: it is told to hand back and ends on its own, after its calls, with
+    /// its outcomes journaled and its lease released, so nothing of it outlives the lease.
     async fn drain(&mut self, report: &mut ServeReport) {
         let grace = tokio::time::sleep(self.options.shutdown_grace);
         tokio::pin!(grace);
@@ -301,16 +319,26 @@ impl Worker {
                 () = &mut grace => break,
             }
         }
-        self.tasks.abort_all();
-        while self.tasks.join_next().await.is_some() {}
-        for (_, lease) in self.held.drain() {
-            // The turn stopped at an await point; its journal is consistent. Releasing lets
-            // another worker resume it now rather than after the lease expires.
-            match self.inner.store.release_lease(&lease).await {
-                Ok(()) => tracing::info!(run_id = %lease.run_id, "handed the run back"),
-                Err(e) => tracing::debug!(run_id = %lease.run_id, error = %e, "handing back failed; the lease expires"),
+        for in_flight in self.in_flight.values() {
+            in_flight.hand_back.cancel();
+        }
+        // Calls that cannot be interrupted keep their turn (and its lease) until they end.
+        let mut waiting = tokio::time::interval(self.options.shutdown_grace.max(Duration::from_secs(1)));
+        waiting.tick().await;
+        loop {
+            tokio::select! {
+                done = self.tasks.join_next_with_id() => match done {
+                    Some(done) => self.settle(done, report).await,
+                    None => return,
+                },
+                _ = waiting.tick() => {
+                    let runs: Vec<&str> = self.in_flight.values().map(|f| f.run_id.as_str()).collect();
+                    tracing::warn!(
+                        runs = ?runs,
+                        "shutdown waits for calls that cannot be interrupted; their runs keep their leases until they end"
+                    );
+                }
             }
-            report.handed_back += 1;
         }
     }
 }
