@@ -229,7 +229,7 @@ pub use runtime::{
 #[allow(deprecated)]
 pub use runtime::{DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN};
 pub use store::{
-    FinishedWithIntents, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome,
+    FinishedWithIntents, InstanceLock, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome,
     StepRecord, StepStatus, StoreError, StoreErrorMessage, StoreFuture,
 };
 pub use tool::{PreparedCall, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded};
