@@ -37,7 +37,7 @@ use crate::{
 /// named call(s) already have a decision; [`RunError::NotPending`] when the run waits for no
 /// such decision; [`RunError::RunNotFound`]; [`RunError::Store`] when the store fails.
 pub async fn record_decision(store: &dyn RunStore, run_id: &str, decision: &Decision) -> Result<(), RunError> {
-    let lease = lease::acquire(store, run_id, lease::DEFAULT_LEASE_TTL, None).await?;
+    let lease = lease::acquire(store, &lease::owner_id(None), run_id, lease::DEFAULT_LEASE_TTL, None).await?;
     let fence = Fence::new(&lease, CancellationToken::new());
     let result = fence.settle(record_under(store, &fence, run_id, decision).await);
     if !fence.is_lost() {

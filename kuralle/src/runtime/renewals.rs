@@ -94,6 +94,16 @@ impl Renewals {
         self.state().held.remove(&registration.0);
     }
 
+    /// Loses every registered lease's fence (their turns stop at once) and stops renewing
+    /// them: the runtime can no longer prove it is alive (its instance lock is gone), so
+    /// another process may take these runs back.
+    pub(crate) fn lose_all(&self) {
+        let held = std::mem::take(&mut self.state().held);
+        for entry in held.into_values() {
+            entry.fence.lose();
+        }
+    }
+
     /// The leases due for renewal at `now`.
     fn due(&self, now: Instant) -> Vec<(u64, Lease, Arc<Fence>)> {
         let state = self.state();
