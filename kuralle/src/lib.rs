@@ -223,14 +223,15 @@ pub use model::{
 };
 pub use policy::{Policy, Verdict};
 pub use runtime::{
-    DEFAULT_EVENT_BUFFER, DEFAULT_LEASE_TTL, DEFAULT_MAX_JOURNAL_ENTRIES, Decision, InterruptHandle, RunHandle,
-    RunRequest, Runtime, RuntimeBuilder, ServeReport, WorkerOptions, record_decision,
+    DEFAULT_EVENT_BUFFER, DEFAULT_LEASE_TTL, DEFAULT_MAX_JOURNAL_ENTRIES, DEFAULT_RECOVER_CONCURRENCY, Decision,
+    InterruptHandle, Recovered, RecoveredRun, ResumeRequest, RunHandle, RunRequest, Runtime, RuntimeBuilder,
+    ServeReport, WorkerOptions, record_decision,
 };
 #[allow(deprecated)]
 pub use runtime::{DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN};
 pub use store::{
-    FinishedWithIntents, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome,
-    StepRecord, StepStatus, StoreError, StoreErrorMessage, StoreFuture,
+    FinishedWithIntents, InstanceLock, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind,
+    StepOutcome, StepRecord, StepStatus, StoreError, StoreErrorMessage, StoreFuture,
 };
 pub use tool::{PreparedCall, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded};
 pub use transcript::Transcript;

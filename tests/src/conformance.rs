@@ -151,6 +151,7 @@ macro_rules! with_conformance_cases {
             lease_takeover_fences_the_old_token,
             lease_release_gives_a_higher_token,
             queue_claims_each_runnable_run_once,
+            instance_lock_takes_back_only_its_own_leases,
         );
     };
 }
@@ -864,6 +865,74 @@ pub async fn queue_claims_each_runnable_run_once<S: RunStore>(store: S) {
     store.notify_runnable().await.unwrap();
     assert!(store.claim_runnable("next", HOUR, 100).await.unwrap().is_empty());
     store.release_lease(&next_lease).await.unwrap();
+}
+
+/// Instances: `lock_instance` proves one live holder per id (a second is `InstanceInUse`,
+/// another id is independent, a dropped lock frees the id); `take_back` ends exactly the
+/// unreleased leases whose owner starts with `"<id>/"` (expired ones included; not `app-10/…`,
+/// not an owner equal to the bare id, not other instances' or released ones), like
+/// `release_lease`: the next acquire gets a higher token and the old token is fenced.
+pub async fn instance_lock_takes_back_only_its_own_leases<S: RunStore>(store: S) {
+    // Unique ids: a PostgreSQL lock is per database, whatever schema the test store uses.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let id = format!("conf-{}-{nanos}", std::process::id());
+    let lock = store.lock_instance(&id).await.unwrap().expect("this store proves that an instance is alive");
+    assert_eq!(lock.instance_id(), id);
+    match store.lock_instance(&id).await {
+        Err(StoreError::InstanceInUse { instance_id, holder }) => {
+            assert_eq!(instance_id, id);
+            assert!(!holder.is_empty());
+        }
+        other => panic!("a second holder of one id must be refused, got {other:?}"),
+    }
+    let other_id = format!("{id}0");
+    let other = store.lock_instance(&other_id).await.unwrap().expect("another id is independent");
+
+    let mine = store.acquire_lease("mine", &format!("{id}/turn-1"), HOUR).await.unwrap();
+    store.create_run(run("mine", RunStatus::Running, 1), mine.token).await.unwrap();
+    let worker = store.acquire_lease("worker", &format!("{id}/w-1/worker"), HOUR).await.unwrap();
+    let expired = store.acquire_lease("expired", &format!("{id}/turn-2"), Duration::from_millis(50)).await.unwrap();
+    let released = store.acquire_lease("released", &format!("{id}/turn-3"), HOUR).await.unwrap();
+    store.release_lease(&released).await.unwrap();
+    let longer = store.acquire_lease("longer", &format!("{other_id}/turn"), HOUR).await.unwrap();
+    let bare = store.acquire_lease("bare", &id, HOUR).await.unwrap();
+    let stranger = store.acquire_lease("stranger", "9b1d-process/turn", HOUR).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+
+    let mut taken = lock.take_back().await.unwrap();
+    taken.sort();
+    assert_eq!(taken, ["expired", "mine", "worker"]);
+    assert!(lock.take_back().await.unwrap().is_empty(), "nothing left to take back");
+    for lease in [&longer, &bare, &stranger] {
+        assert_eq!(store.current_lease(&lease.run_id).await.unwrap().as_ref(), Some(lease), "not ours: untouched");
+    }
+    assert_eq!(store.current_lease("mine").await.unwrap(), None);
+    let fenced = StoreError::Fenced { run_id: "mine".into(), token: mine.token };
+    assert_eq!(store.append_steps("mine", mine.token, vec![step("late")]).await.unwrap_err(), fenced);
+    assert_eq!(store.renew_lease(&mine, HOUR).await.unwrap_err(), fenced);
+    let next = store.acquire_lease("mine", &format!("{id}/turn-4"), HOUR).await.unwrap();
+    assert!(next.token > mine.token, "{next:?} after {mine:?}");
+    assert!(store.acquire_lease("worker", "anyone", HOUR).await.unwrap().token > worker.token);
+    assert!(store.acquire_lease("expired", "anyone", HOUR).await.unwrap().token > expired.token);
+    // The other instance takes back its own, and leaves this one's new lease alone.
+    assert_eq!(other.take_back().await.unwrap(), ["longer"]);
+    assert_eq!(store.current_lease("mine").await.unwrap(), Some(next));
+
+    drop(lock);
+    drop(other);
+    // Released with the process's proof (PostgreSQL: the session closing is asynchronous).
+    let mut again = None;
+    for _ in 0..100 {
+        match store.lock_instance(&id).await {
+            Ok(lock) => {
+                again = lock;
+                break;
+            }
+            Err(StoreError::InstanceInUse { .. }) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(again.is_some(), "a dropped lock frees its id");
 }
 
 /// A step's stored JSON text as a tree, for comparing with what was written (a store may give

@@ -116,6 +116,19 @@ pub enum RunError {
         /// Run id.
         run_id: String,
     },
+    /// This runtime's instance id ([`RuntimeBuilder::instance_id`](crate::RuntimeBuilder::instance_id))
+    /// is held by another live process (or another runtime of this process on the same
+    /// store): two holders of one id could take each other's runs. Nothing was executed.
+    #[error(
+        "instance id `{instance_id}` is in use: another live process holds it ({holder}); stop that process, or \
+         give this one a different `RuntimeBuilder::instance_id`"
+    )]
+    InstanceInUse {
+        /// The instance id.
+        instance_id: String,
+        /// What holds it, as far as the store can tell.
+        holder: String,
+    },
     /// The pending call(s) a decision names were already decided (a concurrent or earlier
     /// delivery won); the first decision stands.
     #[error("run `{run_id}`: `{request_id}` was already decided")]

@@ -42,7 +42,7 @@ pub async fn record_decision(store: &dyn RunStore, run_id: &str, decision: &Deci
     if store.get_run(run_id).await?.is_none() {
         return Err(RunError::RunNotFound(run_id.to_owned()));
     }
-    let (lease, _) = lease::acquire(store, run_id, lease::DEFAULT_LEASE_TTL, None).await?;
+    let (lease, _) = lease::acquire(store, &lease::owner_id(None), run_id, lease::DEFAULT_LEASE_TTL, None).await?;
     let fence = Fence::new(&lease, CancellationToken::new());
     let result = fence.settle(record_under(store, &fence, run_id, decision).await);
     if !fence.is_lost() {

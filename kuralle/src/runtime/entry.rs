@@ -9,6 +9,7 @@ use tracing::Instrument;
 use super::{
     Decision, Inner, RunRequest,
     decide::record_under,
+    instance::Claim,
     lease::{self, Held},
     open::open,
     turn::turn,
@@ -33,25 +34,37 @@ pub(super) async fn run(
 }
 
 /// [`run`], under `claimed` when the caller already holds the run's lease (a worker that
-/// claimed the run from the queue), with when the claim was sent.
+/// claimed the run from the queue, under its instance claim), with when the claim was sent.
 pub(super) async fn run_leased(
     rt: Arc<Inner>,
     req: RunRequest,
     events: EventSender,
     interrupt: CancellationToken,
     decision: Option<Decision>,
-    claimed: Option<(crate::store::Lease, tokio::time::Instant)>,
+    claimed: Option<(crate::store::Lease, tokio::time::Instant, Claim)>,
 ) -> Result<RunOutput, RunError> {
     let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let span = crate::trace::run_span(&run_id);
     let started = std::time::Instant::now();
     let result = async {
-        let (lease, granted) = match claimed {
+        let (lease, granted, claim) = match claimed {
             Some(claimed) => claimed,
-            None => lease::acquire(rt.store.as_ref(), &run_id, rt.lease_ttl, req.wait_for_lease).await?,
+            None => {
+                // No lease under the instance's id without the proof that this process holds it.
+                let claim = rt.claim_instance().await?;
+                let owner = rt.owner_id();
+                let (lease, granted) =
+                    lease::acquire(rt.store.as_ref(), &owner, &run_id, rt.lease_ttl, req.wait_for_lease).await?;
+                (lease, granted, claim)
+            }
         };
         tracing::debug!(token = lease.token, owner = %lease.owner, "took the run's lease");
         let held = Held::start(&rt.renewals, lease, granted, interrupt.clone());
+        if !rt.holds(claim) {
+            // The proof was lost since the claim, and possibly before this lease registered
+            // (so the loss did not stop it): stop here.
+            held.fence().lose();
+        }
         let fence = Arc::clone(held.fence());
         let result = match &decision {
             Some(d) => record_under(rt.store.as_ref(), &fence, &run_id, d).await,
@@ -89,7 +102,9 @@ pub(super) async fn run_leased(
 /// nothing.
 pub(super) async fn submit(rt: &Inner, req: &RunRequest) -> Result<String, RunError> {
     let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    let (lease, _) = lease::acquire(rt.store.as_ref(), &run_id, rt.lease_ttl, req.wait_for_lease).await?;
+    rt.claim_instance().await?;
+    let (lease, _) =
+        lease::acquire(rt.store.as_ref(), &rt.owner_id(), &run_id, rt.lease_ttl, req.wait_for_lease).await?;
     let fence = Fence::new(&lease, CancellationToken::new());
     let opened = fence.settle(open(rt, req, RunWriter::new(rt.store.as_ref(), &fence)).await.map(|_| ()));
     if !fence.is_lost() {

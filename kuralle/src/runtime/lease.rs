@@ -30,29 +30,30 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 /// The longest pause between two attempts of [`RunRequest::wait_for_lease`](crate::RunRequest::wait_for_lease).
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
-/// A unique owner id for one holder: `"<process uuid>/<turn uuid>"`, so an operator can tell
-/// which process holds a run and two turns in one process never share a lease.
-pub(crate) fn owner_id() -> String {
+/// A unique owner id for one holder: `"<instance id>/<turn uuid>"` for a runtime with an
+/// instance id, else `"<process uuid>/<turn uuid>"`, so an operator can tell which process
+/// (or instance) holds a run and two turns in one process never share a lease.
+pub(crate) fn owner_id(instance: Option<&str>) -> String {
     static PROCESS: OnceLock<String> = OnceLock::new();
-    let process = PROCESS.get_or_init(|| uuid::Uuid::new_v4().to_string());
+    let process = instance.unwrap_or_else(|| PROCESS.get_or_init(|| uuid::Uuid::new_v4().to_string()));
     format!("{process}/{}", uuid::Uuid::new_v4())
 }
 
-/// Takes the run's lease; returns it with the moment the request that got it was sent (its
-/// local deadline counts from there). Held by another owner: [`RunError::Busy`] at once, or,
+/// Takes the run's lease for `owner`; returns it with the moment the request that got it was
+/// sent (its local deadline counts from there). Held by another owner: [`RunError::Busy`] at once, or,
 /// with `wait`, after polling (with backoff, on Tokio's clock) until `wait` has passed.
 pub(crate) async fn acquire(
     store: &dyn RunStore,
+    owner: &str,
     run_id: &str,
     ttl: Duration,
     wait: Option<Duration>,
 ) -> Result<(Lease, Instant), RunError> {
-    let owner = owner_id();
     let deadline = wait.map(|w| Instant::now() + w);
     let mut backoff = Duration::from_millis(10);
     loop {
         let sent = Instant::now();
-        match store.acquire_lease(run_id, &owner, ttl).await {
+        match store.acquire_lease(run_id, owner, ttl).await {
             Ok(lease) => return Ok((lease, sent)),
             Err(StoreError::LeaseHeld { run_id, owner, expires_at_ms }) => {
                 let now = Instant::now();

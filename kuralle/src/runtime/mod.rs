@@ -4,8 +4,10 @@ mod close;
 mod decide;
 mod entry;
 mod handle;
+mod instance;
 pub(crate) mod lease;
 mod open;
+mod recover;
 mod renewals;
 mod response;
 mod state;
@@ -18,6 +20,7 @@ use std::{fmt, sync::Arc, time::Duration};
 pub use decide::record_decision;
 pub use handle::{InterruptHandle, RunHandle};
 pub use lease::DEFAULT_LEASE_TTL;
+pub use recover::{DEFAULT_RECOVER_CONCURRENCY, Recovered, RecoveredRun};
 use tokio_util::sync::CancellationToken;
 pub use worker::{ServeReport, WorkerOptions};
 
@@ -127,6 +130,70 @@ impl From<String> for RunRequest {
     }
 }
 
+/// Which run [`Runtime::resume`] continues, and whether to wait for its lease. `&str`,
+/// `String` and `&String` (a run id) convert into it.
+///
+/// ```
+/// use std::time::Duration;
+/// use kuralle::ResumeRequest;
+///
+/// let now = ResumeRequest::new("run-1");
+/// let patient = ResumeRequest::new("run-1").wait_for_lease(Duration::from_secs(5));
+/// let from_str: ResumeRequest = "run-1".into();
+/// assert_eq!(now, from_str);
+/// assert_ne!(now, patient);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumeRequest {
+    run_id: String,
+    wait_for_lease: Option<Duration>,
+}
+
+impl ResumeRequest {
+    /// Resume run `run_id`.
+    pub fn new(run_id: impl Into<String>) -> Self {
+        Self { run_id: run_id.into(), wait_for_lease: None }
+    }
+
+    /// When another caller owns the run, wait up to `max` for it to let go (polling with
+    /// backoff) instead of failing at once with [`RunError::Busy`], as
+    /// [`RunRequest::wait_for_lease`] does.
+    #[must_use]
+    pub fn wait_for_lease(mut self, max: Duration) -> Self {
+        self.wait_for_lease = Some(max);
+        self
+    }
+
+    /// The run id.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+}
+
+impl From<&str> for ResumeRequest {
+    fn from(run_id: &str) -> Self {
+        Self::new(run_id)
+    }
+}
+
+impl From<String> for ResumeRequest {
+    fn from(run_id: String) -> Self {
+        Self::new(run_id)
+    }
+}
+
+impl From<&String> for ResumeRequest {
+    fn from(run_id: &String) -> Self {
+        Self::new(run_id.as_str())
+    }
+}
+
+impl From<ResumeRequest> for RunRequest {
+    fn from(resume: ResumeRequest) -> Self {
+        Self { run_id: Some(resume.run_id), wait_for_lease: resume.wait_for_lease, ..Self::default() }
+    }
+}
+
 /// A human decision on calls that need approval.
 ///
 /// ```
@@ -175,6 +242,29 @@ pub(crate) struct Inner {
     /// Wakes this process's idle workers when `submit` recorded a run.
     pub(crate) wake: tokio::sync::Notify,
     pub(crate) event_buffer: usize,
+    /// The instance id and its proof of life, when set.
+    pub(crate) instance: Option<Arc<instance::Instance>>,
+}
+
+impl Inner {
+    /// A fresh lease owner id: `"<instance id>/<uuid>"`, or `"<process uuid>/<uuid>"`.
+    pub(crate) fn owner_id(&self) -> String {
+        lease::owner_id(self.instance.as_ref().map(|i| i.id()))
+    }
+
+    /// Makes sure this process holds its instance id (claiming it, and taking back a dead
+    /// predecessor's runs, the first time); the empty claim without an instance id.
+    pub(crate) async fn claim_instance(&self) -> Result<instance::Claim, RunError> {
+        match &self.instance {
+            Some(instance) => instance.claim().await,
+            None => Ok(instance::Claim::none()),
+        }
+    }
+
+    /// Whether `claim` still stands.
+    pub(crate) fn holds(&self, claim: instance::Claim) -> bool {
+        self.instance.as_ref().is_none_or(|instance| instance.holds(claim))
+    }
 }
 
 /// Runs agents. Cheap to clone; clones share agents, model and store.
@@ -241,8 +331,47 @@ impl Runtime {
     /// Continues a run whose turn is unfinished (its process died, or a store or model failure
     /// stopped it): finished steps replay from the journal, the rest runs. A finished run
     /// returns its last output.
-    pub fn resume(&self, run_id: impl Into<String>) -> RunHandle {
-        self.run(RunRequest { run_id: Some(run_id.into()), ..RunRequest::default() })
+    ///
+    /// Takes a run id (`&str`, `String`) or a [`ResumeRequest`]: if another caller owns the
+    /// run, the handle ends at once with [`RunError::Busy`], unless the request waits
+    /// ([`ResumeRequest::wait_for_lease`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kuralle::{AgentDef, ResumeRequest, RunRequest, RunStatus, Runtime, testing::{ScriptedModel, Turn}};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let runtime = Runtime::builder()
+    ///     .agent(AgentDef::new("support", "Be brief."))
+    ///     .model(ScriptedModel::new([Turn::text("Hello.")]))
+    ///     .build()
+    ///     .unwrap();
+    /// runtime.run(RunRequest::new("Hi").run_id("run-1")).await.unwrap();
+    /// // A finished run gives its last output back.
+    /// let out = runtime.resume("run-1").await.unwrap();
+    /// assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Hello."));
+    /// let out = runtime.resume(ResumeRequest::new("run-1").wait_for_lease(Duration::from_secs(5))).await.unwrap();
+    /// assert_eq!(out.text, "Hello.");
+    /// # });
+    /// ```
+    pub fn resume(&self, request: impl Into<ResumeRequest>) -> RunHandle {
+        self.run(RunRequest::from(request.into()))
+    }
+
+    /// This runtime's instance id ([`RuntimeBuilder::instance_id`]), if set.
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, Runtime, testing::ScriptedModel};
+    /// let runtime = Runtime::builder()
+    ///     .agent(AgentDef::new("support", "Be brief."))
+    ///     .model(ScriptedModel::new([]))
+    ///     .instance_id("app-1")
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(runtime.instance_id(), Some("app-1"));
+    /// ```
+    pub fn instance_id(&self) -> Option<&str> {
+        self.inner.instance.as_ref().map(|i| i.id())
     }
 
     /// Delivers a human decision to a paused run and resumes it: approved calls run, denied
@@ -295,6 +424,7 @@ pub struct RuntimeBuilder {
     max_value_bytes: Option<usize>,
     lease_ttl: Option<Duration>,
     event_buffer: Option<usize>,
+    instance_id: Option<String>,
 }
 
 impl fmt::Debug for RuntimeBuilder {
@@ -396,6 +526,46 @@ impl RuntimeBuilder {
         self
     }
 
+    /// A stable name for this process (for example `"app-1"`, or a host name), so that the
+    /// process that replaces it after a crash or a restart gets its runs back **at once**
+    /// instead of after their leases expire ([`lease_ttl`](Self::lease_ttl)).
+    ///
+    /// Leases this runtime takes are owned by `"<instance id>/<uuid>"`, so a lease tells which
+    /// instance holds it. Before it takes its first lease, the runtime claims the id in the
+    /// store ([`RunStore::lock_instance`]): a proof that no other live process holds it,
+    /// which the operating system or the database takes away when the holder dies (an OS file
+    /// lock beside a SQLite file, a PostgreSQL session advisory lock), never a guess from a
+    /// timeout. Holding it, the runtime ends every lease its dead predecessor held under the
+    /// id (a late write from that process is fenced), so those runs can be resumed now, by
+    /// [`Runtime::recover`], [`Runtime::resume`] or any process's workers. A second live
+    /// process with the same id is refused with [`RunError::InstanceInUse`]. Leases of other
+    /// instances, or of runtimes without an instance id, are never taken early.
+    ///
+    /// Give each concurrently running process its own id, and a restarted process the id of
+    /// the one it replaces. The id must not be empty, longer than 128 bytes, or contain `/` or
+    /// control characters. Without it, a runtime behaves as before: a crashed process's runs
+    /// wait for their leases to expire.
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, Runtime, testing::ScriptedModel};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let runtime = Runtime::builder()
+    ///     .agent(AgentDef::new("support", "Be brief."))
+    ///     .model(ScriptedModel::new([]))
+    ///     .instance_id("app-1")
+    ///     .build()?;
+    /// let recovered = runtime.recover().await?; // a fresh store: nothing to take back
+    /// assert!(recovered.taken_back.is_empty());
+    /// # Ok::<(), kuralle::RunError>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn instance_id(mut self, id: impl Into<String>) -> Self {
+        self.instance_id = Some(id.into());
+        self
+    }
+
     /// How many events a run buffers for its [`RunHandle`] (default [`DEFAULT_EVENT_BUFFER`],
     /// at least 1). When a consumer lags and the buffer is full, the run waits for it, except
     /// that [`Event::ToolProgress`](crate::Event::ToolProgress) values are dropped rather than
@@ -413,7 +583,7 @@ impl RuntimeBuilder {
     ///
     /// # Errors
     /// [`RunError::Config`]: no agent, two agents with one id, an agent without a model, a
-    /// zero lease TTL, or a tool that is `at_most_once` with `replay() == false` (a call
+    /// zero lease TTL, an invalid [`instance_id`](Self::instance_id), or a tool that is `at_most_once` with `replay() == false` (a call
     /// that is never answered from the journal cannot be held to at most once: after a crash
     /// it would run again; `#[tool]` rejects that combination at compile time, and this check
     /// covers hand-written [`Tool`](crate::Tool) impls);
@@ -454,13 +624,20 @@ impl RuntimeBuilder {
                 )));
             }
         }
+        if let Some(id) = &self.instance_id {
+            instance::check_id(id)?;
+        }
         let store: Arc<dyn RunStore> = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
         let lease_ttl = self.lease_ttl.unwrap_or(DEFAULT_LEASE_TTL);
+        let renewals = renewals::Renewals::new(Arc::clone(&store), lease_ttl);
+        let instance =
+            self.instance_id.map(|id| instance::Instance::new(id, Arc::clone(&store), Arc::clone(&renewals)));
         Ok(Runtime {
             inner: Arc::new(Inner {
                 agents: self.agents,
                 model: self.model,
-                renewals: renewals::Renewals::new(Arc::clone(&store), lease_ttl),
+                renewals,
+                instance,
                 store,
                 max_journal_entries: self.max_journal_entries.unwrap_or(DEFAULT_MAX_JOURNAL_ENTRIES),
                 max_value_bytes: self.max_value_bytes.unwrap_or(crate::stores::DEFAULT_MAX_VALUE_BYTES),

@@ -170,6 +170,16 @@ impl Renewals {
         }
     }
 
+    /// Loses every registered lease's fence (their turns stop at once) and stops renewing
+    /// them: the runtime can no longer prove it is alive (its instance lock is gone), so
+    /// another process may take these runs back.
+    pub(crate) fn lose_all(&self) {
+        let held = std::mem::take(&mut self.state().held);
+        for entry in held.into_values() {
+            entry.fence.lose();
+        }
+    }
+
     fn ensure_task(self: &Arc<Self>, state: &mut State) {
         if state.task.as_ref().is_none_or(JoinHandle::is_finished) {
             state.task = Some(tokio::spawn(keep(Arc::downgrade(self), Arc::clone(&self.wake))));

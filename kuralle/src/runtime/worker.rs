@@ -12,7 +12,7 @@ use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{Inner, RunRequest, Runtime, entry, lease};
+use super::{Inner, RunRequest, Runtime, entry, instance::Claim};
 use crate::event::RunOutput;
 use crate::{
     error::RunError,
@@ -166,7 +166,7 @@ impl Runtime {
         shutdown: impl Future<Output = ()>,
         options: WorkerOptions,
     ) -> Result<ServeReport, RunError> {
-        let owner = lease::owner_id();
+        let owner = self.inner.owner_id();
         let span = tracing::info_span!("worker", owner = %owner);
         Worker { inner: Arc::clone(&self.inner), owner, options, tasks: JoinSet::new(), in_flight: HashMap::new() }
             .serve(shutdown)
@@ -197,13 +197,24 @@ impl Worker {
         loop {
             let free = self.options.max_concurrent_runs.max(1).saturating_sub(self.tasks.len());
             if free > 0 {
+                // No lease under the instance's id without the proof that this process holds it.
                 let sent = tokio::time::Instant::now();
-                match self.inner.store.claim_runnable(&self.owner, self.inner.lease_ttl, free).await {
-                    Ok(leases) => {
+                let claimed = match self.inner.claim_instance().await {
+                    Ok(claim) => self
+                        .inner
+                        .store
+                        .claim_runnable(&self.owner, self.inner.lease_ttl, free)
+                        .await
+                        .map(|leases| (leases, claim))
+                        .map_err(RunError::from),
+                    Err(e) => Err(e),
+                };
+                match claimed {
+                    Ok((leases, claim)) => {
                         store_backoff = self.options.poll_interval;
                         for lease in leases {
                             report.claimed += 1;
-                            self.start(lease, sent);
+                            self.start(lease, sent, claim);
                         }
                     }
                     Err(e) if e.is_retryable() => {
@@ -216,11 +227,12 @@ impl Worker {
                         continue;
                     }
                     Err(e) => {
-                        // Retrying cannot fix it: stop claiming, and let in-flight turns end
+                        // Retrying cannot fix it (a corrupt store, or another live process
+                        // holds this instance id): stop claiming, and let in-flight turns end
                         // (or hand them back) before reporting it.
                         tracing::error!(error = %e, "claiming runnable runs failed; the worker stops");
                         self.drain(&mut report).await;
-                        return Err(e.into());
+                        return Err(e);
                     }
                 }
             }
@@ -240,8 +252,9 @@ impl Worker {
         Ok(report)
     }
 
-    /// Drives a claimed run's turn under `lease`, granted by a claim sent at `sent`.
-    fn start(&mut self, lease: Lease, sent: tokio::time::Instant) {
+    /// Drives a claimed run's turn under `lease`, granted by a claim sent at `sent` under the
+    /// instance `claim`.
+    fn start(&mut self, lease: Lease, sent: tokio::time::Instant, claim: Claim) {
         tracing::debug!(run_id = %lease.run_id, token = lease.token, "claimed a runnable run");
         let inner = Arc::clone(&self.inner);
         let run_id = lease.run_id.clone();
@@ -250,9 +263,9 @@ impl Worker {
         let (events, _) = crate::event::EventSender::channel(1);
         let hand_back = CancellationToken::new();
         let token = hand_back.clone();
-        let task = self
-            .tasks
-            .spawn(async move { entry::run_leased(inner, request, events, token, None, Some((lease, sent))).await });
+        let task = self.tasks.spawn(async move {
+            entry::run_leased(inner, request, events, token, None, Some((lease, sent, claim))).await
+        });
         self.in_flight.insert(task.id(), InFlight { run_id, hand_back });
     }
 

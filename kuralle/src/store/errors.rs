@@ -81,6 +81,17 @@ pub enum StoreError {
         /// When its lease expires, by the store's clock.
         expires_at_ms: i64,
     },
+    /// [`RunStore::lock_instance`](super::RunStore::lock_instance) for an instance id that
+    /// another live holder has (see
+    /// [`RuntimeBuilder::instance_id`](crate::RuntimeBuilder::instance_id)).
+    #[error("instance id `{instance_id}` is in use: {holder}")]
+    InstanceInUse {
+        /// The instance id.
+        instance_id: String,
+        /// What holds it, as far as the store can tell (a lock file and the process id written
+        /// in it, a PostgreSQL backend).
+        holder: String,
+    },
 }
 
 impl StoreError {

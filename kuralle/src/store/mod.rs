@@ -1,11 +1,13 @@
 //! The `RunStore` contract: where runs and their append-only journals live.
 //!
 //! One idea per file: [`runs`] (a run's row), [`steps`] (journal entries), [`leases`]
-//! (ownership) and [`errors`]; the trait itself is here. Implementations are in
+//! (ownership), [`instances`] (proof that a process is alive) and [`errors`]; the trait
+//! itself is here. Implementations are in
 //! [`crate::stores`]. Every store passes the same conformance suite
 //! (`tests/store_conformance.rs`).
 
 mod errors;
+mod instances;
 mod leases;
 mod runs;
 mod steps;
@@ -15,6 +17,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 pub use errors::{StoreError, StoreErrorMessage};
+pub use instances::InstanceLock;
+pub(crate) use instances::{Registered, Registry, owner_prefix};
 pub use leases::Lease;
 pub use runs::{RunFilter, RunRecord, RunStatus, RunSummary};
 pub use steps::{FinishedWithIntents, NewStep, StepKind, StepOutcome, StepRecord, StepStatus};
@@ -299,6 +303,40 @@ pub trait RunStore: Send + Sync + 'static {
             }
             Ok(claimed)
         })
+    }
+
+    /// Proves that this process is the only live one with `instance_id` (see
+    /// [`RuntimeBuilder::instance_id`](crate::RuntimeBuilder::instance_id)): the returned
+    /// [`InstanceLock`] holds the proof until dropped, and lets this process
+    /// [`take back`](InstanceLock::take_back) the leases its dead predecessor held.
+    ///
+    /// The proof must come from something that disappears when the holder dies (an OS file
+    /// lock, a database session lock), never from a timeout or a heartbeat that might only be
+    /// late. Stores that can give no such proof return `Ok(None)`, which is the default: a
+    /// runtime then takes nothing back and its runs wait for their leases to expire, as
+    /// without an instance id. `SqliteStore` (an OS file lock beside the database file),
+    /// `PostgresStore` (a session advisory lock) and `MemoryStore` (an in-process registry)
+    /// all prove it.
+    ///
+    /// ```
+    /// use kuralle::{RunStore, StoreError, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lock = store.lock_instance("app-1").await?.expect("held");
+    /// let again = store.lock_instance("app-1").await.unwrap_err();
+    /// assert!(matches!(again, StoreError::InstanceInUse { ref instance_id, .. } if instance_id == "app-1"));
+    /// # drop(lock);
+    /// # Ok::<(), StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError::InstanceInUse`] when another live holder (another process, or another
+    /// runtime of this one) has the id; [`StoreError::Unavailable`] when the proof cannot be
+    /// sought right now.
+    fn lock_instance<'a>(&'a self, instance_id: &'a str) -> StoreFuture<'a, Option<Box<dyn InstanceLock>>> {
+        let _ = instance_id;
+        Box::pin(async { Ok(None) })
     }
 
     /// Hints idle workers (of any process) that a run became runnable. Only a hint: workers

@@ -10,8 +10,8 @@ use super::{DEFAULT_MAX_VALUE_BYTES, check_len};
 use crate::clock::now_ms;
 use crate::keymap::KeyMap;
 use crate::store::{
-    FinishedWithIntents, Lease, NewStep, RunFilter, RunRecord, RunStore, RunSummary, StepOutcome, StepRecord,
-    StepStatus, StoreError, StoreFuture,
+    FinishedWithIntents, InstanceLock, Lease, NewStep, Registered, Registry, RunFilter, RunRecord, RunStore,
+    RunSummary, StepOutcome, StepRecord, StepStatus, StoreError, StoreFuture, owner_prefix,
 };
 
 /// A [`RunStore`] that keeps runs and journals in memory, behind one mutex.
@@ -57,6 +57,9 @@ pub struct MemoryStore {
     inner: Arc<Mutex<State>>,
     max_value_bytes: usize,
     clock: Clock,
+    /// Instance ids held by runtimes on this store (it cannot outlive the process, so an
+    /// in-process registry is proof enough).
+    instances: Registry,
 }
 
 #[derive(Debug, Default)]
@@ -103,7 +106,12 @@ struct RunEntry {
 
 impl Default for MemoryStore {
     fn default() -> Self {
-        Self { inner: Arc::default(), max_value_bytes: DEFAULT_MAX_VALUE_BYTES, clock: Clock::new() }
+        Self {
+            inner: Arc::default(),
+            max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
+            clock: Clock::new(),
+            instances: Registry::default(),
+        }
     }
 }
 
@@ -286,6 +294,22 @@ impl MemoryStore {
         Ok(())
     }
 
+    /// Ends every unreleased lease whose owner starts with `prefix`; returns their run ids.
+    fn take_back_now(&self, prefix: &str) -> Vec<String> {
+        let mut state = self.lock();
+        let mut taken: Vec<String> = state
+            .leases
+            .iter_mut()
+            .filter(|(_, row)| !row.released && row.owner.starts_with(prefix))
+            .map(|(run_id, row)| {
+                row.released = true;
+                run_id.clone()
+            })
+            .collect();
+        taken.sort();
+        taken
+    }
+
     fn current_now(&self, run_id: &str) -> Option<Lease> {
         let state = self.lock();
         let row = state.leases.get(run_id).filter(|row| !row.released && row.expires_at > Instant::now())?;
@@ -441,5 +465,41 @@ impl RunStore for MemoryStore {
 
     fn current_lease<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<Lease>> {
         Box::pin(async move { Ok(self.current_now(run_id)) })
+    }
+
+    fn lock_instance<'a>(&'a self, instance_id: &'a str) -> StoreFuture<'a, Option<Box<dyn InstanceLock>>> {
+        Box::pin(async move {
+            let registered = self.instances.claim(instance_id).ok_or_else(|| StoreError::InstanceInUse {
+                instance_id: instance_id.to_owned(),
+                holder: "another runtime of this process holds it on this in-memory store".to_owned(),
+            })?;
+            let lock: Box<dyn InstanceLock> = Box::new(MemoryInstance {
+                store: self.clone(),
+                prefix: owner_prefix(instance_id),
+                _registered: registered,
+                id: instance_id.to_owned(),
+            });
+            Ok(Some(lock))
+        })
+    }
+}
+
+/// A [`MemoryStore`]'s proof of an instance id: its entry in the store's registry.
+#[derive(Debug)]
+struct MemoryInstance {
+    store: MemoryStore,
+    id: String,
+    prefix: String,
+    /// Unregisters the id when dropped.
+    _registered: Registered,
+}
+
+impl InstanceLock for MemoryInstance {
+    fn instance_id(&self) -> &str {
+        &self.id
+    }
+
+    fn take_back(&self) -> StoreFuture<'_, Vec<String>> {
+        Box::pin(async move { Ok(self.store.take_back_now(&self.prefix)) })
     }
 }

@@ -9,6 +9,7 @@
 
 mod codec;
 mod errors;
+mod instance;
 mod leases;
 mod notify;
 mod queue;
@@ -287,6 +288,19 @@ impl crate::store::RunStore for PostgresStore {
         limit: usize,
     ) -> crate::store::StoreFuture<'a, Vec<crate::store::Lease>> {
         Box::pin(self.claim(owner, ttl, limit))
+    }
+
+    /// A session advisory lock on a connection of its own (see the module `instance` for the
+    /// key), held while the returned lock lives; the lock reports itself lost when that
+    /// connection dies or stops answering pings (every 5 s).
+    fn lock_instance<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> crate::store::StoreFuture<'a, Option<Box<dyn crate::store::InstanceLock>>> {
+        Box::pin(async move {
+            let lock: Box<dyn crate::store::InstanceLock> = Box::new(self.lock_instance_session(instance_id).await?);
+            Ok(Some(lock))
+        })
     }
 
     fn notify_runnable(&self) -> crate::store::StoreFuture<'_, ()> {

@@ -54,6 +54,13 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );",
     // 3: the work queue: runnable runs (status `running`, no live lease) in submission order.
     "CREATE INDEX kuralle_runs_runnable ON {s}.kuralle_runs (updated_at, run_id) WHERE status = 'running';",
+    // 4: instances: which backend holds each instance id's session advisory lock (written
+    // under the lock; for operators, and to tell a hash collision from a live holder).
+    "CREATE TABLE {s}.kuralle_instances (
+        instance_id text PRIMARY KEY,
+        backend_pid integer NOT NULL,
+        claimed_at timestamptz NOT NULL
+    );",
 ];
 
 /// The schema version this build reads and writes.

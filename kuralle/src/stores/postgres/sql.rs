@@ -41,6 +41,9 @@ pub(super) struct Sql {
     pub current_lease: String,
     pub claim_leased: String,
     pub claim_unleased: String,
+    pub take_back: String,
+    pub record_instance: String,
+    pub instance_holder: String,
 }
 
 impl Sql {
@@ -198,6 +201,29 @@ impl Sql {
                  RETURNING l.run_id, l.owner, l.token, ",
                 ms!("l.expires_at")
             )),
+            // An exact prefix test (`LIKE` would read `%` and `_` in an instance id as
+            // wildcards); both sides count characters.
+            take_back: bind(
+                "UPDATE {s}.kuralle_leases SET released = true
+                 WHERE NOT released AND left(owner, length($1)) = $1
+                 RETURNING run_id",
+            ),
+            record_instance: bind(
+                "INSERT INTO {s}.kuralle_instances (instance_id, backend_pid, claimed_at)
+                 VALUES ($1, pg_backend_pid(), now())
+                 ON CONFLICT (instance_id) DO UPDATE
+                 SET backend_pid = EXCLUDED.backend_pid, claimed_at = EXCLUDED.claimed_at",
+            ),
+            // The backend holding the two-key advisory lock ($1, $2) in this database, and the
+            // instance id it recorded.
+            instance_holder: bind(
+                "SELECT l.pid, i.instance_id FROM pg_locks l
+                 LEFT JOIN {s}.kuralle_instances i ON i.backend_pid = l.pid
+                 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+                   AND l.classid = $1::int4::oid AND l.objid = $2::int4::oid
+                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                 LIMIT 1",
+            ),
         }
     }
 }

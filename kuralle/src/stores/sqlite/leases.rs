@@ -100,3 +100,19 @@ pub(super) fn current_lease(conn: &Connection, errors: Mapper, run_id: &str) -> 
     })
     .transpose()
 }
+
+/// Ends every unreleased lease whose owner starts with `prefix` (an instance's leases, taken
+/// back under its proof); returns their run ids.
+pub(super) fn take_back(conn: &Connection, errors: Mapper, prefix: &str) -> Result<Vec<String>, StoreError> {
+    // `substr`/`length` count characters on both sides, so this is an exact prefix test
+    // (`LIKE` would treat `%` and `_` in an instance id as wildcards).
+    let mut taken = conn
+        .prepare_cached(
+            "UPDATE leases SET released = 1 WHERE released = 0 AND substr(owner, 1, length(?1)) = ?1
+             RETURNING run_id",
+        )
+        .and_then(|mut stmt| stmt.query_map([prefix], |row| row.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| errors.map(e))?;
+    taken.sort();
+    Ok(taken)
+}

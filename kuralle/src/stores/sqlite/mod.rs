@@ -13,6 +13,7 @@
 
 mod codec;
 mod errors;
+mod instance;
 mod leases;
 mod runs;
 mod schema;
@@ -35,8 +36,8 @@ use self::schema::configure_writer;
 use self::writer::{FnJob, Job, writer_loop};
 use super::{DEFAULT_MAX_VALUE_BYTES, check_len};
 use crate::store::{
-    FinishedWithIntents, Lease, NewStep, RunFilter, RunRecord, RunStore, RunSummary, StepOutcome, StepRecord,
-    StoreError, StoreFuture,
+    FinishedWithIntents, InstanceLock, Lease, NewStep, Registry, RunFilter, RunRecord, RunStore, RunSummary,
+    StepOutcome, StepRecord, StoreError, StoreFuture,
 };
 
 /// Settings of a [`SqliteStore`]; start from [`Default`] and override fields.
@@ -152,6 +153,8 @@ struct Inner {
     /// `None` for an in-memory database: reads go through the writer's connection.
     readers: Option<ReaderPool>,
     commits: Arc<AtomicU64>,
+    /// Instance ids held on an in-memory database (a file's are OS file locks).
+    instances: Registry,
 }
 
 impl Drop for Inner {
@@ -252,7 +255,18 @@ impl SqliteStore {
         // Without a writer thread every write fails with `Unavailable`.
         let writer = writer.ok();
         let writes = writer.as_ref().map(|_| writes);
-        Self { inner: Arc::new(Inner { path, options, errors, writes, writer, readers, commits }) }
+        Self {
+            inner: Arc::new(Inner {
+                path,
+                options,
+                errors,
+                writes,
+                writer,
+                readers,
+                commits,
+                instances: Registry::default(),
+            }),
+        }
     }
 
     /// How many write transactions the writer thread has committed. Concurrent writes share
@@ -446,6 +460,17 @@ impl RunStore for SqliteStore {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
         self.read(move |conn| leases::current_lease(conn, errors, &run_id))
+    }
+
+    /// An OS file lock on `<db file>.instance-<hex of the id>.lock`, held while the returned
+    /// lock lives (the kernel drops it when the process dies); the in-process registry for an
+    /// in-memory database. The file lock is advisory and, on network file systems, only as
+    /// reliable as their locking: keep the database on a local disk.
+    fn lock_instance<'a>(&'a self, instance_id: &'a str) -> StoreFuture<'a, Option<Box<dyn InstanceLock>>> {
+        Box::pin(async move {
+            let lock: Box<dyn InstanceLock> = Box::new(self.lock_instance_now(instance_id)?);
+            Ok(Some(lock))
+        })
     }
 }
 
