@@ -64,6 +64,22 @@ pub enum PostgresTls {
     /// used (`disable`) and whether a server without TLS is accepted (`prefer`). Build it with
     /// an explicit crypto provider (`ClientConfig::builder_with_provider`), or install a
     /// process-level default provider before.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kuralle::stores::rustls::{self, ClientConfig, RootCertStore};
+    /// use kuralle::stores::{PostgresOptions, PostgresTls};
+    ///
+    /// let roots = RootCertStore::empty(); // add your CA, or take rustls-native-certs' roots
+    /// let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    /// let config = ClientConfig::builder_with_provider(provider)
+    ///     .with_safe_default_protocol_versions()
+    ///     .unwrap()
+    ///     .with_root_certificates(roots)
+    ///     .with_no_client_auth(); // or .with_client_auth_cert(chain, key)
+    /// let options = PostgresOptions { tls: PostgresTls::Config(Arc::new(config)), ..PostgresOptions::default() };
+    /// # let _ = options;
+    /// ```
     Config(Arc<ClientConfig>),
 }
 
