@@ -58,7 +58,8 @@ pub(super) async fn turn(
 }
 
 /// Errors that resuming cannot fix: the run is marked failed. Model and store outages, and
-/// rejected credentials (fixable by configuration), leave it resumable.
+/// rejected credentials or TLS (the model's or the store's: fixable by configuration), leave
+/// it resumable.
 pub(super) fn ends_the_run(e: &RunError) -> bool {
     matches!(
         e,
@@ -246,4 +247,17 @@ async fn steps(
     let out = close(RunWriter::new(rt.store.as_ref(), fence), record, state, closing).await?;
     events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_that_refuses_the_connection_leaves_the_run_resumable() {
+        for refused in [StoreError::Tls("UnknownIssuer".into()), StoreError::AccessDenied("28000".into())] {
+            assert!(!ends_the_run(&RunError::Store(refused)));
+        }
+        assert!(ends_the_run(&RunError::Store(StoreError::Corrupt("bad schema".into()))));
+    }
 }

@@ -160,7 +160,9 @@ impl Runtime {
     /// ```
     ///
     /// # Errors
-    /// [`RunError::Store`] when the store fails in a way retrying cannot fix (corrupt).
+    /// [`RunError::Store`] when the store fails in a way retrying cannot fix (corrupt, or a
+    /// connection refused: [`StoreError::Tls`](crate::StoreError::Tls),
+    /// [`StoreError::AccessDenied`](crate::StoreError::AccessDenied)).
     pub async fn serve_with(
         &self,
         shutdown: impl Future<Output = ()>,

@@ -62,6 +62,37 @@ pub enum StoreError {
     /// A limit of the store was reached (for example a value too large to store).
     #[error("store limit exceeded: {0}")]
     LimitExceeded(#[source] StoreErrorMessage),
+    /// The connection's TLS failed in a way that retrying cannot fix: the server's certificate
+    /// is not signed by a trusted root or not valid for the host name, the server offers no
+    /// TLS where the connection requires it, or the TLS settings cannot be used (an unreadable
+    /// `sslrootcert`). The message carries the cause. Nothing was sent; fix the configuration
+    /// (the URL's `sslmode` / `sslrootcert`, the server's certificate). Not retryable: a
+    /// worker that meets it stops instead of retrying forever.
+    ///
+    /// ```
+    /// use kuralle::StoreError;
+    ///
+    /// let e = StoreError::Tls("invalid peer certificate: UnknownIssuer".into());
+    /// assert!(!e.is_retryable());
+    /// assert_eq!(e.to_string(), "TLS to the store failed (not retryable): invalid peer certificate: UnknownIssuer");
+    /// ```
+    #[error("TLS to the store failed (not retryable): {0}")]
+    Tls(#[source] StoreErrorMessage),
+    /// The store refused the connection: authentication failed, or its access rules reject
+    /// this user, database, address or encryption (PostgreSQL: SQLSTATE class 28, such as a
+    /// `pg_hba.conf` that has no line for a connection without TLS, a wrong password, or a
+    /// role that may not log in). The message carries the server's reason. Not retryable, and
+    /// a run that meets it stays resumable: fix the credentials or the rules, then resume.
+    ///
+    /// ```
+    /// use kuralle::StoreError;
+    ///
+    /// let e = StoreError::AccessDenied("no pg_hba.conf entry for host \"10.0.0.7\" (SQLSTATE 28000)".into());
+    /// assert!(!e.is_retryable());
+    /// assert!(e.to_string().starts_with("the store refused access (not retryable): no pg_hba.conf entry"));
+    /// ```
+    #[error("the store refused access (not retryable): {0}")]
+    AccessDenied(#[source] StoreErrorMessage),
     /// A write or renewal under a fencing token that is no longer the run's current one
     /// (someone acquired the lease since, or it was released). Nothing was changed.
     #[error("run `{run_id}`: lease token {token} is no longer current (another owner took over, or it was released)")]
@@ -116,13 +147,16 @@ impl StoreError {
             Self::Unavailable(m) => Self::Unavailable(m.with_source(source)),
             Self::Corrupt(m) => Self::Corrupt(m.with_source(source)),
             Self::LimitExceeded(m) => Self::LimitExceeded(m.with_source(source)),
+            Self::Tls(m) => Self::Tls(m.with_source(source)),
+            Self::AccessDenied(m) => Self::AccessDenied(m.with_source(source)),
             other => other,
         }
     }
 }
 
 /// What a store says about an [`Unavailable`](StoreError::Unavailable),
-/// [`Corrupt`](StoreError::Corrupt) or [`LimitExceeded`](StoreError::LimitExceeded) error: a
+/// [`Corrupt`](StoreError::Corrupt), [`LimitExceeded`](StoreError::LimitExceeded),
+/// [`Tls`](StoreError::Tls) or [`AccessDenied`](StoreError::AccessDenied) error: a
 /// message, and the driver's error that caused it, when there is one
 /// ([`Error::source`] of the store error). It reads as its text (it derefs to `str`), and two
 /// messages are equal when their texts are.

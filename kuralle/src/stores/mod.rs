@@ -17,7 +17,12 @@ mod sqlite;
 
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use postgres::{PostgresOptions, PostgresStore};
+pub use postgres::{PostgresOptions, PostgresStore, PostgresTls};
+/// The rustls that [`PostgresTls`] takes (`RootCertStore`, `ClientConfig`), re-exported so that
+/// its version always matches kuralle's.
+#[cfg(feature = "postgres")]
+#[doc(no_inline)]
+pub use rustls;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore};
 

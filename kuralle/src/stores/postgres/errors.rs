@@ -3,9 +3,13 @@
 //! Anything that a later attempt may get past (the server or the network is down, the
 //! connection was terminated, a lock or serialization conflict, too many connections) is
 //! [`StoreError::Unavailable`]; data the schema cannot hold is [`StoreError::LimitExceeded`];
-//! a schema that is not what this build expects is [`StoreError::Corrupt`].
+//! a schema that is not what this build expects is [`StoreError::Corrupt`]. What only a change
+//! of configuration fixes is not retryable: a TLS handshake refused (an untrusted or misnamed
+//! certificate, a server without TLS under `require`) is [`StoreError::Tls`], a connection the
+//! server's authentication or `pg_hba.conf` refuses (SQLSTATE class 28) is
+//! [`StoreError::AccessDenied`].
 
-use std::{future::Future, time::Duration};
+use std::{error::Error as _, future::Future, time::Duration};
 
 use deadpool_postgres::PoolError;
 use tokio_postgres::error::SqlState;
@@ -19,6 +23,9 @@ pub(super) fn map(error: tokio_postgres::Error) -> StoreError {
 
 fn classify(error: &tokio_postgres::Error) -> StoreError {
     let Some(db) = error.as_db_error() else {
+        if let Some(refused) = tls_refused(error) {
+            return refused;
+        }
         // No server response: I/O, a closed connection, a timeout, or a protocol problem.
         return StoreError::Unavailable(format!("PostgreSQL connection failed: {error}").into());
     };
@@ -34,12 +41,35 @@ fn classify(error: &tokio_postgres::Error) -> StoreError {
         "25" if *db.code() == SqlState::READ_ONLY_SQL_TRANSACTION => {
             StoreError::Unavailable(format!("PostgreSQL is read-only (a standby?): {detail}").into())
         }
+        // invalid authorization specification: pg_hba.conf, password, a role that may not log in.
+        "28" => StoreError::AccessDenied(format!("PostgreSQL refused the connection: {detail}").into()),
         "54" => StoreError::LimitExceeded(format!("PostgreSQL: {detail}").into()),
         "22" => StoreError::LimitExceeded(format!("PostgreSQL cannot store the value: {detail}").into()),
         _ => {
             StoreError::Corrupt(format!("unexpected PostgreSQL error (is the kuralle schema intact?): {detail}").into())
         }
     }
+}
+
+/// A TLS failure that only configuration fixes, as [`StoreError::Tls`]; `None` for anything
+/// else, such as the network failing in the middle of a handshake (retryable).
+fn tls_refused(error: &tokio_postgres::Error) -> Option<StoreError> {
+    // tokio-postgres says that a failure is its TLS step only in its message (its kinds are
+    // private); the unit tests below pin that.
+    if !error.to_string().starts_with("error performing TLS handshake") {
+        return None;
+    }
+    let cause = error.source()?;
+    if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+        // rustls refused (a certificate, an alert from the server, no common protocol), or
+        // the server name cannot be one; any other I/O error is the network's.
+        let rustls = io.get_ref().is_some_and(|inner| inner.is::<rustls::Error>());
+        if !rustls && io.kind() != std::io::ErrorKind::InvalidInput {
+            return None;
+        }
+    }
+    // Or tokio-postgres's own: "server does not support TLS", "no hostname provided".
+    Some(StoreError::Tls(format!("TLS to PostgreSQL failed: {cause}").into()))
 }
 
 /// Maps a failure to get a pooled connection.
@@ -128,6 +158,48 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+
+    /// A stand-in server on loopback: answers each connection's `SSLRequest` with `answer`
+    /// (`S`: TLS offered, `N`: no TLS), then hangs up.
+    async fn ssl_answering(answer: u8) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut request = [0; 8];
+                if socket.read_exact(&mut request).await.is_ok() {
+                    let _ = socket.write_all(&[answer]).await;
+                }
+            }
+        });
+        port
+    }
+
+    async fn connect_error(url: &str) -> StoreError {
+        let settings = super::super::tls::parse(url).unwrap();
+        let tls = super::super::tls::connector(&settings, &super::super::PostgresTls::FromUrl).unwrap();
+        map(settings.config.connect(tls).await.err().expect("the stand-in server never lets a connection through"))
+    }
+
+    #[tokio::test]
+    async fn a_server_without_tls_under_require_is_a_typed_tls_error() {
+        let port = ssl_answering(b'N').await;
+        let err = connect_error(&format!("postgres://u@127.0.0.1:{port}/db?sslmode=require")).await;
+        assert!(matches!(&err, StoreError::Tls(m) if m.contains("server does not support TLS")), "{err:?}");
+        assert!(!err.is_retryable());
+        // Under `prefer` it goes on in clear text (and then meets the hang-up: retryable).
+        let err = connect_error(&format!("postgres://u@127.0.0.1:{port}/db?sslmode=prefer")).await;
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn a_handshake_cut_by_the_network_stays_retryable() {
+        let port = ssl_answering(b'S').await;
+        let err = connect_error(&format!("postgres://u@127.0.0.1:{port}/db?sslmode=require")).await;
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(err.is_retryable());
+    }
 
     fn unavailable() -> Fail {
         Fail { error: StoreError::Unavailable("terminated".into()), retry: true }

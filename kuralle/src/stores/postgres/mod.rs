@@ -6,6 +6,7 @@
 //! - [`runs`], [`steps`], [`leases`], [`queue`]: the operations.
 //! - [`notify`]: `LISTEN/NOTIFY` wake-up hints for idle workers.
 //! - [`codec`]: JSON values as JSONB, losslessly; [`errors`]: typed errors.
+//! - [`tls`]: the URL's `sslmode` / `sslrootcert` on rustls, and [`PostgresTls`].
 
 mod codec;
 mod errors;
@@ -17,15 +18,16 @@ mod runs;
 mod schema;
 mod sql;
 mod steps;
+mod tls;
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use self::sql::Sql;
+pub use self::tls::PostgresTls;
 use super::DEFAULT_MAX_VALUE_BYTES;
 use crate::store::StoreError;
 
@@ -50,6 +52,10 @@ pub struct PostgresOptions {
     /// The largest accepted JSON value (run state, step result or error), in bytes of JSON
     /// text. Default [`DEFAULT_MAX_VALUE_BYTES`](super::DEFAULT_MAX_VALUE_BYTES).
     pub max_value_bytes: usize,
+    /// TLS settings the URL cannot carry: root certificates, or a whole rustls configuration.
+    /// Default [`PostgresTls::FromUrl`]: the URL's `sslmode` and `sslrootcert` decide (see
+    /// [`PostgresTls`]).
+    pub tls: PostgresTls,
 }
 
 impl Default for PostgresOptions {
@@ -59,6 +65,7 @@ impl Default for PostgresOptions {
             max_connections: 16,
             connect_timeout: Duration::from_secs(10),
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
+            tls: PostgresTls::FromUrl,
         }
     }
 }
@@ -71,7 +78,8 @@ impl Default for PostgresOptions {
 /// token and are checked in the same statement; lease expiry is computed and compared with the
 /// **database's** clock, never the client's. Values are JSONB. A lost connection, a terminated
 /// backend or a server that is down give a retryable [`StoreError::Unavailable`]; the pool
-/// replaces broken connections by itself.
+/// replaces broken connections by itself. A refused TLS handshake ([`StoreError::Tls`]) or
+/// connection ([`StoreError::AccessDenied`]) is not retryable, in `connect` as later.
 ///
 /// It also keeps the work queue of [`Runtime::serve`](crate::Runtime::serve): claiming runnable
 /// runs is one statement (`FOR UPDATE SKIP LOCKED` on the lease rows) that grants their leases,
@@ -104,6 +112,7 @@ struct Inner {
     options: PostgresOptions,
     /// For the `LISTEN` connection, which is not pooled.
     config: tokio_postgres::Config,
+    tls: MakeRustlsConnect,
     listener: notify::Listener,
 }
 
@@ -121,6 +130,11 @@ impl PostgresStore {
     /// Connects to `url` (for example `postgres://user@host:5432/db`) with
     /// [`PostgresOptions::default`], creating or migrating the schema.
     ///
+    /// TLS follows the URL's `sslmode` as libpq does (`disable`, `prefer` — the default —,
+    /// `require`, `verify-ca`, `verify-full`), with `sslrootcert=PATH` (a PEM file) or else the
+    /// platform's root certificates to verify the server: see [`PostgresTls`]. libpq's
+    /// `key=value` connection strings are read too.
+    ///
     /// ```no_run
     /// # async fn demo() -> Result<(), kuralle::StoreError> {
     /// let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1/test".into());
@@ -132,8 +146,12 @@ impl PostgresStore {
     ///
     /// # Errors
     /// [`StoreError::Unavailable`] if the server cannot be reached now;
-    /// [`StoreError::Corrupt`] if `url` is not a PostgreSQL URL, or the schema holds tables
-    /// kuralle did not create or a newer kuralle schema.
+    /// [`StoreError::Tls`] if TLS fails in a way retrying cannot fix (the server's certificate
+    /// is not trusted or not for this host, the server has no TLS under `require`, the
+    /// `sslrootcert` cannot be read); [`StoreError::AccessDenied`] if the server refuses the
+    /// connection (authentication, `pg_hba.conf`); [`StoreError::Corrupt`] if `url` is not a
+    /// PostgreSQL URL, or the schema holds tables kuralle did not create or a newer kuralle
+    /// schema.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         Self::connect_with(url, PostgresOptions::default()).await
     }
@@ -156,10 +174,14 @@ impl PostgresStore {
     /// As [`connect`](Self::connect).
     pub async fn connect_with(url: &str, options: PostgresOptions) -> Result<Self, StoreError> {
         // The URL may hold a password: it is never echoed.
-        let config = tokio_postgres::Config::from_str(url)
-            .map_err(|e| StoreError::Corrupt(format!("the PostgreSQL connection URL is invalid: {e}").into()))?;
-        let manager =
-            Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let settings = tls::parse(url)?;
+        let tls = tls::connector(&settings, &options.tls)?;
+        let config = settings.config;
+        let manager = Manager::from_config(
+            config.clone(),
+            tls.clone(),
+            ManagerConfig { recycling_method: RecyclingMethod::Fast },
+        );
         let pool = Pool::builder(manager)
             .max_size(options.max_connections.max(1))
             .wait_timeout(Some(options.connect_timeout))
@@ -169,7 +191,7 @@ impl PostgresStore {
             .map_err(|e| StoreError::Corrupt(format!("cannot build the PostgreSQL pool: {e}").into()))?;
         let sql = Sql::new(&schema::quote_ident(&options.schema));
         let store =
-            Self { inner: Arc::new(Inner { pool, sql, options, config, listener: notify::Listener::default() }) };
+            Self { inner: Arc::new(Inner { pool, sql, options, config, tls, listener: notify::Listener::default() }) };
         let mut client = store.client().await.map_err(|fail| fail.error)?;
         schema::migrate(&mut client, &store.inner.options.schema).await?;
         Ok(store)

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::Notify;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::PostgresStore;
 use super::errors::{Fail, retrying};
@@ -47,7 +48,12 @@ impl PostgresStore {
         // Register interest before starting the listener, so a hint cannot slip between.
         let woken = listener.woken.notified();
         if listener.started.set(()).is_ok() {
-            tokio::spawn(listen(self.inner.config.clone(), self.inner.options.schema.clone(), listener.woken.clone()));
+            tokio::spawn(listen(
+                self.inner.config.clone(),
+                self.inner.tls.clone(),
+                self.inner.options.schema.clone(),
+                listener.woken.clone(),
+            ));
         }
         let _ = tokio::time::timeout(poll, woken).await;
     }
@@ -55,10 +61,10 @@ impl PostgresStore {
 
 /// Keeps a `LISTEN` connection open while the store lives (the `Notify` has other owners),
 /// reconnecting after failures.
-async fn listen(config: tokio_postgres::Config, schema: String, woken: Arc<Notify>) {
+async fn listen(config: tokio_postgres::Config, tls: MakeRustlsConnect, schema: String, woken: Arc<Notify>) {
     let mut backoff = Duration::from_millis(100);
     while Arc::strong_count(&woken) > 1 {
-        match config.connect(NoTls).await {
+        match config.connect(tls.clone()).await {
             Ok((client, mut connection)) => {
                 backoff = Duration::from_millis(100);
                 let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
