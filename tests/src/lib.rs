@@ -4,6 +4,7 @@
 
 pub mod conformance;
 pub mod postgres;
+pub mod private_pg;
 pub mod wire_server;
 pub mod workers;
 
