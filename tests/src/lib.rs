@@ -4,6 +4,7 @@
 
 pub mod conformance;
 pub mod postgres;
+pub mod private_pg;
 pub mod wire_server;
 pub mod workers;
 
@@ -244,6 +245,7 @@ pub struct FlakyStore {
     fail_renew: Arc<AtomicBool>,
     fail_release: Arc<AtomicBool>,
     hang_renew: Arc<std::sync::Mutex<Option<String>>>,
+    fail_claims: Arc<AtomicBool>,
 }
 
 /// What [`FlakyStore::after_next_list`] runs: it gets the wrapped store.
@@ -262,6 +264,7 @@ impl FlakyStore {
             fail_renew: Arc::default(),
             fail_release: Arc::default(),
             hang_renew: Arc::default(),
+            fail_claims: Arc::default(),
         }
     }
 
@@ -269,6 +272,12 @@ impl FlakyStore {
     /// process, perhaps not from others.
     pub fn fail_renew(&self, on: bool) {
         self.fail_renew.store(on, Ordering::SeqCst);
+    }
+
+    /// Makes `list_runs` fail (or succeed again), and so `claim_runnable` (this wrapper keeps
+    /// the trait's, which lists the runnable runs first): a worker's claims meet an outage.
+    pub fn fail_claims(&self, on: bool) {
+        self.fail_claims.store(on, Ordering::SeqCst);
     }
 
     /// Makes `release_lease` fail (or succeed again).
@@ -325,6 +334,9 @@ impl kuralle::RunStore for FlakyStore {
         self.inner.put_run(run, fence)
     }
     fn list_runs(&self, filter: kuralle::RunFilter) -> kuralle::StoreFuture<'_, Vec<kuralle::RunSummary>> {
+        if self.fail_claims.load(Ordering::SeqCst) {
+            return outage();
+        }
         Box::pin(async move {
             let runs = self.inner.list_runs(filter).await?;
             let hook = self.after_list.lock().unwrap().take();

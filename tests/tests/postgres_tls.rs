@@ -1,17 +1,13 @@
-//! `PostgresStore` over TLS, against a private PostgreSQL server that this file starts on a free
-//! loopback port (never the shared server): `initdb` and `pg_ctl` from PATH, a CA and a server
-//! certificate for `localhost` made with rcgen, `ssl = on`, and a `pg_hba.conf` that accepts
-//! TCP connections over TLS only (`hostnossl … reject`). As root (initdb refuses root) the
-//! server runs as the `postgres` user, through `runuser`. Without initdb each test prints a skip
-//! notice and passes.
+//! `PostgresStore` over TLS, against a private PostgreSQL server
+//! ([`kuralle_tests::private_pg`], never the shared server): a CA and a server certificate for
+//! `localhost` made with rcgen, `ssl = on`, and a `pg_hba.conf` that accepts TCP connections
+//! over TLS only (`hostnossl … reject`). Without initdb each test prints a skip notice and
+//! passes.
 //!
 //! The tests that run at the same time share one server; the last one to drop it stops it
-//! (`pg_ctl stop -m immediate`) and removes its directory.
+//! and removes its directory.
 
 use std::error::Error as _;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -23,17 +19,16 @@ use kuralle::testing::{ScriptedModel, Turn};
 use kuralle::{AgentDef, RunError, RunRequest, RunStatus, RunStore, Runtime, StoreError, WorkerOptions};
 use kuralle_tests::FnTool;
 use kuralle_tests::postgres::unique_schema;
+use kuralle_tests::private_pg::PrivatePostgres;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_postgres::error::SqlState;
 
-/// A private server and its certificates, in a temporary directory.
+/// A private server (see [`PrivatePostgres`]) with TLS, and its certificates.
 struct Server {
-    dir: tempfile::TempDir,
+    pg: PrivatePostgres,
     port: u16,
-    /// `postgres` when the tests run as root.
-    run_as: Option<&'static str>,
 }
 
 static SERVER: Mutex<Weak<Server>> = Mutex::new(Weak::new());
@@ -57,39 +52,6 @@ fn server(test: &str) -> Option<Arc<Server>> {
     }
 }
 
-/// `program`, as `user` when given.
-fn command(run_as: Option<&str>, program: &str, dir: &Path) -> Command {
-    let mut command = match run_as {
-        Some(user) => {
-            let mut c = Command::new("runuser");
-            c.args(["-u", user, "--", program]);
-            c
-        }
-        None => Command::new(program),
-    };
-    // The test's own directory may be closed to the `postgres` user.
-    command.current_dir(dir);
-    command
-}
-
-fn run(command: &mut Command, what: &str) -> Result<(), String> {
-    let out = command.output().map_err(|e| format!("{what}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("{what} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
-    }
-}
-
-/// The uid and gid of `user`, from /etc/passwd.
-fn user_ids(user: &str) -> Option<(u32, u32)> {
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|line| {
-        let fields: Vec<&str> = line.split(':').collect();
-        (fields.first() == Some(&user)).then(|| Some((fields.get(2)?.parse().ok()?, fields.get(3)?.parse().ok()?)))?
-    })
-}
-
 /// A self-signed CA: its certificate (PEM) and what signs with it.
 fn certificate_authority(name: &str) -> (String, Issuer<'static, KeyPair>) {
     let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -103,36 +65,6 @@ fn certificate_authority(name: &str) -> (String, Issuer<'static, KeyPair>) {
 
 impl Server {
     fn start() -> Result<Self, String> {
-        if Command::new("initdb").arg("--version").output().is_err() {
-            return Err("initdb is not on PATH (PostgreSQL's server binaries are needed)".into());
-        }
-        let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
-        let owner = if root {
-            Some(user_ids("postgres").ok_or("running as root, and there is no `postgres` user to run initdb as")?)
-        } else {
-            None
-        };
-        let run_as = root.then_some("postgres");
-        let dir = tempfile::Builder::new().prefix("kuralle-pg-tls-").tempdir().map_err(|e| e.to_string())?;
-        let chown = |path: &Path| match owner {
-            Some((uid, gid)) => std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(|e| e.to_string()),
-            None => Ok(()),
-        };
-        chown(dir.path())?;
-        let data = dir.path().join("data");
-        run(
-            command(run_as, "initdb", dir.path()).arg("-D").arg(&data).args([
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-                "--no-sync",
-            ]),
-            "initdb",
-        )?;
-
         // The CA clients trust, another one they do not, and a server certificate for
         // `localhost` (only) signed by the first.
         let (ca_pem, ca) = certificate_authority("kuralle test CA");
@@ -141,64 +73,28 @@ impl Server {
         let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
         params.distinguished_name.push(DnType::CommonName, "localhost");
         let server_cert = params.signed_by(&server_key, &ca).unwrap();
-        let write = |path: PathBuf, text: &str| std::fs::write(&path, text).map(|()| path).map_err(|e| e.to_string());
-        write(dir.path().join("ca.pem"), &ca_pem)?;
-        write(dir.path().join("other-ca.pem"), &other_pem)?;
-        chown(&write(data.join("server.crt"), &server_cert.pem())?)?;
-        let key = write(data.join("server.key"), &server_key.serialize_pem())?;
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).map_err(|e| e.to_string())?;
-        chown(&key)?;
-        let socket = dir.path().join("sock");
-        std::fs::create_dir(&socket).map_err(|e| e.to_string())?;
-        chown(&socket)?;
-
-        let mut conf = std::fs::read_to_string(data.join("postgresql.conf")).map_err(|e| e.to_string())?;
-        conf.push_str(&format!(
-            "\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nssl = on\n\
-             ssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\nfsync = off\n\
-             synchronous_commit = off\nfull_page_writes = off\nmax_connections = 100\n",
-            socket.display()
-        ));
-        std::fs::write(data.join("postgresql.conf"), conf).map_err(|e| e.to_string())?;
-        std::fs::write(
-            data.join("pg_hba.conf"),
-            "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostnossl all all 127.0.0.1/32 reject\n",
-        )
-        .map_err(|e| e.to_string())?;
-
-        // A free port now may be taken before the server binds it: try a few.
-        let mut last = String::new();
-        for _ in 0..3 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map_err(|e| e.to_string())?
-                .port();
-            let started = run(
-                command(run_as, "pg_ctl", dir.path())
-                    .arg("-D")
-                    .arg(&data)
-                    .arg("-l")
-                    .arg(dir.path().join("server.log"))
-                    .args(["-o", &format!("-p {port}"), "-w", "-t", "60", "start"]),
-                "pg_ctl start",
-            );
-            match started {
-                Ok(()) => return Ok(Self { dir, port, run_as }),
-                Err(e) => {
-                    last =
-                        format!("{e}\n{}", std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default())
-                }
-            }
-        }
-        panic!("the private PostgreSQL server does not start: {last}");
+        let pg = PrivatePostgres::builder()
+            .prefix("kuralle-pg-tls-")
+            .data_file("server.crt", server_cert.pem(), 0o644)
+            .data_file("server.key", server_key.serialize_pem(), 0o600)
+            .conf("ssl = on")
+            .conf("ssl_cert_file = 'server.crt'")
+            .conf("ssl_key_file = 'server.key'")
+            // TCP connections over TLS only.
+            .hba("hostssl all all 127.0.0.1/32 trust")
+            .hba("hostnossl all all 127.0.0.1/32 reject")
+            .start()?;
+        std::fs::write(pg.dir().join("ca.pem"), ca_pem).map_err(|e| e.to_string())?;
+        std::fs::write(pg.dir().join("other-ca.pem"), other_pem).map_err(|e| e.to_string())?;
+        Ok(Self { port: pg.port(), pg })
     }
 
     fn ca(&self) -> String {
-        self.dir.path().join("ca.pem").display().to_string()
+        self.pg.dir().join("ca.pem").display().to_string()
     }
 
     fn other_ca(&self) -> String {
-        self.dir.path().join("other-ca.pem").display().to_string()
+        self.pg.dir().join("other-ca.pem").display().to_string()
     }
 
     /// A URL for `user` that reaches the server at 127.0.0.1 under the TLS name `host`.
@@ -212,11 +108,7 @@ impl Server {
 
     /// A superuser connection over the Unix socket (where TLS plays no part).
     async fn admin(&self) -> tokio_postgres::Client {
-        let mut config = tokio_postgres::Config::new();
-        config.host_path(self.dir.path().join("sock")).port(self.port).user("postgres").dbname("postgres");
-        let (client, connection) = config.connect(tokio_postgres::NoTls).await.expect("the admin connection");
-        tokio::spawn(connection);
-        client
+        self.pg.admin().await
     }
 
     /// How many backends run for `application_name`, and whether all of them are on TLS.
@@ -252,24 +144,6 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         panic!("the backends of {application_name} do not end");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let data = self.dir.path().join("data");
-        let stopped = run(
-            command(self.run_as, "pg_ctl", self.dir.path()).arg("-D").arg(&data).args([
-                "-m",
-                "immediate",
-                "-w",
-                "stop",
-            ]),
-            "pg_ctl stop",
-        );
-        if let Err(e) = stopped {
-            eprintln!("could not stop the private PostgreSQL server: {e}");
-        }
     }
 }
 

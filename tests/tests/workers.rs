@@ -325,3 +325,54 @@ async fn a_run_closed_after_the_listing_is_not_claimed() {
     assert_eq!(memory.current_lease("r").await.unwrap(), None, "the claim let go of the run");
     assert_eq!(memory.get_run("r").await.unwrap().unwrap().status, RunStatus::Finished);
 }
+
+/// Claims that fail for 40 s (the store is down) are retried with a backoff that stops
+/// doubling at 2 s, so a submitted run is claimed within about 2 s of the store being back,
+/// not after a pause that grew with the outage (once up to 30 s).
+#[tokio::test(start_paused = true)]
+async fn claims_resume_within_two_seconds_of_a_long_outage_ending() {
+    let count = Arc::new(AtomicUsize::new(0));
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let flaky = kuralle_tests::FlakyStore::new(memory);
+    let rt = runtime(Arc::new(flaky.clone()), counting_tool("pay", &count));
+    let run_id = rt.submit(RunRequest::new("order")).await.unwrap();
+    flaky.fail_claims(true);
+    let options = WorkerOptions { poll_interval: Duration::from_millis(100), ..fast() };
+    let serving = Serving::start(&rt, options);
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    assert_eq!(rt.get_run(&run_id).await.unwrap().unwrap().status, RunStatus::Running);
+    flaky.fail_claims(false);
+    let back = tokio::time::Instant::now();
+    wait_for(&rt, &run_id, RunStatus::Finished).await;
+    let late = back.elapsed();
+    assert!(late <= Duration::from_millis(2_100), "claimed {late:?} after the store was back");
+    let report = serving.stop().await;
+    assert_eq!((report.claimed, report.completed), (1, 1), "{report:?}");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+/// A turn that fails because the store is unavailable is not held for `retry_backoff` (5 s):
+/// the run goes on one poll after the store is back. (A model outage still waits it out.)
+#[tokio::test(start_paused = true)]
+async fn a_turn_failed_by_a_store_outage_is_not_held_for_the_retry_backoff() {
+    let count = Arc::new(AtomicUsize::new(0));
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let flaky = kuralle_tests::FlakyStore::new(memory);
+    let rt = runtime(Arc::new(flaky.clone()), counting_tool("pay", &count));
+    let run_id = rt.submit(RunRequest::new("order")).await.unwrap();
+    // The turn's first journal write (the model's response with the call's intent) fails.
+    flaky.fail_append(true);
+    let options = WorkerOptions { retry_backoff: Duration::from_secs(5), ..fast() };
+    assert_eq!(options.poll_interval, Duration::from_millis(20));
+    let serving = Serving::start(&rt, options);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(count.load(Ordering::SeqCst), 0, "no call ran: its intent was never written");
+    flaky.fail_append(false);
+    let back = tokio::time::Instant::now();
+    wait_for(&rt, &run_id, RunStatus::Finished).await;
+    let late = back.elapsed();
+    assert!(late < Duration::from_secs(1), "finished {late:?} after the store was back");
+    let report = serving.stop().await;
+    assert!(report.retried >= 1, "{report:?}");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}

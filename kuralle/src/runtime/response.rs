@@ -5,7 +5,7 @@
 //! Both fixes are applied before the response is journaled, so a replayed run sees exactly
 //! what the live run saw and gives the model the same answers.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -117,8 +117,16 @@ pub(super) fn put_calls(parts: &mut [Part], calls: impl IntoIterator<Item = Tool
 /// Gives every call a distinct, non-empty id. A repeated id becomes `<id>~<n>` (the first free
 /// `n` from 2), in the assistant message and in its result alike, so the transcript answers
 /// each call exactly once and OpenAI-compatible servers accept it on the next request.
+///
+/// Linear in the number of calls: for each repeated id the search for a free `n` resumes
+/// where the last one for that id stopped. Every `n` below that was taken then, and ids are
+/// never freed, so the answer is the same as searching from 2; and each probe that fails
+/// passes an id in `seen` that no other search probes (`<id>~<n>` names one `(id, n)`), so
+/// all the searches together fail at most once per call.
 pub(super) fn dedupe_call_ids(calls: &mut [ToolCallRequest]) {
     let mut seen: HashSet<String> = HashSet::with_capacity(calls.len());
+    // The next `n` to try, per repeated id.
+    let mut next: HashMap<String, u64> = HashMap::new();
     for (index, call) in calls.iter_mut().enumerate() {
         if call.call_id.is_empty() {
             call.call_id = format!("call_{index}");
@@ -127,11 +135,15 @@ pub(super) fn dedupe_call_ids(calls: &mut [ToolCallRequest]) {
             seen.insert(call.call_id.clone());
             continue;
         }
-        let original = call.call_id.clone();
-        let renamed = (2u64..)
-            .map(|n| format!("{original}~{n}"))
-            .find(|id| !seen.contains(id))
-            .unwrap_or_else(|| format!("{original}~{index}"));
+        let original = std::mem::take(&mut call.call_id);
+        let n = next.entry(original.clone()).or_insert(2);
+        let renamed = loop {
+            let id = format!("{original}~{n}");
+            *n += 1;
+            if !seen.contains(&id) {
+                break id;
+            }
+        };
         tracing::warn!(call_id = %original, renamed = %renamed, "the model repeated a call id in one response; renamed");
         seen.insert(renamed.clone());
         call.call_id = renamed;
@@ -178,6 +190,54 @@ mod tests {
         dedupe_call_ids(&mut calls);
         let ids: Vec<_> = calls.iter().map(|c| c.call_id.as_str()).collect();
         assert_eq!(ids, ["a", "a~2", "a~2~2", "a~3", "call_4"]);
+    }
+
+    /// The search from 2 for every repeated id, as it was written before it was made linear.
+    fn dedupe_from_two(calls: &mut [ToolCallRequest]) {
+        let mut seen: HashSet<String> = HashSet::new();
+        for (index, call) in calls.iter_mut().enumerate() {
+            if call.call_id.is_empty() {
+                call.call_id = format!("call_{index}");
+            }
+            if seen.insert(call.call_id.clone()) {
+                continue;
+            }
+            let original = call.call_id.clone();
+            let renamed = (2u64..).map(|n| format!("{original}~{n}")).find(|id| !seen.contains(id)).unwrap();
+            seen.insert(renamed.clone());
+            call.call_id = renamed;
+        }
+    }
+
+    #[test]
+    fn ten_thousand_identical_ids_are_numbered_in_order() {
+        let mut calls: Vec<_> = (0..10_000).map(|_| call("call_x", "{}")).collect();
+        // An id that is already taken is skipped, as before.
+        calls[1].call_id = "call_x~3".into();
+        dedupe_call_ids(&mut calls);
+        let mut expected: Vec<String> = vec!["call_x".into(), "call_x~3".into(), "call_x~2".into()];
+        expected.extend((4..=10_000).map(|n| format!("call_x~{n}")));
+        let ids: Vec<_> = calls.iter().map(|c| c.call_id.clone()).collect();
+        assert_eq!(ids, expected);
+        let distinct: HashSet<_> = ids.iter().collect();
+        assert_eq!(distinct.len(), 10_000);
+    }
+
+    proptest::proptest! {
+        /// Any mix of repeated, suffixed and empty ids gets the same ids as the search from 2.
+        #[test]
+        fn dedupe_matches_the_search_from_two(
+            ids in proptest::collection::vec(proptest::sample::select(
+                vec!["", "a", "a~2", "a~3", "a~2~2", "b", "b~2", "a~10", "call_1", "call_3~2"]), 0..40)
+        ) {
+            let mut fast: Vec<_> = ids.iter().map(|id| call(id, "{}")).collect();
+            let mut slow = fast.clone();
+            dedupe_call_ids(&mut fast);
+            dedupe_from_two(&mut slow);
+            let fast: Vec<_> = fast.into_iter().map(|c| c.call_id).collect();
+            let slow: Vec<_> = slow.into_iter().map(|c| c.call_id).collect();
+            proptest::prop_assert_eq!(fast, slow);
+        }
     }
 
     #[test]

@@ -42,8 +42,10 @@ pub struct WorkerOptions {
     /// the run from the journal at once and never runs a call this one is still running.
     /// Default 30 s.
     pub shutdown_grace: Duration,
-    /// A run whose turn failed with a retryable error (a model or store outage) is not claimed
-    /// again, by any worker, for this long. Default 5 s.
+    /// A run whose turn failed with a retryable error (a model outage, a rate limit) is not
+    /// claimed again, by any worker, for this long. Default 5 s. A turn that failed because the
+    /// store was unavailable (a database blip) waits only one `poll_interval` (at most this
+    /// long): the run is not what failed, and the store being back is all it waits for.
     pub retry_backoff: Duration,
 }
 
@@ -177,6 +179,12 @@ impl Runtime {
     }
 }
 
+/// The longest pause between two claims while the store fails: the backoff doubles from
+/// `poll_interval` up to this (or `poll_interval`, if longer), so an outage costs at most this
+/// much after it ends. A claim is one cheap statement; trying it every 2 s is no load on a
+/// server that is coming back.
+const MAX_CLAIM_BACKOFF: Duration = Duration::from_secs(2);
+
 struct Worker {
     inner: Arc<Inner>,
     owner: String,
@@ -225,7 +233,7 @@ impl Worker {
                             () = &mut shutdown => break,
                             () = tokio::time::sleep(store_backoff) => {}
                         }
-                        store_backoff = (store_backoff * 2).min(Duration::from_secs(30));
+                        store_backoff = (store_backoff * 2).min(MAX_CLAIM_BACKOFF.max(self.options.poll_interval));
                         continue;
                     }
                     Err(e) => {
@@ -297,23 +305,29 @@ impl Worker {
             }
             Err(e) if e.is_retryable() => {
                 report.retried += 1;
-                tracing::warn!(run_id, error = %e, "turn failed; the run is retried after a backoff");
-                self.back_off(&run_id).await;
+                // A store outage is not the run's failure: once the store is back, the run
+                // goes on after one poll instead of the whole backoff.
+                let pause = match &e {
+                    RunError::Store(_) => self.options.poll_interval.min(self.options.retry_backoff),
+                    _ => self.options.retry_backoff,
+                };
+                tracing::warn!(run_id, error = %e, ?pause, "turn failed; the run is retried after a backoff");
+                self.back_off(&run_id, pause).await;
             }
             Err(e) => {
                 // The run ended failed (the turn marked it) or is left as it was; either way
                 // give it a pause before anyone claims it again.
                 report.completed += 1;
                 tracing::warn!(run_id, error = %e, "turn failed");
-                self.back_off(&run_id).await;
+                self.back_off(&run_id, self.options.retry_backoff).await;
             }
         }
     }
 
-    /// Holds the (released) run for the backoff, so no worker claims it at once.
-    async fn back_off(&self, run_id: &str) {
+    /// Holds the (released) run for `pause`, so no worker claims it at once.
+    async fn back_off(&self, run_id: &str, pause: Duration) {
         let owner = format!("{}/backoff", self.owner);
-        match self.inner.store.acquire_lease(run_id, &owner, self.options.retry_backoff).await {
+        match self.inner.store.acquire_lease(run_id, &owner, pause).await {
             Ok(_) | Err(StoreError::LeaseHeld { .. }) => {}
             Err(e) => tracing::debug!(run_id, error = %e, "could not hold the run for its backoff"),
         }
