@@ -417,3 +417,19 @@ pub fn tool_results(events: &[kuralle::Event]) -> Vec<(String, Value, bool)> {
         })
         .collect()
 }
+
+/// Streams a child process's stdout lines into a channel (its stdout must be piped), so a test
+/// can wait for a line with a timeout.
+pub fn lines_of(proc: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let stdout = proc.stdout.take().expect("the child's stdout is piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}

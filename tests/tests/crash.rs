@@ -15,6 +15,7 @@ use std::{
 };
 
 use kuralle::{RunStatus, RunStore, StepKind, StepStatus, stores::SqliteStore};
+use kuralle_tests::lines_of;
 use serde_json::Value;
 
 const BOUNDARIES: [&str; 5] = ["before_intent", "after_intent", "in_execute", "before_result", "after_result"];
@@ -194,20 +195,6 @@ fn last_json(stdout: &[u8]) -> Value {
     let text = String::from_utf8_lossy(stdout);
     let line = text.lines().last().unwrap_or_else(|| panic!("no output line: {text}"));
     serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
-}
-
-/// Streams the child's stdout lines into a channel.
-fn lines_of(proc: &mut Child) -> mpsc::Receiver<String> {
-    let stdout = proc.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    rx
 }
 
 fn signal(proc: &Child, sig: &str) {

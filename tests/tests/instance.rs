@@ -5,7 +5,6 @@
 
 use std::{
     collections::HashMap,
-    io::{BufRead, BufReader},
     path::Path,
     process::{Child, Command, Stdio},
     sync::{
@@ -21,7 +20,7 @@ use kuralle::{
     stores::{MemoryStore, SqliteStore},
     testing::{ScriptedModel, Turn},
 };
-use kuralle_tests::FnTool;
+use kuralle_tests::{FnTool, lines_of};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
@@ -44,20 +43,6 @@ fn child(store: &str, instance: &str, run_id: &str, effects: &Path, mode: &str) 
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     cmd
-}
-
-/// Streams the child's stdout lines into a channel.
-fn lines_of(proc: &mut Child) -> mpsc::Receiver<String> {
-    let stdout = proc.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    rx
 }
 
 /// The first line that is `mark` or JSON (an error), within a minute.

@@ -304,10 +304,7 @@ async fn keep(renewals: Weak<Renewals>, wake: Arc<Notify>) {
         for (id, lease, fence) in work.renew {
             let (weak, store, ttl, limit) = (Weak::clone(&renewals), Arc::clone(&this.store), this.ttl, this.period());
             tokio::spawn(async move {
-                let result = match tokio::time::timeout(limit, store.renew_lease(&lease, ttl)).await {
-                    Ok(result) => result,
-                    Err(_) => Err(StoreError::Unavailable(format!("the renewal took longer than {limit:?}").into())),
-                };
+                let result = within(limit, "renewal", store.renew_lease(&lease, ttl)).await;
                 if let Some(this) = weak.upgrade() {
                     this.renewed(id, &fence, now, result);
                 }
@@ -316,10 +313,7 @@ async fn keep(renewals: Weak<Renewals>, wake: Arc<Notify>) {
         for retried in work.release {
             let (weak, store, limit) = (Weak::clone(&renewals), Arc::clone(&this.store), this.period());
             tokio::spawn(async move {
-                let result = match tokio::time::timeout(limit, store.release_lease(&retried.lease)).await {
-                    Ok(result) => result,
-                    Err(_) => Err(StoreError::Unavailable(format!("the release took longer than {limit:?}").into())),
-                };
+                let result = within(limit, "release", store.release_lease(&retried.lease)).await;
                 if let Some(this) = weak.upgrade() {
                     this.released(retried, result);
                 }
@@ -338,6 +332,19 @@ async fn keep(renewals: Weak<Renewals>, wake: Arc<Notify>) {
         }
     }
 }
+/// A store request cut off after `limit`, as an outage: one that hangs must not hold up the
+/// lease it is for.
+async fn within<T>(
+    limit: Duration,
+    what: &str,
+    request: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, request).await {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::Unavailable(format!("the {what} took longer than {limit:?}").into())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use tokio_util::sync::CancellationToken;
