@@ -26,7 +26,7 @@ pub struct Cli {
 /// Top-level commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Runs: list, show, approve, deny.
+    /// Runs: list, show, approve, deny, export.
     #[command(subcommand)]
     Runs(RunsCommand),
     /// Serve the web console (loopback only unless --allow-remote).
@@ -75,6 +75,16 @@ pub enum RunsCommand {
         /// Why (the model is told).
         #[arg(long, value_name = "TEXT")]
         reason: String,
+    },
+    /// Write a run and its journal as a versioned JSON file that
+    /// `kuralle::testing::Replay::from_export` plays back as a test.
+    Export {
+        /// Run id.
+        id: String,
+        /// Write to this file (created; never overwritten, owner-only permissions) instead of
+        /// standard output.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<std::path::PathBuf>,
     },
 }
 

@@ -61,6 +61,12 @@ pub enum CliError {
     /// The console could not start.
     #[error("console: {0}")]
     Console(String),
+    /// The run could not be exported.
+    #[error("cannot export: {0}")]
+    Export(String),
+    /// The output file could not be created or written.
+    #[error("cannot write `{0}`: {1}")]
+    Output(String, std::io::Error),
     /// Writing output failed.
     #[error("cannot write output: {0}")]
     Io(#[from] std::io::Error),

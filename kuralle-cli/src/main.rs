@@ -4,6 +4,7 @@
 //! kuralle runs list --store sqlite:runs.db --status paused
 //! kuralle runs show RUN --store sqlite:runs.db
 //! kuralle runs approve RUN REQUEST --by alice --store sqlite:runs.db
+//! kuralle runs export RUN -o incident.json --store sqlite:runs.db
 //! kuralle console --store sqlite:runs.db
 //! ```
 
@@ -11,6 +12,7 @@ mod args;
 mod console;
 mod decide;
 mod error;
+mod export;
 mod store;
 mod text;
 mod time;
@@ -62,6 +64,16 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Runs(RunsCommand::Deny { id, request, by, reason }) => {
             let decided = decide::decide(store.as_ref(), &id, &request, &by, Some(&reason)).await?;
             report(&mut out, as_json, &decided)?;
+        }
+        Command::Runs(RunsCommand::Export { id, output }) => {
+            let export = kuralle::export::RunExport::from_store(store.as_ref(), &id).await.map_err(export::error)?;
+            match output {
+                Some(path) => {
+                    export::write_new(&path, &export.to_json())?;
+                    writeln!(out, "run {id} ({} steps) written to {}", export.steps.len(), path.display())?;
+                }
+                None => writeln!(out, "{}", export.to_json())?,
+            }
         }
         Command::Console(args) => {
             drop(out);

@@ -4,7 +4,7 @@ mod common;
 
 use std::sync::atomic::Ordering;
 
-use common::{FINISHED, PAUSED, WIRES, kuralle, owner, seed, store_arg};
+use common::{FINISHED, PAUSED, WIRES, kuralle, owner, payments, seed, store_arg};
 use kuralle::{RunStatus, RunStore};
 use serde_json::Value;
 
@@ -248,4 +248,40 @@ async fn show_gives_tokens_per_model_step_and_for_the_run() {
     let line = format!("tokens   {} in, {} out", sum.0, sum.1);
     assert!(text.contains(&line), "`{line}` missing from:\n{text}");
     assert!(text.contains("TOKENS IN/OUT"), "{text}");
+}
+
+#[tokio::test]
+async fn export_writes_a_run_that_replays_as_a_test() {
+    use kuralle::{Runtime, export::RunExport, testing::Replay};
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let store = store_arg(&db);
+    let file = dir.path().join("incident.json");
+    let file_arg = file.to_str().unwrap();
+
+    let said = ok_text(&["runs", "export", PAUSED, "-o", file_arg, "--store", &store]);
+    assert!(said.contains("written to"), "{said}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+    // An existing file is never replaced.
+    let err = fails(&["runs", "export", PAUSED, "-o", file_arg, "--store", &store]);
+    assert!(err.contains("cannot write") && err.contains("exists"), "{err}");
+    assert!(fails(&["runs", "export", "nope", "--store", &store]).contains("no run `nope`"));
+    // Without -o it goes to standard output, the same document.
+    let printed = ok_json(&["runs", "export", PAUSED, "--store", &store]);
+    assert_eq!(printed["format"], "kuralle.run-export");
+    assert_eq!(printed["run"]["run_id"], PAUSED);
+
+    // The file is a test: the same agent, answered by the recording, pauses at the same call.
+    let export = RunExport::from_json(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let replay = Replay::from_export(&export).unwrap();
+    let runtime = Runtime::builder().agent(payments()).model(replay.clone()).build().unwrap();
+    let out = runtime.run(replay.inputs()[0].as_str()).await.unwrap();
+    assert_eq!(out.status, RunStatus::Paused);
+    assert_eq!(replay.played(), 2);
+    replay.check().unwrap();
 }

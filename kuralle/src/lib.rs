@@ -182,6 +182,7 @@ mod context;
 mod dispatch;
 mod error;
 mod event;
+pub mod export;
 mod generator;
 mod input;
 pub mod inspect;

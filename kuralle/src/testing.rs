@@ -1,4 +1,9 @@
-//! `ScriptedModel`: a model that plays scripted turns, for tests and offline demos.
+//! `ScriptedModel`: a model that plays scripted turns, for tests and offline demos; and
+//! [`Replay`], a model that plays a recorded run back.
+
+mod replay;
+
+pub use replay::{Diverged, Divergence, Replay};
 
 use std::sync::{Arc, Mutex, PoisonError};
 

@@ -82,6 +82,28 @@ pub fn truncate_owned(value: Value, max_tokens: usize) -> Value {
     if text_chars(&value).div_ceil(4) <= max_tokens { value } else { truncated(&value, max_tokens) }
 }
 
+/// Whether `shown` is what [`truncate_middle_out`] makes of `original` at some budget: a
+/// truncation marker whose kept head and tail are `original`'s own. Lets a replayed run be
+/// compared with its recording when the two truncate at different budgets.
+///
+/// ```
+/// use kuralle::truncate::{is_truncation_of, truncate_middle_out};
+/// let big = serde_json::Value::String("ab".repeat(500));
+/// assert!(is_truncation_of(&truncate_middle_out(&big, 50), &big));
+/// assert!(!is_truncation_of(&truncate_middle_out(&big, 50), &serde_json::json!("other")));
+/// ```
+pub fn is_truncation_of(shown: &Value, original: &Value) -> bool {
+    let (Some(meta), Some(Value::String(kept))) = (shown.get("__truncated"), shown.get("value")) else {
+        return false;
+    };
+    let text = as_text(original);
+    let Some((head, tail)) = kept.split_once(MARKER) else { return false };
+    meta.get("originalTokens").and_then(Value::as_u64) == Some(estimate_tokens(&text) as u64)
+        && text.starts_with(head)
+        && text.ends_with(tail)
+        && head.len() + tail.len() <= text.len()
+}
+
 fn truncated(value: &Value, max_tokens: usize) -> Value {
     let text = as_text(value);
     let original_tokens = estimate_tokens(&text);

@@ -49,10 +49,15 @@ fn payments_model() -> ScriptedModel {
     ])
 }
 
+/// The payments agent, as its own process defines it.
+pub fn payments() -> AgentDef {
+    AgentDef::new("payments", "Move money.").tool(Lookup).tool(Wire)
+}
+
 /// The runtime that owns the runs in `db` (what the agent's own process would build).
 pub fn owner(db: &Path) -> Runtime {
     Runtime::builder()
-        .agent(AgentDef::new("payments", "Move money.").tool(Lookup).tool(Wire))
+        .agent(payments())
         .agent(AgentDef::new("support", "Chat."))
         .model(payments_model())
         .store(SqliteStore::open(db).unwrap())

@@ -9,7 +9,7 @@ pub(crate) mod lease;
 mod open;
 mod recover;
 mod renewals;
-mod response;
+pub(crate) mod response;
 mod state;
 mod step;
 mod turn;
@@ -21,6 +21,7 @@ pub use decide::record_decision;
 pub use handle::{InterruptHandle, RunHandle};
 pub use lease::DEFAULT_LEASE_TTL;
 pub use recover::{DEFAULT_RECOVER_CONCURRENCY, Recovered, RecoveredRun};
+pub(crate) use state::recorded_inputs;
 use tokio_util::sync::CancellationToken;
 pub use worker::{ServeReport, WorkerOptions};
 

@@ -18,12 +18,16 @@ use crate::{
 /// `tool_calls` instead; they read back as the same parts.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(from = "ResponseWire")]
-pub(super) struct ModelResponse {
-    pub(super) parts: Vec<Part>,
+pub(crate) struct ModelResponse {
+    pub(crate) parts: Vec<Part>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) origin: Option<Origin>,
-    pub(super) finish: FinishReason,
-    pub(super) usage: Usage,
+    pub(crate) origin: Option<Origin>,
+    pub(crate) finish: FinishReason,
+    pub(crate) usage: Usage,
+    /// The names of the tools the request offered, so a replay of the run can tell when a
+    /// test offers different ones. `None` in journals written before they were kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) offered: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -39,12 +43,14 @@ struct ResponseWire {
     finish: FinishReason,
     #[serde(default)]
     usage: Usage,
+    #[serde(default)]
+    offered: Option<Vec<String>>,
 }
 
 impl From<ResponseWire> for ModelResponse {
     fn from(w: ResponseWire) -> Self {
         let parts = w.parts.unwrap_or_else(|| legacy_parts(w.text.unwrap_or_default(), w.tool_calls));
-        Self { parts, origin: w.origin, finish: w.finish, usage: w.usage }
+        Self { parts, origin: w.origin, finish: w.finish, usage: w.usage, offered: w.offered }
     }
 }
 

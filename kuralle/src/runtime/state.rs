@@ -39,3 +39,26 @@ pub(super) fn decode_state(record: &RunRecord) -> Result<RunState, RunError> {
 pub(super) fn output_of(record: &RunRecord, state: &RunState) -> RunOutput {
     RunOutput { run_id: record.run_id.clone(), text: state.output.clone(), status: record.status, usage: state.usage }
 }
+
+/// The user inputs of a run's turns, in order, from its stored record: the user messages of
+/// its transcript, then the input of a turn that has not closed (paused, running or failed:
+/// its transcript was not written back).
+pub(crate) fn recorded_inputs(record: &RunRecord) -> Result<Vec<String>, RunError> {
+    let state = decode_state(record)?;
+    let mut inputs: Vec<String> = state
+        .messages
+        .iter()
+        .filter_map(|m| match m {
+            crate::model::Message::User { content } => Some(content.clone()),
+            _ => None,
+        })
+        .collect();
+    let closed = matches!(
+        record.status,
+        crate::store::RunStatus::Finished | crate::store::RunStatus::MaxSteps | crate::store::RunStatus::Interrupted
+    );
+    if !closed && let Some(input) = state.turn_input {
+        inputs.push(input);
+    }
+    Ok(inputs)
+}

@@ -54,9 +54,10 @@ pub(super) async fn model_step(
         Lookup::Finished(_) | Lookup::Failed(_) | Lookup::Fresh => None,
     };
 
+    let offered = Some(request.tools.iter().map(|t| t.name.clone()).collect());
     let mut stream = model.stream(request);
     let mut response =
-        ModelResponse { parts: Vec::new(), origin: None, finish: FinishReason::Stop, usage: Usage::default() };
+        ModelResponse { parts: Vec::new(), origin: None, finish: FinishReason::Stop, usage: Usage::default(), offered };
     // Text streamed since the last part; it becomes a text part when the next part starts.
     let mut open_text = String::new();
     let mut finished = false;
