@@ -190,10 +190,12 @@ fn child_with(dir: &Path, run_id: &str, env: &[(&str, &str)]) -> Command {
     cmd
 }
 
-/// The child's last stdout line as JSON.
+/// The child's last JSON line on stdout: its run's output. A lease renewal still running as
+/// the child prints it can print its `WRITE renew_lease` line after it.
 fn last_json(stdout: &[u8]) -> Value {
     let text = String::from_utf8_lossy(stdout);
-    let line = text.lines().last().unwrap_or_else(|| panic!("no output line: {text}"));
+    let line =
+        text.lines().rev().find(|l| !l.starts_with("WRITE ")).unwrap_or_else(|| panic!("no output line: {text}"));
     serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
 }
 
