@@ -2,7 +2,7 @@
 //! `--json` and the console.
 
 use kuralle::{
-    PendingApproval, RunFilter, RunStatus, RunStore, StepKind, StepRecord, StepStatus, Usage,
+    PendingApproval, Redactions, RunFilter, RunStatus, RunStore, StepKind, StepRecord, StepStatus, Usage,
     inspect::{RecordedDecision, pending_approvals, recorded_decisions, step_calls},
 };
 use serde::Serialize;
@@ -235,8 +235,12 @@ impl StepView {
 
 /// The run `run_id` with its steps and pending approvals.
 pub async fn show(store: &dyn RunStore, run_id: &str) -> Result<RunDetail, CliError> {
-    let record = store.get_run(run_id).await?.ok_or_else(|| CliError::UnknownRun(run_id.to_owned()))?;
-    let steps = store.steps(run_id).await?;
+    let mut record = store.get_run(run_id).await?.ok_or_else(|| CliError::UnknownRun(run_id.to_owned()))?;
+    let mut steps = store.steps(run_id).await?;
+    // Everything below is for display: the tools' sensitive values never reach it.
+    let redact = Redactions::of(&record);
+    redact.record(&mut record);
+    steps.iter_mut().for_each(|s| redact.step(s));
     let mut calls = step_calls(run_id, &steps);
     let mut decided = recorded_decisions(&record, &steps);
     let pending = pending_approvals(&record)

@@ -27,6 +27,7 @@ pub use crate::{
     context::ToolContext,
     error::ToolError,
     input::text::RawArgs,
+    redact::Redaction,
     tool::{PreparedCall, Tool, ToolEvent, ToolSet, ToolStream, Yielded},
 };
 pub use schemars::{Schema, SchemaGenerator};
@@ -317,6 +318,60 @@ impl<T: ?Sized> NoOutputSchema for MaybeSchema<T> {
     fn output_schema(&self) -> Option<Value> {
         None
     }
+}
+
+/// Whether `T` is [`Secret<_>`](crate::Secret) or `Option<Secret<_>>`, by the same autoref
+/// probe as [`MaybeSchema`]: [`IsSecret`] is implemented on `&SecretProbe<Secret<T>>`, and
+/// [`NotSecret`] on every `SecretProbe<T>` as the fallback.
+pub struct SecretProbe<T: ?Sized>(PhantomData<fn() -> Box<T>>);
+
+impl<T: ?Sized> SecretProbe<T> {
+    /// The probe for `T`.
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T: ?Sized> Default for SecretProbe<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The secret probe's preferred arm.
+pub trait IsSecret {
+    /// `true`.
+    fn is_secret(&self) -> bool;
+}
+
+impl<T> IsSecret for &SecretProbe<crate::Secret<T>> {
+    fn is_secret(&self) -> bool {
+        true
+    }
+}
+
+impl<T> IsSecret for &SecretProbe<Option<crate::Secret<T>>> {
+    fn is_secret(&self) -> bool {
+        true
+    }
+}
+
+/// The secret probe's fallback arm.
+pub trait NotSecret {
+    /// `false`.
+    fn is_secret(&self) -> bool;
+}
+
+impl<T: ?Sized> NotSecret for SecretProbe<T> {
+    fn is_secret(&self) -> bool {
+        false
+    }
+}
+
+/// A tool's [`Redaction`](crate::Redaction) from its arguments' secrecy, in table order.
+pub fn redaction(names: &[&str], secret: &[bool], result: bool) -> crate::Redaction {
+    let args = names.iter().zip(secret).filter(|(_, s)| **s).map(|(n, _)| *n);
+    crate::Redaction::new(args, result)
 }
 
 /// The output schema of a tool, computed once into `cell`.

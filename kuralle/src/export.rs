@@ -78,15 +78,20 @@ pub enum ExportError {
 }
 
 impl RunExport {
-    /// The run `run_id` and its journal, read from `store`.
+    /// The run `run_id` and its journal, read from `store`, with its tools' sensitive values
+    /// ([`Secret`](crate::Secret)) redacted.
     ///
     /// # Errors
     /// [`ExportError::RunNotFound`] for an unknown id, [`ExportError::Store`] when the store
     /// fails.
     pub async fn from_store(store: &dyn RunStore, run_id: &str) -> Result<Self, ExportError> {
-        let run = store.get_run(run_id).await?.ok_or_else(|| ExportError::RunNotFound(run_id.to_owned()))?;
+        let mut run = store.get_run(run_id).await?.ok_or_else(|| ExportError::RunNotFound(run_id.to_owned()))?;
         let mut steps = store.steps(run_id).await?;
         steps.sort_by_key(|s| s.ordinal);
+        // An export leaves the machine: sensitive values never go with it.
+        let redact = crate::Redactions::of(&run);
+        redact.record(&mut run);
+        steps.iter_mut().for_each(|s| redact.step(s));
         Ok(Self { format: FORMAT.to_owned(), version: VERSION, run, steps })
     }
 

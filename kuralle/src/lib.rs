@@ -194,6 +194,7 @@ pub mod mcp;
 mod model;
 pub mod models;
 mod policy;
+mod redact;
 mod runtime;
 pub mod schema;
 mod store;
@@ -223,6 +224,7 @@ pub use model::{
     FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, Origin, Part, ToolCallRequest, Usage,
 };
 pub use policy::{Policy, Verdict};
+pub use redact::{REDACTED, Redaction, Redactions, Secret};
 pub use runtime::{
     DEFAULT_EVENT_BUFFER, DEFAULT_LEASE_TTL, DEFAULT_MAX_JOURNAL_ENTRIES, DEFAULT_RECOVER_CONCURRENCY, Decision,
     InterruptHandle, Recovered, RecoveredRun, ResumeRequest, RunHandle, RunRequest, Runtime, RuntimeBuilder,

@@ -152,6 +152,13 @@ pub trait Tool: Send + Sync + 'static {
         false
     }
 
+    /// Which arguments and whether the result are sensitive: hidden in events, the CLI, the
+    /// console and exports (the journal keeps them). `#[tool]` answers from the parameter and
+    /// result types ([`Secret<T>`](crate::Secret)); see [`Redaction`](crate::Redaction).
+    fn redaction(&self) -> crate::Redaction {
+        crate::Redaction::default()
+    }
+
     /// The implementing type's name, for error messages that must tell two tools apart (two
     /// tools with one name on an agent). Rarely worth overriding.
     fn type_name(&self) -> &'static str {

@@ -244,6 +244,23 @@ fn impls(tool: &ToolFn<'_>) -> TokenStream {
         }
     });
 
+    // Which values are `Secret<_>`, asked of the concrete types (an alias of `Secret` counts).
+    let redaction = {
+        let names = tool.args().map(|(ident, _, _)| ident.unraw().to_string());
+        let secret = tool.args().map(|(_, ty, _)| quote!((&&#p::SecretProbe::<#ty>::new()).is_secret()));
+        let result = match ok_type(tool) {
+            Some(ty) => quote!((&&#p::SecretProbe::<#ty>::new()).is_secret()),
+            None => quote!(false),
+        };
+        quote! {
+            fn redaction(&self) -> #p::Redaction {
+                #[allow(unused_imports)]
+                use #p::{IsSecret as _, NotSecret as _};
+                #p::redaction(&[#(#names),*], &[#(#secret),*], #result)
+            }
+        }
+    };
+
     // A constant answer needs no parsed arguments; a predicate reads them.
     let parallel_safe = match args.parallel_safe.as_ref().map(|ps| &ps.value) {
         None => quote!(fn parallel_safe_raw(&self, _: &#p::RawArgs) -> bool { false }),
@@ -348,6 +365,7 @@ fn impls(tool: &ToolFn<'_>) -> TokenStream {
             }
 
             #output_schema
+            #redaction
             #parallel_safe
             #timeout
             #interruptible

@@ -43,10 +43,13 @@ pub(super) async fn run(
             .iter()
             .map(|p| {
                 let head = &p.head;
-                let args = match p.check.tool().map(|_| head.args.value(&head.req.name)) {
+                let mut args = match p.check.tool().map(|_| head.args.value(&head.req.name)) {
                     Some(Ok(args)) => args.clone(),
                     _ => Value::String(head.args.text().to_owned()),
                 };
+                if let Some(tool) = p.check.tool() {
+                    redaction_of(&**tool).args(&head.req.name, &mut args);
+                }
                 Event::ToolCall { call_id: head.req.call_id.clone(), name: head.req.name.clone(), args }
             })
             .collect();
@@ -172,10 +175,16 @@ pub(super) async fn run(
         }
     }
     for o in outcomes.iter().take_while(|_| turn.events.is_listening()) {
+        let mut result = o.model_value();
+        if o.result.is_ok()
+            && let Some(tool) = turn.tools.get(&o.name)
+        {
+            redaction_of(&**tool).result(&o.name, &mut result);
+        }
         turn.emit(Event::ToolResult {
             call_id: o.call_id.clone(),
             name: o.name.clone(),
-            result: o.model_value(),
+            result,
             is_error: o.result.is_err(),
             replayed: o.replayed,
         })
@@ -215,4 +224,9 @@ fn shared_keys(plans: &[Plan]) -> Vec<Option<usize>> {
         }
     }
     if shared { leaders } else { Vec::new() }
+}
+
+/// One tool's redactions, for the events that show its calls.
+fn redaction_of(tool: &dyn crate::tool::Tool) -> crate::Redactions {
+    std::iter::once((tool.name().to_owned(), tool.redaction())).collect()
 }

@@ -42,6 +42,7 @@ pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) ->
         let state = RunState {
             turn_input: Some(input),
             inbound_keys: req.idempotency_key.iter().cloned().collect(),
+            redact: redactions(agent),
             ..RunState::default()
         };
         let record =
@@ -50,6 +51,9 @@ pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) ->
         return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) });
     };
     let mut state = decode_state(&record)?;
+    if let Ok(agent) = agent(rt, Some(&record.agent_id)) {
+        state.redact = redactions(agent);
+    }
     let unfinished = matches!(record.status, RunStatus::Running | RunStatus::Paused);
     let seen = req.idempotency_key.as_ref().is_some_and(|k| state.inbound_keys.contains(k));
     match &req.input {
@@ -82,4 +86,8 @@ pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) ->
         }
     }
     Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) })
+}
+
+fn redactions(agent: &AgentDef) -> crate::Redactions {
+    crate::Redactions::of_tools(agent.tools.iter().map(|t| &**t))
 }

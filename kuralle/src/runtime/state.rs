@@ -28,6 +28,10 @@ pub(super) struct RunState {
     /// Calls waiting for a human decision (status `paused`).
     #[serde(default)]
     pub(super) pending: Vec<Pending>,
+    /// The agent's sensitive tool values, so readers of the store (the CLI, the console, an
+    /// export) hide what the runtime hides. Refreshed each time the run opens.
+    #[serde(default, skip_serializing_if = "crate::Redactions::is_empty")]
+    pub(super) redact: crate::Redactions,
 }
 
 pub(super) fn decode_state(record: &RunRecord) -> Result<RunState, RunError> {

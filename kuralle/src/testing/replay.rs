@@ -11,7 +11,7 @@ use futures::stream::{self, BoxStream, StreamExt};
 use serde_json::Value;
 
 use crate::{
-    DEFAULT_MAX_TOOL_RESULT_TOKENS, ToolError,
+    DEFAULT_MAX_TOOL_RESULT_TOKENS, Redactions, ToolError,
     dispatch::into_model_value,
     export::{ExportError, RunExport},
     inspect::step_calls,
@@ -148,6 +148,9 @@ pub struct Replay {
     name: Arc<str>,
     provider: Arc<str>,
     max_tool_result_tokens: usize,
+    /// The recorded run's sensitive values: the export holds them redacted, so a sent result
+    /// is compared redacted too.
+    redact: Redactions,
     progress: Arc<Mutex<Progress>>,
 }
 
@@ -202,6 +205,7 @@ impl Replay {
             inputs: export.inputs()?.into(),
             recorded: recorded.into(),
             max_tool_result_tokens: DEFAULT_MAX_TOOL_RESULT_TOKENS,
+            redact: Redactions::of(&export.run),
             progress: Arc::default(),
         })
     }
@@ -279,8 +283,12 @@ impl Replay {
         for part in &previous.response.parts {
             let Part::ToolCall { call, .. } = part else { continue };
             let Some(recorded) = previous.results.get(&call.call_id) else { continue };
-            let sent = sent.get(call.call_id.as_str()).copied();
-            let same = sent.is_some_and(|s| {
+            let sent = sent.get(call.call_id.as_str()).map(|s| {
+                let mut s = (*s).clone();
+                self.redact.result(&call.name, &mut s);
+                s
+            });
+            let same = sent.as_ref().is_some_and(|s| {
                 *s == truncate_owned(recorded.clone(), self.max_tool_result_tokens) || is_truncation_of(s, recorded)
             });
             if !same {
@@ -289,7 +297,7 @@ impl Replay {
                     call_id: call.call_id.clone(),
                     name: call.name.clone(),
                     recorded: recorded.clone(),
-                    sent: sent.cloned(),
+                    sent,
                 });
             }
         }

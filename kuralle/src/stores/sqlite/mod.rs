@@ -207,6 +207,7 @@ impl SqliteStore {
     pub fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
         let errors = Mapper { busy_timeout: options.busy_timeout };
+        create_private(&path);
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(&path, flags).map_err(|e| errors.at_open(&path, e))?;
         configure_writer(&conn, &options, errors, Some(&path))?;
@@ -503,6 +504,20 @@ impl ReaderPool {
         conn.busy_timeout(self.errors.busy_timeout).map_err(|e| self.errors.map(e))?;
         Ok(conn)
     }
+}
+
+/// Creates a new database file readable by its owner only: the journal holds tool arguments
+/// and results, secrets included (resume needs them). SQLite gives the `-wal` and `-shm` files
+/// it creates beside it the same mode. An existing file keeps its mode, and a failure here is
+/// left to SQLite's open, which reports it with the path.
+fn create_private(path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path);
+    }
+    #[cfg(not(unix))]
+    let _ = path;
 }
 
 #[cfg(test)]
