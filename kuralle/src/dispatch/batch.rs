@@ -97,11 +97,13 @@ pub(super) async fn run(
     // A lone call (every serial call) runs without a task of its own; see `execute`.
     let alone = runs == 1;
     for (i, (p, plan)) in heads.iter().zip(plans).enumerate() {
-        let span = trace::tool_span(turn.journal.run_id(), &p.req.call_id, &p.req.name);
+        let capture = turn.capture_content;
+        let arguments = capture.then_some(p.req.arguments.as_str());
+        let span = trace::tool_span(turn.journal.run_id(), &p.req.call_id, &p.req.name, arguments);
         let started = trace::started(&span);
         match plan {
             Plan::Done(result, replayed) => {
-                trace::tool_done(&span, &result, replayed, started);
+                trace::tool_done(&span, &result, replayed, started, capture);
                 slots.push(Some(Ok((result, replayed))));
             }
             Plan::Pending(pending) => {
@@ -132,7 +134,7 @@ pub(super) async fn run(
                             call::indeterminate(&turn, &name, key, ordinal).instrument(span.clone()).await
                         }
                     };
-                    trace::tool_done(&span, &result, false, started);
+                    trace::tool_done(&span, &result, false, started, capture);
                     (i, result)
                 });
             }

@@ -44,7 +44,7 @@ pub(super) async fn run_leased(
     claimed: Option<(crate::store::Lease, tokio::time::Instant, Claim)>,
 ) -> Result<RunOutput, RunError> {
     let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    let span = crate::trace::run_span(&run_id);
+    let span = crate::trace::agent_span(&run_id);
     let started = std::time::Instant::now();
     let result = async {
         let (lease, granted, claim) = match claimed {
@@ -80,16 +80,7 @@ pub(super) async fn run_leased(
     }
     .instrument(span.clone())
     .await;
-    match &result {
-        Ok(out) => {
-            span.record("status", out.status.as_str());
-            span.record("outcome", "ok");
-        }
-        Err(e) => {
-            span.record("outcome", tracing::field::display(e));
-        }
-    }
-    crate::trace::record_duration(&span, started);
+    crate::trace::agent_done(&span, &result, started);
     if let Err(e) = &result {
         events.send(Event::Error { message: e.to_string() }).await;
     }

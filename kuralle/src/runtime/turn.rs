@@ -4,7 +4,6 @@
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::{
     Inner, RunRequest,
@@ -93,11 +92,11 @@ async fn drive(
     let fence = held.fence();
     let run_id = fence.run_id();
     let agent = agent(rt, Some(&record.agent_id))?.clone();
-    tracing::Span::current().record("agent", agent.id.as_str());
     let model: Arc<dyn Model> = match (&agent.model, &rt.model) {
         (Some(m), _) | (None, Some(m)) => Arc::clone(m),
         (None, None) => return Err(RunError::Config(format!("agent `{}` has no model", agent.id))),
     };
+    crate::trace::agent_known(&agent.id, model.as_ref());
     events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
 
     let journal =
@@ -113,6 +112,7 @@ async fn drive(
         fatal: Mutex::new(None),
         // Calls cut off but still running are the lease's to wait for: see `Held::release`.
         stragglers: Arc::clone(held.stragglers()),
+        capture_content: rt.capture_content,
     });
     steps(rt, run_id, &agent, model.as_ref(), record, state, events, &ctx, fence, hand_back).await
 }
@@ -161,18 +161,9 @@ async fn steps(
             messages: transcript.clone(),
             tools: Arc::clone(&specs),
         };
-        let span = crate::trace::model_span(run_id, callsite);
-        let started = std::time::Instant::now();
-        let step = model_step(rt, ctx, model, request, callsite).instrument(span.clone()).await;
-        span.record(
-            "outcome",
-            match &step {
-                Ok(Some(_)) => "ok",
-                Ok(None) => "interrupted",
-                Err(_) => "error",
-            },
-        );
-        crate::trace::record_duration(&span, started);
+        let mut chat = crate::trace::ChatSpan::start(run_id, callsite, model, &request, rt.capture_content);
+        let step = chat.run(model_step(rt, ctx, model, request, callsite)).await;
+        chat.done(step.as_ref().map(|r| r.as_ref().map(|r| (&r.parts[..], &r.finish, r.usage))));
         let Some(response) = step? else {
             status = RunStatus::Interrupted;
             break;
