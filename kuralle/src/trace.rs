@@ -47,18 +47,19 @@ pub(crate) fn operation_name(wire: &str) -> &'static str {
     if wire == "gemini" { "generate_content" } else { "chat" }
 }
 
-/// Span for one run's turn (`invoke_agent`). The agent and its model are known once the run
-/// is opened: [`agent_known`] names the span then.
-pub(crate) fn agent_span(run_id: &str) -> Span {
+/// Span for one run's turn (`invoke_agent`), opened once the run's agent and model are known.
+/// Its name and kind are given at creation: `tracing-opentelemetry` starts the OpenTelemetry
+/// span when the `tracing` span is first entered, and a later `otel.name` is not applied.
+pub(crate) fn agent_span(run_id: &str, agent: &str, model: &dyn crate::Model) -> Span {
     tracing::info_span!(
         "invoke_agent",
-        otel.name = Empty,
+        otel.name = %format_args!("invoke_agent {agent}"),
         otel.kind = "internal",
         otel.status_code = Empty,
         gen_ai.operation.name = "invoke_agent",
-        gen_ai.provider.name = Empty,
-        gen_ai.agent.name = Empty,
-        gen_ai.request.model = Empty,
+        gen_ai.provider.name = provider_name(model.provider()),
+        gen_ai.agent.name = %agent,
+        gen_ai.request.model = model.name(),
         gen_ai.conversation.id = %run_id,
         gen_ai.usage.input_tokens = Empty,
         gen_ai.usage.output_tokens = Empty,
@@ -68,18 +69,6 @@ pub(crate) fn agent_span(run_id: &str) -> Span {
         outcome = Empty,
         duration_ms = Empty,
     )
-}
-
-/// Names the current `invoke_agent` span after its agent, with the model it talks to.
-pub(crate) fn agent_known(agent: &str, model: &dyn crate::Model) {
-    let span = Span::current();
-    if span.is_disabled() {
-        return;
-    }
-    span.record("otel.name", tracing::field::display(format_args!("invoke_agent {agent}")));
-    span.record("gen_ai.agent.name", agent);
-    span.record("gen_ai.provider.name", provider_name(model.provider()));
-    span.record("gen_ai.request.model", model.name());
 }
 
 /// Records how a turn ended on its `invoke_agent` span.

@@ -98,7 +98,7 @@ pub(super) async fn run(
     let alone = runs == 1;
     for (i, (p, plan)) in heads.iter().zip(plans).enumerate() {
         let capture = turn.capture_content;
-        let arguments = capture.then_some(p.req.arguments.as_str());
+        let arguments = capture.then_some(p.args.text());
         let span = trace::tool_span(turn.journal.run_id(), &p.req.call_id, &p.req.name, arguments);
         let started = trace::started(&span);
         match plan {

@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::{
     Inner, RunRequest,
@@ -96,25 +97,33 @@ async fn drive(
         (Some(m), _) | (None, Some(m)) => Arc::clone(m),
         (None, None) => return Err(RunError::Config(format!("agent `{}` has no model", agent.id))),
     };
-    crate::trace::agent_known(&agent.id, model.as_ref());
-    events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
+    let span = crate::trace::agent_span(run_id, &agent.id, model.as_ref());
+    let started = std::time::Instant::now();
+    let result = async {
+        events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
 
-    let journal =
-        Journal::open(Arc::clone(&rt.store), Arc::clone(fence), run_id, record.epoch, rt.max_journal_entries).await?;
-    let ctx = Arc::new(TurnCtx {
-        journal,
-        tools: agent.tools.clone(),
-        events: events.clone(),
-        interrupt: interrupt.clone(),
-        max_concurrency: agent.max_tool_concurrency,
-        max_result_bytes: rt.max_value_bytes,
-        policy: agent.policy.clone(),
-        fatal: Mutex::new(None),
-        // Calls cut off but still running are the lease's to wait for: see `Held::release`.
-        stragglers: Arc::clone(held.stragglers()),
-        capture_content: rt.capture_content,
-    });
-    steps(rt, run_id, &agent, model.as_ref(), record, state, events, &ctx, fence, hand_back).await
+        let journal =
+            Journal::open(Arc::clone(&rt.store), Arc::clone(fence), run_id, record.epoch, rt.max_journal_entries)
+                .await?;
+        let ctx = Arc::new(TurnCtx {
+            journal,
+            tools: agent.tools.clone(),
+            events: events.clone(),
+            interrupt: interrupt.clone(),
+            max_concurrency: agent.max_tool_concurrency,
+            max_result_bytes: rt.max_value_bytes,
+            policy: agent.policy.clone(),
+            fatal: Mutex::new(None),
+            // Calls cut off but still running are the lease's to wait for: see `Held::release`.
+            stragglers: Arc::clone(held.stragglers()),
+            capture_content: rt.capture_content,
+        });
+        steps(rt, run_id, &agent, model.as_ref(), record, state, events, &ctx, fence, hand_back).await
+    }
+    .instrument(span.clone())
+    .await;
+    crate::trace::agent_done(&span, &result, started);
+    result
 }
 
 /// The turn's steps: model, dispatch, model, ... until an answer, a pause, an interrupt or
