@@ -80,8 +80,8 @@ pub(crate) fn agent_done(span: &Span, result: &Result<crate::RunOutput, RunError
         Ok(out) => {
             span.record("status", out.status.as_str());
             span.record("outcome", "ok");
-            span.record("gen_ai.usage.input_tokens", out.usage.input_tokens);
-            span.record("gen_ai.usage.output_tokens", out.usage.output_tokens);
+            span.record("gen_ai.usage.input_tokens", int(out.usage.input_tokens));
+            span.record("gen_ai.usage.output_tokens", int(out.usage.output_tokens));
         }
         Err(e) => {
             span.record("outcome", tracing::field::display(e));
@@ -161,7 +161,13 @@ pub(crate) fn tool_pending(span: &Span, started: Option<Instant>) {
 }
 
 pub(crate) fn record_duration(span: &Span, started: Instant) {
-    span.record("duration_ms", u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
+    span.record("duration_ms", i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX));
+}
+
+/// A count as the `i64` the conventions type it as: `tracing-opentelemetry` exports a `u64`
+/// field as a string (it has no unsigned attribute), which backends would not sum or chart.
+pub(crate) fn int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// `"ok"` or the [`ToolError`] kind as serialized (`"invalid_input"`, `"denied"`, ...).

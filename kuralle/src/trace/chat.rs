@@ -200,7 +200,7 @@ impl ChatSpan {
         }
         if let Some((host, port)) = server {
             span.record("server.address", host.as_str());
-            span.record("server.port", port);
+            span.record("server.port", i64::from(*port));
         }
         if fresh && !matches!(result, Ok(None)) {
             let error_type = match &result {
@@ -215,17 +215,17 @@ impl ChatSpan {
 }
 
 fn record_usage(span: &Span, usage: &Usage) {
-    span.record("gen_ai.usage.input_tokens", usage.input_tokens);
-    span.record("gen_ai.usage.output_tokens", usage.output_tokens);
+    span.record("gen_ai.usage.input_tokens", super::int(usage.input_tokens));
+    span.record("gen_ai.usage.output_tokens", super::int(usage.output_tokens));
     // Zero is what a wire without the counter reports too: only a count it gave goes on.
     if usage.cache_read_tokens > 0 {
-        span.record("gen_ai.usage.cache_read.input_tokens", usage.cache_read_tokens);
+        span.record("gen_ai.usage.cache_read.input_tokens", super::int(usage.cache_read_tokens));
     }
     if usage.cache_write_tokens > 0 {
-        span.record("gen_ai.usage.cache_creation.input_tokens", usage.cache_write_tokens);
+        span.record("gen_ai.usage.cache_creation.input_tokens", super::int(usage.cache_write_tokens));
     }
     if usage.reasoning_tokens > 0 {
-        span.record("gen_ai.usage.reasoning.output_tokens", usage.reasoning_tokens);
+        span.record("gen_ai.usage.reasoning.output_tokens", super::int(usage.reasoning_tokens));
     }
 }
 
