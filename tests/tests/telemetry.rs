@@ -333,6 +333,33 @@ fn metrics_measure_fresh_requests_only() {
     assert_eq!(tokens, BTreeMap::from([("input".to_owned(), 2), ("output".to_owned(), 2)]));
 }
 
+/// A failed request is timed with its `error.type`, and spent no tokens to count.
+#[test]
+fn a_failed_request_is_timed_with_its_error_type() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let runtime = Runtime::builder()
+                .agent(AgentDef::new("ops", "x"))
+                .model(ScriptedModel::new([Turn::error("upstream exploded")]))
+                .build()
+                .unwrap();
+            runtime.run(RunRequest::new("go").run_id("run-me")).await.unwrap_err();
+        });
+    });
+    let metrics: Vec<_> = snapshotter.snapshot().into_vec();
+    let names: Vec<&str> = metrics.iter().map(|(k, ..)| k.key().name()).collect();
+    assert_eq!(names, ["gen_ai.client.operation.duration"]);
+    let (key, _, _, value) = &metrics[0];
+    let labels: BTreeMap<&str, &str> = key.key().labels().map(|l| (l.key(), l.value())).collect();
+    assert_eq!(labels["error.type"], "provider_error");
+    assert!(matches!(value, DebugValue::Histogram(v) if v.len() == 1), "{value:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Each provider wire, against a local server answering with that wire's recorded format.
 
