@@ -61,7 +61,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         Ok::<_, Box<dyn Error>>(out.text)
     })?;
     println!("answer: {answer}");
-    // Flushes what the batch exporter still holds.
-    provider.shutdown()?;
+    // Flushes what the batch exporter still holds; waits at most 5 s for a collector that
+    // accepts the connection but does not answer.
+    provider.shutdown().map_err(|e| format!("the spans could not all be exported: {e}"))?;
     Ok(())
 }
