@@ -61,7 +61,8 @@ impl Scope {
         let callsite = self.next_callsite();
         let capture = self.turn.capture_content;
         let arguments = capture.then(|| args.to_string());
-        let span = trace::tool_span(self.turn.journal.run_id(), &format!("nested:{callsite}"), name, arguments.as_deref());
+        let span =
+            trace::tool_span(self.turn.journal.run_id(), &format!("nested:{callsite}"), name, arguments.as_deref());
         let started = trace::started(&span);
         let (result, replayed) = self.nested(name, args, callsite).instrument(span.clone()).await;
         trace::tool_done(&span, &result, replayed, started, capture);

@@ -80,6 +80,9 @@ fn host_and_port(url: &str) -> Option<(String, u16)> {
     (!host.is_empty()).then(|| (host.to_owned(), port))
 }
 
+/// A step's response as [`ChatSpan::done`] reads it: its parts, why it stopped, what it spent.
+pub(crate) type Answered<'a> = (&'a [Part], &'a FinishReason, Usage);
+
 /// The `chat` span of one model step, with what its metrics need.
 pub(crate) struct ChatSpan {
     span: Span,
@@ -157,7 +160,7 @@ impl ChatSpan {
     /// Records how the step ended: its response (`Ok(Some(..))`), an interrupt (`Ok(None)`)
     /// or an error. A replayed step is marked, with its finish reason, and carries no fresh
     /// timing, usage or metrics: nothing was asked of the model.
-    pub(crate) fn done(&self, result: Result<Option<(&[Part], &FinishReason, Usage)>, &RunError>) {
+    pub(crate) fn done(&self, result: Result<Option<Answered<'_>>, &RunError>) {
         let span = &self.span;
         let replayed = self.reported.replayed;
         let fresh = !replayed;
