@@ -1,7 +1,9 @@
-//! Prints the spans a run emits — `run`, `model_step` and `tool_call`, with `run_id`,
-//! `call_id`, `tool`, `replayed`, `outcome` and `duration_ms` — using `tracing-subscriber`'s
-//! formatter, one line per span as it closes. A policy asks before `refund`, so the run pauses;
-//! approving it resumes the run, and the spans of the resumed turn show what was replayed.
+//! Prints the spans a run emits — `invoke_agent`, `chat` and `execute_tool`, with the
+//! OpenTelemetry GenAI attributes (`gen_ai.tool.name`, `gen_ai.tool.call.id`, ...) beside
+//! `run_id`, `replayed`, `outcome` and `duration_ms` — using `tracing-subscriber`'s
+//! formatter, one line per span as it closes (examples/otel.rs exports them to
+//! OpenTelemetry instead). A policy asks before `refund`, so the run pauses; approving it
+//! resumes the run, and the spans of the resumed turn show what was replayed.
 //!
 //! ```text
 //! cargo run -p kuralle-examples --example tracing_spans

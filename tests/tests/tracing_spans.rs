@@ -1,5 +1,7 @@
-//! The `run`, `model_step` and `tool_call` spans carry the fields operators filter on, with
-//! outcome and duration recorded when the work ends.
+//! The `invoke_agent`, `chat` and `execute_tool` spans carry the fields operators filter on
+//! (the GenAI conventions' beside kuralle's own `run_id`, `replayed` and `outcome`), with
+//! outcome and duration recorded when the work ends. What OpenTelemetry makes of them is
+//! tests/telemetry.rs.
 
 use std::{
     collections::BTreeMap,
@@ -91,41 +93,47 @@ async fn spans_carry_run_call_tool_replayed_outcome_and_duration() {
     let out = rt.run(RunRequest::new("go").run_id("run-7")).await.unwrap();
     assert_eq!(out.status, RunStatus::Paused);
 
-    let runs = captured.take("run");
+    let runs = captured.take("invoke_agent");
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0]["run_id"], "run-7");
-    assert_eq!(runs[0]["agent"], "ops");
+    assert_eq!(runs[0]["gen_ai.agent.name"], "ops");
+    assert_eq!(runs[0]["otel.name"], "invoke_agent ops");
     assert_eq!(runs[0]["status"], "paused");
     assert!(runs[0].contains_key("duration_ms"), "{:?}", runs[0]);
 
-    let steps = captured.take("model_step");
+    let steps = captured.take("chat");
     assert_eq!(steps.len(), 2);
     assert!(steps.iter().all(|s| s["replayed"] == "false" && s["outcome"] == "ok" && s["run_id"] == "run-7"));
+    assert!(steps.iter().all(|s| s.contains_key("duration_ms") && s.contains_key("gen_ai.usage.input_tokens")));
 
-    let calls = captured.take("tool_call");
-    let by_call: BTreeMap<&str, &Fields> = calls.iter().map(|c| (c["call_id"].as_str(), c)).collect();
+    let calls = captured.take("execute_tool");
+    let by_call: BTreeMap<&str, &Fields> = calls.iter().map(|c| (c["gen_ai.tool.call.id"].as_str(), c)).collect();
     assert_eq!(by_call.len(), 3, "{calls:?}");
     for c in &calls {
-        for field in ["run_id", "call_id", "tool", "replayed", "outcome", "duration_ms"] {
-            assert!(c.contains_key(field), "tool_call span lacks `{field}`: {c:?}");
+        for field in ["run_id", "gen_ai.tool.call.id", "gen_ai.tool.name", "replayed", "outcome", "duration_ms"] {
+            assert!(c.contains_key(field), "execute_tool span lacks `{field}`: {c:?}");
         }
     }
-    assert_eq!(by_call["c1"]["tool"], "lookup");
+    assert_eq!(by_call["c1"]["gen_ai.tool.name"], "lookup");
     assert_eq!(by_call["c1"]["outcome"], "ok");
     assert_eq!(by_call["c1"]["replayed"], "false");
     assert_eq!(by_call["c2"]["outcome"], "denied");
+    assert_eq!(by_call["c2"]["error.type"], "denied");
     assert_eq!(by_call["c3"]["outcome"], "pending_approval");
 
     // Resuming replays the first model step and `lookup`; `wire` runs live.
     let out = rt.deliver("run-7", Decision::approve("alice")).await.unwrap();
     assert_eq!(out.status, RunStatus::Finished);
-    let steps = captured.take("model_step");
+    let steps = captured.take("chat");
     assert_eq!(steps.iter().map(|s| s["replayed"].as_str()).collect::<Vec<_>>(), ["true", "true", "false"]);
-    let calls = captured.take("tool_call");
-    let by_call: BTreeMap<&str, &Fields> = calls.iter().map(|c| (c["call_id"].as_str(), c)).collect();
+    // A replayed step asked nothing of the model: no fresh timing or usage.
+    assert!(steps[..2].iter().all(|s| !s.contains_key("duration_ms") && !s.contains_key("gen_ai.usage.input_tokens")));
+    let calls = captured.take("execute_tool");
+    let by_call: BTreeMap<&str, &Fields> = calls.iter().map(|c| (c["gen_ai.tool.call.id"].as_str(), c)).collect();
     assert_eq!(by_call["c1"]["replayed"], "true");
+    assert!(!by_call["c1"].contains_key("duration_ms"));
     assert_eq!(by_call["c1"]["outcome"], "ok");
     assert_eq!(by_call["c3"]["replayed"], "false");
     assert_eq!(by_call["c3"]["outcome"], "ok");
-    assert_eq!(captured.take("run")[0]["status"], "finished");
+    assert_eq!(captured.take("invoke_agent")[0]["status"], "finished");
 }

@@ -100,11 +100,17 @@ pub(super) async fn run(
     // A lone call (every serial call) runs without a task of its own; see `execute`.
     let alone = runs == 1;
     for (i, (p, plan)) in heads.iter().zip(plans).enumerate() {
-        let span = trace::tool_span(turn.journal.run_id(), &p.req.call_id, &p.req.name);
+        let capture = turn.capture_content;
+        let arguments = capture.then(|| {
+            let mut text = p.args.text().to_owned();
+            turn.redact.args_text(&p.req.name, &mut text);
+            text
+        });
+        let span = trace::tool_span(turn.journal.run_id(), &p.req.call_id, &p.req.name, arguments.as_deref());
         let started = trace::started(&span);
         match plan {
             Plan::Done(result, replayed) => {
-                trace::tool_done(&span, &result, replayed, started);
+                trace::tool_done(&span, &result, replayed, started, capture.then_some((&p.req.name, &turn.redact)));
                 slots.push(Some(Ok((result, replayed))));
             }
             Plan::Pending(pending) => {
@@ -135,7 +141,7 @@ pub(super) async fn run(
                             call::indeterminate(&turn, &name, key, ordinal).instrument(span.clone()).await
                         }
                     };
-                    trace::tool_done(&span, &result, false, started);
+                    trace::tool_done(&span, &result, false, started, capture.then_some((&name, &turn.redact)));
                     (i, result)
                 });
             }

@@ -59,10 +59,17 @@ impl Scope {
     /// serial tool calling another serial tool cannot deadlock.
     pub(crate) async fn tool(&self, name: &str, args: Value) -> Result<Value, ToolError> {
         let callsite = self.next_callsite();
-        let span = trace::tool_span(self.turn.journal.run_id(), &format!("nested:{callsite}"), name);
+        let capture = self.turn.capture_content;
+        let arguments = capture.then(|| {
+            let mut shown = args.clone();
+            self.turn.redact.args(name, &mut shown);
+            shown.to_string()
+        });
+        let span =
+            trace::tool_span(self.turn.journal.run_id(), &format!("nested:{callsite}"), name, arguments.as_deref());
         let started = trace::started(&span);
         let (result, replayed) = self.nested(name, args, callsite).instrument(span.clone()).await;
-        trace::tool_done(&span, &result, replayed, started);
+        trace::tool_done(&span, &result, replayed, started, capture.then_some((name, &self.turn.redact)));
         result
     }
 

@@ -46,6 +46,11 @@ pub(crate) struct TurnCtx {
     /// Calls cut off (timed out or interrupted) that have not ended yet: the lease is given
     /// up only once they have.
     pub(crate) stragglers: Arc<Stragglers>,
+    /// Whether tool arguments and results go on the `execute_tool` spans.
+    pub(crate) capture_content: bool,
+    /// The tools' secrets, hidden from captured content (empty when capture is off: nothing
+    /// is captured, and the hot path computes nothing).
+    pub(crate) redact: crate::Redactions,
 }
 
 impl TurnCtx {
@@ -217,6 +222,8 @@ pub(crate) async fn call_standalone(
         fatal: Mutex::new(None),
         // No lease to outlive: a call cut off here is answered at once, as in a run.
         stragglers: Arc::default(),
+        capture_content: crate::trace::capture_content_from_env(),
+        redact: crate::Redactions::default(),
     });
     let done = dispatch(&turn, vec![call], 0)
         .await

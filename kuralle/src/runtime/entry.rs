@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::{
     Decision, Inner, RunRequest,
@@ -44,8 +43,8 @@ pub(super) async fn run_leased(
     claimed: Option<(crate::store::Lease, tokio::time::Instant, Claim)>,
 ) -> Result<RunOutput, RunError> {
     let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    let span = crate::trace::run_span(&run_id);
-    let started = std::time::Instant::now();
+    // The turn's `invoke_agent` span opens in `drive`, once the run's agent is known: its
+    // OpenTelemetry name is fixed when the span starts (see `trace::agent_span`).
     let result = async {
         let (lease, granted, claim) = match claimed {
             Some(claimed) => claimed,
@@ -58,7 +57,7 @@ pub(super) async fn run_leased(
                 (lease, granted, claim)
             }
         };
-        tracing::debug!(token = lease.token, owner = %lease.owner, "took the run's lease");
+        tracing::debug!(run_id = %run_id, token = lease.token, owner = %lease.owner, "took the run's lease");
         let held = Held::start(&rt.renewals, lease, granted, interrupt.clone());
         if !rt.holds(claim) {
             // The proof was lost since the claim, and possibly before this lease registered
@@ -78,18 +77,7 @@ pub(super) async fn run_leased(
         held.release().await;
         result
     }
-    .instrument(span.clone())
     .await;
-    match &result {
-        Ok(out) => {
-            span.record("status", out.status.as_str());
-            span.record("outcome", "ok");
-        }
-        Err(e) => {
-            span.record("outcome", tracing::field::display(e));
-        }
-    }
-    crate::trace::record_duration(&span, started);
     if let Err(e) = &result {
         events.send(Event::Error { message: e.to_string() }).await;
     }

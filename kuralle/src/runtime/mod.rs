@@ -245,6 +245,8 @@ pub(crate) struct Inner {
     pub(crate) event_buffer: usize,
     /// The instance id and its proof of life, when set.
     pub(crate) instance: Option<Arc<instance::Instance>>,
+    /// Whether message and tool content goes on the spans ([`RuntimeBuilder::capture_content`]).
+    pub(crate) capture_content: bool,
 }
 
 impl Inner {
@@ -426,6 +428,7 @@ pub struct RuntimeBuilder {
     lease_ttl: Option<Duration>,
     event_buffer: Option<usize>,
     instance_id: Option<String>,
+    capture_content: Option<bool>,
 }
 
 impl fmt::Debug for RuntimeBuilder {
@@ -580,6 +583,24 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Whether the telemetry spans carry content: the messages sent to and received from the
+    /// model (`gen_ai.input.messages`, `gen_ai.output.messages`,
+    /// `gen_ai.system_instructions`) and tool call arguments and results
+    /// (`gen_ai.tool.call.arguments`, `gen_ai.tool.call.result`). Off by default, as the
+    /// OpenTelemetry GenAI conventions ask (content may hold personal data); without this
+    /// call the environment decides: `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`
+    /// turns it on. See `docs/telemetry.md`.
+    ///
+    /// ```
+    /// let builder = kuralle::Runtime::builder().capture_content(true);
+    /// # let _ = builder;
+    /// ```
+    #[must_use]
+    pub fn capture_content(mut self, on: bool) -> Self {
+        self.capture_content = Some(on);
+        self
+    }
+
     /// Checks the configuration and builds the runtime.
     ///
     /// # Errors
@@ -645,6 +666,7 @@ impl RuntimeBuilder {
                 lease_ttl,
                 wake: tokio::sync::Notify::new(),
                 event_buffer: self.event_buffer.unwrap_or(DEFAULT_EVENT_BUFFER),
+                capture_content: self.capture_content.unwrap_or_else(crate::trace::capture_content_from_env),
             }),
         })
     }

@@ -40,10 +40,10 @@ pub(super) async fn model_step(
                 ctx.events.send(Event::TextDelta { delta: text }).await;
             }
         }
-        tracing::Span::current().record("replayed", true);
+        crate::trace::replayed(true);
         return Ok(Some(response));
     }
-    tracing::Span::current().record("replayed", false);
+    crate::trace::replayed(false);
     // No intent is written before asking: a response cut off by a crash is asked for again
     // either way, so the response is journaled once it is complete, with the intents of the
     // calls it asks for (one commit). An intent left by an older turn is finished in place.

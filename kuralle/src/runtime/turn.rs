@@ -93,28 +93,42 @@ async fn drive(
     let fence = held.fence();
     let run_id = fence.run_id();
     let agent = agent(rt, Some(&record.agent_id))?.clone();
-    tracing::Span::current().record("agent", agent.id.as_str());
     let model: Arc<dyn Model> = match (&agent.model, &rt.model) {
         (Some(m), _) | (None, Some(m)) => Arc::clone(m),
         (None, None) => return Err(RunError::Config(format!("agent `{}` has no model", agent.id))),
     };
-    events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
+    let span = crate::trace::agent_span(run_id, &agent.id, model.as_ref());
+    let started = std::time::Instant::now();
+    let result = async {
+        events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
 
-    let journal =
-        Journal::open(Arc::clone(&rt.store), Arc::clone(fence), run_id, record.epoch, rt.max_journal_entries).await?;
-    let ctx = Arc::new(TurnCtx {
-        journal,
-        tools: agent.tools.clone(),
-        events: events.clone(),
-        interrupt: interrupt.clone(),
-        max_concurrency: agent.max_tool_concurrency,
-        max_result_bytes: rt.max_value_bytes,
-        policy: agent.policy.clone(),
-        fatal: Mutex::new(None),
-        // Calls cut off but still running are the lease's to wait for: see `Held::release`.
-        stragglers: Arc::clone(held.stragglers()),
-    });
-    steps(rt, run_id, &agent, model.as_ref(), record, state, events, &ctx, fence, hand_back).await
+        let journal =
+            Journal::open(Arc::clone(&rt.store), Arc::clone(fence), run_id, record.epoch, rt.max_journal_entries)
+                .await?;
+        let ctx = Arc::new(TurnCtx {
+            journal,
+            tools: agent.tools.clone(),
+            events: events.clone(),
+            interrupt: interrupt.clone(),
+            max_concurrency: agent.max_tool_concurrency,
+            max_result_bytes: rt.max_value_bytes,
+            policy: agent.policy.clone(),
+            fatal: Mutex::new(None),
+            // Calls cut off but still running are the lease's to wait for: see `Held::release`.
+            stragglers: Arc::clone(held.stragglers()),
+            capture_content: rt.capture_content,
+            redact: if rt.capture_content {
+                crate::Redactions::of_tools(agent.tools.iter().map(|t| &**t))
+            } else {
+                crate::Redactions::default()
+            },
+        });
+        steps(rt, run_id, &agent, model.as_ref(), record, state, events, &ctx, fence, hand_back).await
+    }
+    .instrument(span.clone())
+    .await;
+    crate::trace::agent_done(&span, &result, started);
+    result
 }
 
 /// The turn's steps: model, dispatch, model, ... until an answer, a pause, an interrupt or
@@ -161,18 +175,10 @@ async fn steps(
             messages: transcript.clone(),
             tools: Arc::clone(&specs),
         };
-        let span = crate::trace::model_span(run_id, callsite);
-        let started = std::time::Instant::now();
-        let step = model_step(rt, ctx, model, request, callsite).instrument(span.clone()).await;
-        span.record(
-            "outcome",
-            match &step {
-                Ok(Some(_)) => "ok",
-                Ok(None) => "interrupted",
-                Err(_) => "error",
-            },
-        );
-        crate::trace::record_duration(&span, started);
+        let mut chat =
+            crate::trace::ChatSpan::start(run_id, callsite, model, &request, rt.capture_content.then_some(&ctx.redact));
+        let step = chat.run(model_step(rt, ctx, model, request, callsite)).await;
+        chat.done(step.as_ref().map(|r| r.as_ref().map(|r| (&r.parts[..], &r.finish, r.usage))));
         let Some(response) = step? else {
             status = RunStatus::Interrupted;
             break;

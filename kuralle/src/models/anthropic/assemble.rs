@@ -145,6 +145,10 @@ impl Assembler {
         let mut out = Vec::new();
         match kind {
             "message_start" => {
+                crate::trace::report_response(
+                    value.pointer("/message/model").and_then(Value::as_str),
+                    value.pointer("/message/id").and_then(Value::as_str),
+                );
                 if let Some(usage) = value.pointer("/message/usage") {
                     self.tokens.update(usage);
                 }

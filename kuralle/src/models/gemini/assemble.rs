@@ -43,6 +43,10 @@ use crate::models::{
 #[serde(rename_all = "camelCase")]
 struct Chunk {
     #[serde(default)]
+    model_version: Option<String>,
+    #[serde(default)]
+    response_id: Option<String>,
+    #[serde(default)]
     candidates: Option<Vec<Candidate>>,
     #[serde(default)]
     prompt_feedback: Option<PromptFeedback>,
@@ -155,6 +159,7 @@ impl Assembler {
         if let Some(error) = chunk.error.filter(|e| !e.is_null()) {
             return Err(stream_error(&error));
         }
+        crate::trace::report_response(chunk.model_version.as_deref(), chunk.response_id.as_deref());
         if let Some(usage) = chunk.usage_metadata {
             let thoughts = usage.thoughts_token_count.unwrap_or(0);
             self.usage = Some(Usage {

@@ -32,6 +32,7 @@ impl Http {
     /// budget. The current span's `attempts` is recorded once, with the final count.
     pub(crate) async fn send(&self, body: &Value, accept: &str) -> Result<reqwest::Response, ModelError> {
         let mut attempt = 0u32;
+        crate::trace::report_endpoint(&self.endpoint);
         let result = self.send_attempts(body, accept, &mut attempt).await;
         tracing::Span::current().record("attempts", attempt);
         result

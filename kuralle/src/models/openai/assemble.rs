@@ -17,6 +17,10 @@ use crate::models::{
 #[derive(Debug, Deserialize)]
 struct Chunk {
     #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
     choices: Option<Vec<Choice>>,
     #[serde(default)]
     usage: Option<WireUsage>,
@@ -27,6 +31,10 @@ struct Chunk {
 /// A non-streamed `chat.completion`: choices carry a whole `message` instead of a `delta`.
 #[derive(Debug, Deserialize)]
 struct Completion {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
     #[serde(default)]
     choices: Option<Vec<CompletionChoice>>,
     #[serde(default)]
@@ -178,13 +186,20 @@ impl Assembler {
         if choices.is_empty() {
             return Err(ModelError::Protocol("a completion without choices".into()));
         }
-        self.on_chunk(Chunk { choices: Some(choices), usage: completion.usage, error: completion.error })
+        self.on_chunk(Chunk {
+            id: completion.id,
+            model: completion.model,
+            choices: Some(choices),
+            usage: completion.usage,
+            error: completion.error,
+        })
     }
 
     fn on_chunk(&mut self, chunk: Chunk) -> Result<Vec<ModelEvent>, ModelError> {
         if let Some(error) = chunk.error.filter(|e| !e.is_null()) {
             return Err(ModelError::Provider(describe_error(&error)));
         }
+        crate::trace::report_response(chunk.model.as_deref(), chunk.id.as_deref());
         if let Some(usage) = chunk.usage {
             self.usage = Some(Usage {
                 input_tokens: usage.prompt_tokens.unwrap_or(0),

@@ -105,6 +105,10 @@ struct ErrorEvent {
 #[derive(Debug, Deserialize)]
 struct WireResponse {
     #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
     status: Option<String>,
     #[serde(default)]
     output: Option<Vec<Item>>,
@@ -265,6 +269,12 @@ impl Assembler {
 
     fn on_wire(&mut self, wire: WireEvent) -> Result<Vec<ModelEvent>, ModelError> {
         let mut out = Vec::new();
+        if let WireEvent::Completed(Terminal { response })
+        | WireEvent::Incomplete(Terminal { response })
+        | WireEvent::Failed(Terminal { response }) = &wire
+        {
+            crate::trace::report_response(response.model.as_deref(), response.id.as_deref());
+        }
         match wire {
             WireEvent::ItemAdded(ItemEvent { output_index, item }) => {
                 let index = output_index.unwrap_or(self.next_index);

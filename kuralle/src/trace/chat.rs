@@ -1,0 +1,258 @@
+//! The `chat` span of one model response, and what only the provider client learns while it
+//! streams (the model that answered, the response id, the server it reached).
+//!
+//! A provider client runs inside its own span, so it cannot record on the runtime's `chat`
+//! span directly: it reports to a task-local scope that [`ChatSpan::run`] opens around the
+//! step, read back when the step ends. Outside a runtime (a client used on its own) there is
+//! no scope and the reports go nowhere.
+
+use std::{cell::RefCell, future::Future, time::Instant};
+
+use tracing::{Instrument, Span, field::Empty};
+
+use super::{content, metrics, model_error_type, operation_name, provider_name, run_error_type};
+use crate::{
+    error::RunError,
+    model::{FinishReason, Model, ModelRequest, Part, Usage},
+};
+
+tokio::task_local! {
+    static REPORTED: RefCell<Reported>;
+}
+
+/// What the step learned beside its response.
+#[derive(Debug, Default)]
+pub(crate) struct Reported {
+    replayed: bool,
+    response_model: Option<String>,
+    response_id: Option<String>,
+    server: Option<(String, u16)>,
+}
+
+/// Whether the journal answered the step: marks the current span and the step's scope.
+pub(crate) fn replayed(replayed: bool) {
+    Span::current().record("replayed", replayed);
+    let _ = REPORTED.try_with(|r| r.borrow_mut().replayed = replayed);
+}
+
+/// The model that answered and the response's id, as the wire reported them. The first
+/// report of a response counts (Gemini repeats them on every chunk).
+pub(crate) fn report_response(model: Option<&str>, id: Option<&str>) {
+    let _ = REPORTED.try_with(|r| {
+        let mut r = r.borrow_mut();
+        if r.response_model.is_none() {
+            r.response_model = model.filter(|m| !m.is_empty()).map(str::to_owned);
+        }
+        if r.response_id.is_none() {
+            r.response_id = id.filter(|i| !i.is_empty()).map(str::to_owned);
+        }
+    });
+}
+
+/// The URL a provider client sends its request to: its host and port become
+/// `server.address` and `server.port`.
+pub(crate) fn report_endpoint(url: &str) {
+    let Some(server) = host_and_port(url) else { return };
+    let _ = REPORTED.try_with(|r| r.borrow_mut().server = Some(server));
+}
+
+/// `https://api.openai.com/v1` → `("api.openai.com", 443)`; `http://[::1]:8080/x` →
+/// `("::1", 8080)`.
+fn host_and_port(url: &str) -> Option<(String, u16)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => {
+            let (host, rest) = v6.split_once(']')?;
+            (host, rest.strip_prefix(':'))
+        }
+        None => match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        },
+    };
+    let port = match port {
+        Some(port) => port.parse().ok()?,
+        None if scheme.eq_ignore_ascii_case("https") => 443,
+        None => 80,
+    };
+    (!host.is_empty()).then(|| (host.to_owned(), port))
+}
+
+/// A step's response as [`ChatSpan::done`] reads it: its parts, why it stopped, what it spent.
+pub(crate) type Answered<'a> = (&'a [Part], &'a FinishReason, Usage);
+
+/// The `chat` span of one model step, with what its metrics need.
+pub(crate) struct ChatSpan {
+    span: Span,
+    started: Instant,
+    wire: String,
+    model: String,
+    /// With content capture on, the tools' secrets to hide from it.
+    capture: Option<crate::Redactions>,
+    reported: Reported,
+}
+
+impl ChatSpan {
+    /// Opens the span of the step at `step` asking `model` for `request`. With `capture`,
+    /// the request's messages and system instructions go on the span.
+    pub(crate) fn start(
+        run_id: &str,
+        step: u64,
+        model: &dyn Model,
+        request: &ModelRequest,
+        capture: Option<&crate::Redactions>,
+    ) -> Self {
+        let wire = model.provider();
+        let operation = operation_name(wire);
+        let span = tracing::info_span!(
+            "chat",
+            otel.name = %format_args!("{operation} {}", model.name()),
+            otel.kind = "client",
+            otel.status_code = Empty,
+            gen_ai.operation.name = operation,
+            gen_ai.provider.name = provider_name(wire),
+            gen_ai.request.model = model.name(),
+            gen_ai.conversation.id = %run_id,
+            gen_ai.response.model = Empty,
+            gen_ai.response.id = Empty,
+            gen_ai.response.finish_reasons = Empty,
+            gen_ai.usage.input_tokens = Empty,
+            gen_ai.usage.output_tokens = Empty,
+            gen_ai.usage.cache_read.input_tokens = Empty,
+            gen_ai.usage.cache_creation.input_tokens = Empty,
+            gen_ai.usage.reasoning.output_tokens = Empty,
+            server.address = Empty,
+            server.port = Empty,
+            error.type = Empty,
+            gen_ai.system_instructions = Empty,
+            gen_ai.input.messages = Empty,
+            gen_ai.output.messages = Empty,
+            run_id = %run_id,
+            step,
+            replayed = Empty,
+            outcome = Empty,
+            duration_ms = Empty,
+        );
+        if let Some(redact) = capture.filter(|_| !span.is_disabled()) {
+            if !request.system.is_empty() {
+                span.record("gen_ai.system_instructions", tracing::field::display(content::system(&request.system)));
+            }
+            span.record("gen_ai.input.messages", tracing::field::display(content::input(&request.messages, redact)));
+        }
+        Self {
+            span,
+            started: Instant::now(),
+            wire: wire.to_owned(),
+            model: model.name().to_owned(),
+            capture: capture.cloned(),
+            reported: Reported::default(),
+        }
+    }
+
+    /// Runs the step inside the span, collecting what the provider client reports.
+    pub(crate) async fn run<T>(&mut self, step: impl Future<Output = T>) -> T {
+        let span = self.span.clone();
+        let (out, reported) = REPORTED
+            .scope(RefCell::default(), async move {
+                let out = step.instrument(span).await;
+                (out, REPORTED.with(RefCell::take))
+            })
+            .await;
+        self.reported = reported;
+        out
+    }
+
+    /// Records how the step ended: its response (`Ok(Some(..))`), an interrupt (`Ok(None)`)
+    /// or an error. A replayed step is marked, with its finish reason, and carries no fresh
+    /// timing, usage or metrics: nothing was asked of the model.
+    pub(crate) fn done(&self, result: Result<Option<Answered<'_>>, &RunError>) {
+        let span = &self.span;
+        let replayed = self.reported.replayed;
+        let fresh = !replayed;
+        let provider = provider_name(&self.wire);
+        let operation = operation_name(&self.wire);
+        let server = self.reported.server.as_ref();
+        match &result {
+            Ok(Some((parts, finish, usage))) => {
+                span.record("outcome", "ok");
+                span.record(
+                    "gen_ai.response.finish_reasons",
+                    tracing::field::display(format_args!("[\"{}\"]", content::finish_reason(finish))),
+                );
+                if let Some(redact) = &self.capture {
+                    span.record(
+                        "gen_ai.output.messages",
+                        tracing::field::display(content::output(parts, finish, redact)),
+                    );
+                }
+                if fresh {
+                    record_usage(span, usage);
+                    metrics::tokens(operation, provider, &self.model, server, usage);
+                }
+            }
+            Ok(None) => {
+                span.record("outcome", "interrupted");
+            }
+            Err(e) => {
+                let error_type = match e {
+                    RunError::Model(e) => model_error_type(e),
+                    e => run_error_type(e),
+                };
+                span.record("outcome", "error");
+                span.record("otel.status_code", "error");
+                span.record("error.type", error_type.as_str());
+            }
+        }
+        if let Some(model) = &self.reported.response_model {
+            span.record("gen_ai.response.model", model.as_str());
+        }
+        if let Some(id) = &self.reported.response_id {
+            span.record("gen_ai.response.id", id.as_str());
+        }
+        if let Some((host, port)) = server {
+            span.record("server.address", host.as_str());
+            span.record("server.port", i64::from(*port));
+        }
+        if fresh && !matches!(result, Ok(None)) {
+            let error_type = match &result {
+                Err(RunError::Model(e)) => Some(model_error_type(e)),
+                Err(e) => Some(run_error_type(e)),
+                Ok(_) => None,
+            };
+            metrics::duration(operation, provider, &self.model, server, error_type, self.started.elapsed());
+            super::record_duration(span, self.started);
+        }
+    }
+}
+
+fn record_usage(span: &Span, usage: &Usage) {
+    span.record("gen_ai.usage.input_tokens", super::int(usage.input_tokens));
+    span.record("gen_ai.usage.output_tokens", super::int(usage.output_tokens));
+    // Zero is what a wire without the counter reports too: only a count it gave goes on.
+    if usage.cache_read_tokens > 0 {
+        span.record("gen_ai.usage.cache_read.input_tokens", super::int(usage.cache_read_tokens));
+    }
+    if usage.cache_write_tokens > 0 {
+        span.record("gen_ai.usage.cache_creation.input_tokens", super::int(usage.cache_write_tokens));
+    }
+    if usage.reasoning_tokens > 0 {
+        span.record("gen_ai.usage.reasoning.output_tokens", super::int(usage.reasoning_tokens));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_and_port;
+
+    #[test]
+    fn server_address_and_port_come_from_the_url() {
+        assert_eq!(host_and_port("https://api.openai.com/v1/responses"), Some(("api.openai.com".into(), 443)));
+        assert_eq!(host_and_port("http://127.0.0.1:4318/v1"), Some(("127.0.0.1".into(), 4318)));
+        assert_eq!(host_and_port("http://[::1]:8080"), Some(("::1".into(), 8080)));
+        assert_eq!(host_and_port("http://user:pw@proxy.local/x?y"), Some(("proxy.local".into(), 80)));
+        assert_eq!(host_and_port("not a url"), None);
+        assert_eq!(host_and_port("http://host:notaport/"), None);
+    }
+}
