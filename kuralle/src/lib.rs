@@ -192,6 +192,7 @@ mod keymap;
 pub mod mcp;
 mod model;
 pub mod models;
+mod output;
 mod policy;
 mod runtime;
 pub mod schema;
@@ -219,8 +220,10 @@ pub use kuralle_macros::agent;
 #[doc = include_str!("../docs/tool.md")]
 pub use kuralle_macros::tool;
 pub use model::{
-    FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, Origin, Part, ToolCallRequest, Usage,
+    FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, Origin, OutputMode, OutputSpec, Part,
+    ToolCallRequest, ToolChoice, Usage,
 };
+pub use output::{AgentOutput, DEFAULT_OUTPUT_RETRIES, OUTPUT_TOOL_NAME, OutputError, check_schema};
 pub use policy::{Policy, Verdict};
 pub use runtime::{
     DEFAULT_EVENT_BUFFER, DEFAULT_LEASE_TTL, DEFAULT_MAX_JOURNAL_ENTRIES, DEFAULT_RECOVER_CONCURRENCY, Decision,

@@ -28,6 +28,9 @@ pub(super) struct RunState {
     /// Calls waiting for a human decision (status `paused`).
     #[serde(default)]
     pub(super) pending: Vec<Pending>,
+    /// The last finished turn's accepted typed output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) value: Option<serde_json::Value>,
 }
 
 pub(super) fn decode_state(record: &RunRecord) -> Result<RunState, RunError> {
@@ -37,5 +40,11 @@ pub(super) fn decode_state(record: &RunRecord) -> Result<RunState, RunError> {
 }
 
 pub(super) fn output_of(record: &RunRecord, state: &RunState) -> RunOutput {
-    RunOutput { run_id: record.run_id.clone(), text: state.output.clone(), status: record.status, usage: state.usage }
+    RunOutput {
+        run_id: record.run_id.clone(),
+        text: state.output.clone(),
+        status: record.status,
+        usage: state.usage,
+        value: state.value.clone(),
+    }
 }
