@@ -3,13 +3,23 @@
 //! To add a key: list it in [`VALID`], add a field, and add an arm to `parse_one`.
 
 use proc_macro2::TokenStream;
-use syn::{Expr, ExprArray, ExprPath, LitStr, meta::ParseNestedMeta, parse::Parser};
+use syn::{Expr, ExprArray, ExprPath, LitStr, Type, meta::ParseNestedMeta, parse::Parser};
 
 use crate::{args::Keys, ctxt::Ctxt};
 
 /// Every argument `#[agent]` accepts, in the order the error message lists them.
-const VALID: &[&str] =
-    &["id", "tools", "max_steps", "max_tool_concurrency", "max_tool_result_tokens", "model", "policy"];
+const VALID: &[&str] = &[
+    "id",
+    "tools",
+    "max_steps",
+    "max_tool_concurrency",
+    "max_tool_result_tokens",
+    "model",
+    "policy",
+    "output",
+    "output_mode",
+    "output_retries",
+];
 
 /// The parsed `#[agent(...)]` arguments.
 #[derive(Default)]
@@ -23,6 +33,12 @@ pub(crate) struct AgentArgs {
     pub(crate) model: Option<Expr>,
     /// An expression convertible into `kuralle::Policy`.
     pub(crate) policy: Option<Expr>,
+    /// The typed final output: a type that is `DeserializeOwned + JsonSchema`.
+    pub(crate) output: Option<Type>,
+    /// An `OutputMode` expression.
+    pub(crate) output_mode: Option<Expr>,
+    /// A `u32` expression: the repair budget.
+    pub(crate) output_retries: Option<Expr>,
 }
 
 impl AgentArgs {
@@ -59,6 +75,18 @@ impl AgentArgs {
             "max_tool_result_tokens" => keys.set(&mut self.max_tool_result_tokens, meta.value()?.parse()?, meta),
             "model" => keys.set(&mut self.model, meta.value()?.parse()?, meta),
             "policy" => keys.set(&mut self.policy, meta.value()?.parse()?, meta),
+            "output" => {
+                let value = meta.value()?;
+                // A literal is the likely mistake (`output = "Invoice"`): say what goes there.
+                if value.peek(syn::Lit) {
+                    let lit: syn::Lit = value.parse()?;
+                    cx.error_spanned_by(lit, "`#[agent(output = ...)]` takes a type, for example `output = Invoice`");
+                } else {
+                    keys.set(&mut self.output, value.parse()?, meta);
+                }
+            }
+            "output_mode" => keys.set(&mut self.output_mode, meta.value()?.parse()?, meta),
+            "output_retries" => keys.set(&mut self.output_retries, meta.value()?.parse()?, meta),
             // `Keys::key` returns only keys listed in `VALID`; a key listed there without an arm
             // here is a bug in this crate, reported rather than panicking.
             other => cx.error_spanned_by(&meta.path, format!("`#[agent]` argument `{other}` is not implemented")),
