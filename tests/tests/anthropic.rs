@@ -554,6 +554,7 @@ async fn the_transcript_encoding() {
             spec("current_time", "", json!({})),
         ]
         .into(),
+        output: None,
     };
     let got = collect(&model, request).await;
     assert!(got.iter().all(Result::is_ok), "{got:?}");
@@ -609,7 +610,6 @@ async fn the_transcript_encoding() {
             "thinking": {"type": "enabled", "budget_tokens": 2048}
         })
     );
-    output: None,
 }
 
 #[tokio::test]
