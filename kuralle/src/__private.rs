@@ -23,6 +23,7 @@ pub use crate::input::{
     ArgTable, RawArg, arg as parse_arg, match_args, match_raw_args, parse_input, raw_arg as parse_raw_arg,
 };
 pub use crate::{
+    OutputMode,
     agent::{Agent, AgentDef},
     context::ToolContext,
     error::ToolError,

@@ -35,7 +35,7 @@ pub(crate) struct AgentArgs {
     pub(crate) policy: Option<Expr>,
     /// The typed final output: a type that is `DeserializeOwned + JsonSchema`.
     pub(crate) output: Option<Type>,
-    /// An `OutputMode` expression.
+    /// An `OutputMode` expression (a string naming a mode is turned into one).
     pub(crate) output_mode: Option<Expr>,
     /// A `u32` expression: the repair budget.
     pub(crate) output_retries: Option<Expr>,
@@ -85,12 +85,48 @@ impl AgentArgs {
                     keys.set(&mut self.output, value.parse()?, meta);
                 }
             }
-            "output_mode" => keys.set(&mut self.output_mode, meta.value()?.parse()?, meta),
-            "output_retries" => keys.set(&mut self.output_retries, meta.value()?.parse()?, meta),
+            "output_mode" => {
+                let expr: Expr = meta.value()?.parse()?;
+                if let Some(mode) = output_mode(cx, &expr) {
+                    keys.set(&mut self.output_mode, mode, meta);
+                }
+            }
+            "output_retries" => {
+                let expr: Expr = meta.value()?.parse()?;
+                // A literal other than a whole number is the likely mistake (`"2"`, `2.0`): say
+                // so on it, rather than as a type mismatch inside the generated code.
+                if let Expr::Lit(syn::ExprLit { lit, .. }) = &expr
+                    && !matches!(lit, syn::Lit::Int(_))
+                {
+                    cx.error_spanned_by(
+                        lit,
+                        "`output_retries` takes a whole number of repairs, for example `output_retries = 2`",
+                    );
+                } else {
+                    keys.set(&mut self.output_retries, expr, meta);
+                }
+            }
             // `Keys::key` returns only keys listed in `VALID`; a key listed there without an arm
             // here is a bug in this crate, reported rather than panicking.
             other => cx.error_spanned_by(&meta.path, format!("`#[agent]` argument `{other}` is not implemented")),
         }
         Ok(())
     }
+}
+
+/// The modes `output_mode = "..."` names, as `OutputMode`'s variants.
+const OUTPUT_MODES: &[(&str, &str)] = &[("tool", "Tool"), ("native", "Native"), ("prompted", "Prompted")];
+
+/// `output_mode`'s expression: a string naming a mode becomes the `OutputMode` variant (an
+/// unknown one is an error on the string, listing the modes); any other expression is kept.
+fn output_mode(cx: &Ctxt, expr: &Expr) -> Option<Expr> {
+    let Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(lit), .. }) = expr else { return Some(expr.clone()) };
+    let name = lit.value();
+    let Some((_, variant)) = OUTPUT_MODES.iter().find(|(n, _)| *n == name) else {
+        let list: Vec<String> = OUTPUT_MODES.iter().map(|(n, _)| format!("`{n:?}`")).collect();
+        cx.error_spanned_by(lit, format!("unknown `output_mode` {name:?}; expected one of {}", list.join(", ")));
+        return None;
+    };
+    let variant = syn::Ident::new(variant, lit.span());
+    Some(syn::parse_quote_spanned!(lit.span()=> ::kuralle::__private::OutputMode::#variant))
 }
