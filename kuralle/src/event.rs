@@ -137,7 +137,8 @@ impl RunOutput {
     /// assert!(matches!(out.typed::<String>(), Err(OutputError::Decode { .. })));
     /// ```
     pub fn typed<T: serde::de::DeserializeOwned>(&self) -> Result<T, OutputError> {
-        let value = self.value.as_ref().ok_or_else(|| OutputError::Missing { status: self.status.as_str().to_owned() })?;
+        let value =
+            self.value.as_ref().ok_or_else(|| OutputError::Missing { status: self.status.as_str().to_owned() })?;
         T::deserialize(value).map_err(|e| OutputError::Decode {
             type_name: std::any::type_name::<T>().to_owned(),
             message: e.to_string(),

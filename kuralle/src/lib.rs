@@ -290,6 +290,11 @@ macro_rules! progress {
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
 
+// docs/typed-output.md's example, run the same way.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/typed-output.md")]
+struct TypedOutputDoctests;
+
 // Not public API. Used by code that `#[tool]` and `#[agent]` generate; may change in any release.
 #[doc(hidden)]
 pub mod __private;

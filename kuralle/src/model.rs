@@ -11,9 +11,9 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use output::{OutputMode, OutputSpec, ToolChoice};
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
 pub(crate) use part::state_goes_to;
-pub use output::{OutputMode, OutputSpec, ToolChoice};
 pub use part::{Origin, Part};
 
 use crate::{ToolSpec, Transcript};

@@ -229,7 +229,8 @@ impl Model for ScriptedModel {
         }
         let output_tokens =
             estimate_tokens(&turn.text) + turn.calls.iter().map(|c| estimate_tokens(&c.arguments) + 1).sum::<u64>();
-        let reason = turn.finish.unwrap_or(if turn.calls.is_empty() { FinishReason::Stop } else { FinishReason::ToolCalls });
+        let reason =
+            turn.finish.unwrap_or(if turn.calls.is_empty() { FinishReason::Stop } else { FinishReason::ToolCalls });
         events.extend(turn.calls.into_iter().map(|c| Ok(ModelEvent::ToolCall(c))));
         events
             .push(Ok(ModelEvent::Finish { reason, usage: Usage { input_tokens, output_tokens, ..Usage::default() } }));

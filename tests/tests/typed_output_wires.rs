@@ -85,7 +85,10 @@ mod chat {
     }
 
     pub(super) fn refusal(t: &str) -> Reply {
-        sse(&[chunk(json!({"role": "assistant", "content": null, "refusal": t}), Value::Null), chunk(json!({}), json!("stop"))])
+        sse(&[
+            chunk(json!({"role": "assistant", "content": null, "refusal": t}), Value::Null),
+            chunk(json!({}), json!("stop")),
+        ])
     }
 
     pub(super) fn call(name: &str, args: &str) -> Reply {
@@ -222,7 +225,8 @@ async fn openai_responses_native_mode_sends_text_format_json_schema() {
 mod anthropic {
     use super::*;
 
-    const SIGNATURE: &str = "EqQBCkYIBRgCIkD2hZ1cTr9dC8YbKj/yfN4u0m9e8xR0k3bVd5kq8FfA0x0fJ4pH2yQj1xIbH9pBvKrj6mC4kK8cF3XqHvQ==";
+    const SIGNATURE: &str =
+        "EqQBCkYIBRgCIkD2hZ1cTr9dC8YbKj/yfN4u0m9e8xR0k3bVd5kq8FfA0x0fJ4pH2yQj1xIbH9pBvKrj6mC4kK8cF3XqHvQ==";
 
     fn sse(blocks: &[Value], stop_reason: &str) -> Reply {
         let mut events = vec![json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
@@ -230,7 +234,9 @@ mod anthropic {
             "usage": {"input_tokens": 30, "output_tokens": 1}}})];
         for (i, block) in blocks.iter().enumerate() {
             let (start, deltas) = match block["type"].as_str().unwrap() {
-                "text" => (json!({"type": "text", "text": ""}), vec![json!({"type": "text_delta", "text": block["text"]})]),
+                "text" => {
+                    (json!({"type": "text", "text": ""}), vec![json!({"type": "text_delta", "text": block["text"]})])
+                }
                 "thinking" => (
                     json!({"type": "thinking", "thinking": "", "signature": ""}),
                     vec![
@@ -247,7 +253,9 @@ mod anthropic {
             events.extend(deltas.into_iter().map(|d| json!({"type": "content_block_delta", "index": i, "delta": d})));
             events.push(json!({"type": "content_block_stop", "index": i}));
         }
-        events.push(json!({"type": "message_delta", "delta": {"stop_reason": stop_reason}, "usage": {"output_tokens": 12}}));
+        events.push(
+            json!({"type": "message_delta", "delta": {"stop_reason": stop_reason}, "usage": {"output_tokens": 12}}),
+        );
         events.push(json!({"type": "message_stop"}));
         let body = events.iter().map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())).collect();
         Reply::Sse { body, chunked: true, piece: 23 }
@@ -277,14 +285,16 @@ mod anthropic {
 
 #[tokio::test]
 async fn anthropic_tool_mode_forces_the_output_tool_with_thinking_off() {
-    let server = Server::start(vec![anthropic::reply(&[anthropic::call_block("toolu_1", "final_result", ANSWER)])]).await;
+    let server =
+        Server::start(vec![anthropic::reply(&[anthropic::call_block("toolu_1", "final_result", ANSWER)])]).await;
     let out = run(agent(OutputMode::Tool), anthropic::builder(&server).build().unwrap()).await.unwrap();
     assert_eq!(out.typed::<Invoice>().unwrap(), expected());
     let body = &server.requests()[0].body;
     assert_eq!(body["tool_choice"], json!({"type": "tool", "name": "final_result"}));
     assert_eq!(tool_names(body), ["final_result"]);
 
-    let server = Server::start(vec![anthropic::reply(&[anthropic::call_block("toolu_1", "final_result", ANSWER)])]).await;
+    let server =
+        Server::start(vec![anthropic::reply(&[anthropic::call_block("toolu_1", "final_result", ANSWER)])]).await;
     let lookup = FnTool::new("lookup", |_, _| async { Ok(json!({})) });
     run(agent(OutputMode::Tool).tool(lookup), anthropic::builder(&server).build().unwrap()).await.unwrap();
     assert_eq!(server.requests()[0].body["tool_choice"], json!({"type": "any"}));

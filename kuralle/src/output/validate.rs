@@ -113,7 +113,9 @@ impl<'s> Checker<'s> {
                 }) {
                     return Err(match (branches.len(), first) {
                         (1, Some(e)) => e,
-                        _ => at(path, format!("{} matches none of the {} allowed shapes", short(value), branches.len())),
+                        _ => {
+                            at(path, format!("{} matches none of the {} allowed shapes", short(value), branches.len()))
+                        }
                     });
                 }
             }
@@ -217,10 +219,21 @@ mod tests {
             "$defs": {"Line": {"type": "object", "properties": {"qty": {"type": "integer", "minimum": 1}}, "required": ["qty"]}}
         });
         assert!(check_schema(&schema, &json!({"lines": [{"qty": 1}], "note": null})).is_ok());
-        assert_eq!(check_schema(&schema, &json!({"lines": [{"qty": 0}]})).unwrap_err(), "at `/lines/0/qty`: 0 is less than the minimum 1");
-        assert_eq!(check_schema(&schema, &json!({"lines": []})).unwrap_err(), "at `/lines`: 0 items, fewer than the minimum 1");
-        assert_eq!(check_schema(&schema, &json!({"lines": [{"qty": 1}], "kind": "c"})).unwrap_err(), "at `/kind`: \"c\" is not one of \"a\", \"b\"");
-        assert!(check_schema(&schema, &json!({"lines": [{"qty": 1}], "note": 3})).unwrap_err().contains("matches none"));
+        assert_eq!(
+            check_schema(&schema, &json!({"lines": [{"qty": 0}]})).unwrap_err(),
+            "at `/lines/0/qty`: 0 is less than the minimum 1"
+        );
+        assert_eq!(
+            check_schema(&schema, &json!({"lines": []})).unwrap_err(),
+            "at `/lines`: 0 items, fewer than the minimum 1"
+        );
+        assert_eq!(
+            check_schema(&schema, &json!({"lines": [{"qty": 1}], "kind": "c"})).unwrap_err(),
+            "at `/kind`: \"c\" is not one of \"a\", \"b\""
+        );
+        assert!(
+            check_schema(&schema, &json!({"lines": [{"qty": 1}], "note": 3})).unwrap_err().contains("matches none")
+        );
     }
 
     #[test]

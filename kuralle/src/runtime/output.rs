@@ -86,7 +86,10 @@ impl<'a> Typed<'a> {
             if let Some(e) = ended_badly(finish, text) {
                 return Judged::Failed(e);
             }
-            return Judged::Repair(format!("You answered with text instead of calling the `{}` tool", self.output.name));
+            return Judged::Repair(format!(
+                "You answered with text instead of calling the `{}` tool",
+                self.output.name
+            ));
         }
         let checked = json_of(text)
             .map_err(|e| format!("the answer is not JSON ({e})"))

@@ -143,7 +143,8 @@ async fn steps(
     }
     let specs: Arc<[ToolSpec]> = ctx.tools.specs().into();
     let mut typed = agent.output.as_ref().map(Typed::new);
-    let system = typed.as_ref().map_or_else(|| agent.instructions.clone(), |t| t.output.instructions(&agent.instructions));
+    let system =
+        typed.as_ref().map_or_else(|| agent.instructions.clone(), |t| t.output.instructions(&agent.instructions));
     let output_spec = typed.as_ref().map(|t| t.output.spec(!agent.tools.is_empty()));
     let mut value = None;
     let mut failure = None;
@@ -313,7 +314,10 @@ async fn settle(
 
 /// The text parts of a response, joined.
 fn text_of(parts: &[crate::model::Part]) -> String {
-    parts.iter().filter_map(|p| if let crate::model::Part::Text { text, .. } = p { Some(text.as_str()) } else { None }).collect()
+    parts
+        .iter()
+        .filter_map(|p| if let crate::model::Part::Text { text, .. } = p { Some(text.as_str()) } else { None })
+        .collect()
 }
 
 #[cfg(test)]

@@ -43,7 +43,8 @@ impl Inner {
             }
             if output.is_native() {
                 // Strict when strict mode can express the schema; else the schema as it is.
-                let (schema, strict) = output.strict_schema().map_or_else(|| (output.plain_schema(), false), |s| (s, true));
+                let (schema, strict) =
+                    output.strict_schema().map_or_else(|| (output.plain_schema(), false), |s| (s, true));
                 body.insert(
                     "response_format".into(),
                     json!({"type": "json_schema", "json_schema": {"name": output.name, "schema": schema, "strict": strict}}),
