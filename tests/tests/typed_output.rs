@@ -296,7 +296,7 @@ async fn prompted_mode_puts_the_schema_in_the_instructions_and_repairs_prose() {
     assert!(requests[0].tools.is_empty());
     assert!(requests[0].system.starts_with("Read the invoice."));
     assert!(requests[0].system.contains("\"total_cents\""), "{}", requests[0].system);
-    let Some(Message::User { content }) = requests[1].messages.iter().last() else { panic!("{:?}", requests[1]) };
+    let Some(Message::User { content }) = requests[1].messages.iter().next_back() else { panic!("{:?}", requests[1]) };
     assert!(content.contains("not JSON"), "{content}");
 }
 
