@@ -23,6 +23,7 @@ pub use crate::input::{
     ArgTable, RawArg, arg as parse_arg, match_args, match_raw_args, parse_input, raw_arg as parse_raw_arg,
 };
 pub use crate::{
+    OutputMode,
     agent::{Agent, AgentDef},
     context::ToolContext,
     error::ToolError,
@@ -202,6 +203,28 @@ pub fn is_cancelled(ctx: &ToolContext) -> bool {
 /// (an opaque `impl Tool` was checked again where it was used).
 pub fn assert_tool<T: Tool>(tool: T) -> std::sync::Arc<dyn Tool> {
     std::sync::Arc::new(tool)
+}
+
+/// A type an `#[agent(output = T)]` can name: `DeserializeOwned + JsonSchema`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be an agent's typed output",
+    note = "derive `serde::Deserialize` and `schemars::JsonSchema` for it"
+)]
+pub trait OutputType {
+    /// The output as an agent carries it.
+    fn agent_output() -> crate::AgentOutput;
+}
+
+impl<T: serde::de::DeserializeOwned + JsonSchema + 'static> OutputType for T {
+    fn agent_output() -> crate::AgentOutput {
+        crate::AgentOutput::of::<T>()
+    }
+}
+
+/// `#[agent(output = T)]`: the agent answers with a `T` (spanned on `T`).
+pub fn typed_output<T: OutputType>(mut agent: AgentDef) -> AgentDef {
+    agent.output = Some(T::agent_output());
+    agent
 }
 
 /// A `Box<dyn PreparedCall>` from a generated call.

@@ -3,7 +3,8 @@
 use std::{fmt, sync::Arc};
 
 use crate::{
-    model::Model,
+    model::{Model, OutputMode},
+    output::AgentOutput,
     policy::Policy,
     tool::{Tool, ToolSet},
 };
@@ -59,6 +60,8 @@ pub struct AgentDef {
     pub model: Option<Arc<dyn Model>>,
     /// Which calls run, wait for a human, or are refused (default: allow all).
     pub policy: Policy,
+    /// The typed final output, if the agent answers with one (see [`AgentDef::output`]).
+    pub output: Option<AgentOutput>,
 }
 
 impl fmt::Debug for AgentDef {
@@ -71,6 +74,7 @@ impl fmt::Debug for AgentDef {
             .field("max_tool_result_tokens", &self.max_tool_result_tokens)
             .field("model", &self.model.as_ref().map(|m| m.name().to_owned()))
             .field("policy", &self.policy)
+            .field("output", &self.output)
             .finish_non_exhaustive()
     }
 }
@@ -87,6 +91,7 @@ impl AgentDef {
             max_tool_result_tokens: DEFAULT_MAX_TOOL_RESULT_TOKENS,
             model: None,
             policy: Policy::new(),
+            output: None,
         }
     }
 
@@ -144,6 +149,57 @@ impl AgentDef {
     #[must_use]
     pub fn policy(mut self, policy: impl Into<Policy>) -> Self {
         self.policy = policy.into();
+        self
+    }
+
+    /// Makes the agent answer with a `T`, read with
+    /// [`RunOutput::typed`](crate::RunOutput::typed). By default the model answers by calling
+    /// an output tool whose arguments are `T` ([`OutputMode::Tool`]); an answer that fails
+    /// `T`'s JSON Schema or `Deserialize` goes back to the model with what was wrong, up to
+    /// [`output_retries`](Self::output_retries) times. See `docs/typed-output.md`.
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, Runtime, testing::{ScriptedModel, Turn}};
+    ///
+    /// #[derive(serde::Deserialize, schemars::JsonSchema, Debug, PartialEq)]
+    /// struct Invoice { number: String, total_cents: u64 }
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let model = ScriptedModel::new([Turn::tool_calls([
+    ///     ("call_1", "final_result", r#"{"number":"A-7","total_cents":1250}"#),
+    /// ])]);
+    /// let agent = AgentDef::new("billing", "Read the invoice.").output::<Invoice>();
+    /// let runtime = Runtime::builder().agent(agent).model(model).build()?;
+    /// let out = runtime.run("Invoice A-7, total 12.50").await?;
+    /// assert_eq!(out.typed::<Invoice>()?, Invoice { number: "A-7".into(), total_cents: 1250 });
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn output<T: serde::de::DeserializeOwned + schemars::JsonSchema + 'static>(mut self) -> Self {
+        let (mode, retries) = self.output.as_ref().map_or((OutputMode::default(), None), |o| (o.mode, Some(o.retries)));
+        let mut output = AgentOutput::of::<T>().mode(mode);
+        if let Some(n) = retries {
+            output = output.retries(n);
+        }
+        self.output = Some(output);
+        self
+    }
+
+    /// Sets how the model is asked for the typed output (after [`output`](Self::output);
+    /// without one it does nothing).
+    #[must_use]
+    pub fn output_mode(mut self, mode: OutputMode) -> Self {
+        self.output = self.output.map(|o| o.mode(mode));
+        self
+    }
+
+    /// Sets how many invalid answers go back to the model for repair before the run fails
+    /// (default [`DEFAULT_OUTPUT_RETRIES`](crate::DEFAULT_OUTPUT_RETRIES); after
+    /// [`output`](Self::output)).
+    #[must_use]
+    pub fn output_retries(mut self, n: u32) -> Self {
+        self.output = self.output.map(|o| o.retries(n));
         self
     }
 

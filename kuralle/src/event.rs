@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{approval::PendingApproval, model::Usage, store::RunStatus};
+use crate::{approval::PendingApproval, model::Usage, output::OutputError, store::RunStatus};
 
 /// A tool call named in a [`Event::ToolBatchStart`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,12 +106,44 @@ pub enum Event {
 pub struct RunOutput {
     /// Run id.
     pub run_id: String,
-    /// The model's final text (empty when the turn did not end with an answer).
+    /// The model's final text (empty when the turn did not end with an answer). With a typed
+    /// output, the accepted value as JSON text.
     pub text: String,
     /// Finished, max steps reached, interrupted or paused.
     pub status: RunStatus,
     /// Tokens used in this turn.
     pub usage: Usage,
+    /// The accepted typed output as JSON, when the agent declares one and the turn finished
+    /// (see [`RunOutput::typed`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Value>,
+}
+
+impl RunOutput {
+    /// The accepted typed output as a `T` (the agent's `output` type, or any type it
+    /// deserializes into).
+    ///
+    /// # Errors
+    /// [`OutputError::Missing`] when the turn holds no typed value (the agent declares no
+    /// output, or the turn did not finish); [`OutputError::Decode`] when it is not a `T`.
+    ///
+    /// ```
+    /// use kuralle::{OutputError, RunOutput, RunStatus, Usage};
+    /// let out = RunOutput {
+    ///     run_id: "run-1".into(), text: "[1,2]".into(), status: RunStatus::Finished,
+    ///     usage: Usage::default(), value: Some(serde_json::json!([1, 2])),
+    /// };
+    /// assert_eq!(out.typed::<Vec<u8>>().unwrap(), vec![1, 2]);
+    /// assert!(matches!(out.typed::<String>(), Err(OutputError::Decode { .. })));
+    /// ```
+    pub fn typed<T: serde::de::DeserializeOwned>(&self) -> Result<T, OutputError> {
+        let value =
+            self.value.as_ref().ok_or_else(|| OutputError::Missing { status: self.status.as_str().to_owned() })?;
+        T::deserialize(value).map_err(|e| OutputError::Decode {
+            type_name: std::any::type_name::<T>().to_owned(),
+            message: e.to_string(),
+        })
+    }
 }
 
 /// The sending side of a run's event channel: bounded, so a consumer that lags cannot make a

@@ -193,6 +193,7 @@ mod keymap;
 pub mod mcp;
 mod model;
 pub mod models;
+mod output;
 mod policy;
 mod redact;
 mod runtime;
@@ -221,8 +222,10 @@ pub use kuralle_macros::agent;
 #[doc = include_str!("../docs/tool.md")]
 pub use kuralle_macros::tool;
 pub use model::{
-    FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, Origin, Part, ToolCallRequest, Usage,
+    FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, Origin, OutputMode, OutputSpec, Part,
+    ToolCallRequest, ToolChoice, Usage,
 };
+pub use output::{AgentOutput, DEFAULT_OUTPUT_RETRIES, OUTPUT_TOOL_NAME, OutputError, check_schema};
 pub use policy::{Policy, Verdict};
 pub use redact::{REDACTED, Redaction, Redactions, Secret};
 pub use runtime::{
@@ -289,6 +292,11 @@ macro_rules! progress {
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
+
+// docs/typed-output.md's example, run the same way.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/typed-output.md")]
+struct TypedOutputDoctests;
 
 // Not public API. Used by code that `#[tool]` and `#[agent]` generate; may change in any release.
 #[doc(hidden)]

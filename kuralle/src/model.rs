@@ -2,6 +2,7 @@
 //! deltas, tool calls with raw argument text, provider state ([`Part`]s) and a finish reason
 //! with usage out.
 
+mod output;
 mod part;
 
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use output::{OutputMode, OutputSpec, ToolChoice};
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
 pub(crate) use part::state_goes_to;
 pub use part::{Origin, Part};
@@ -244,6 +246,7 @@ pub(crate) fn legacy_parts(text: String, calls: Vec<ToolCallRequest>) -> Vec<Par
 ///     system: "Be brief.".into(),
 ///     messages: vec![Message::User { content: "hi".into() }].into(),
 ///     tools: vec![].into(),
+///     output: None,
 /// };
 /// assert_eq!(request.messages.len(), 1);
 /// assert!(request.tools.is_empty());
@@ -256,6 +259,9 @@ pub struct ModelRequest {
     pub messages: Transcript,
     /// The tools the model may call.
     pub tools: Arc<[ToolSpec]>,
+    /// The typed final output asked for, if any (see [`OutputSpec`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<OutputSpec>,
 }
 
 /// One item of a model's response stream.
@@ -360,7 +366,7 @@ pub enum ModelError {
 /// use kuralle::{Model, ModelEvent, ModelRequest, testing::{ScriptedModel, Turn}};
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let model = ScriptedModel::new([Turn::text("hello")]);
-/// let req = ModelRequest { system: String::new(), messages: Default::default(), tools: Default::default() };
+/// let req = ModelRequest { system: String::new(), messages: Default::default(), tools: Default::default(), output: None };
 /// let events: Vec<_> = model.stream(req).collect().await;
 /// assert_eq!(events[0], Ok(ModelEvent::TextDelta { delta: "hello".into() }));
 /// # });

@@ -21,12 +21,13 @@ pub struct Turn {
     text: String,
     calls: Vec<ToolCallRequest>,
     error: Option<String>,
+    finish: Option<FinishReason>,
 }
 
 impl Turn {
     /// A response that answers with `text` and stops.
     pub fn text(text: impl Into<String>) -> Self {
-        Self { parts: Vec::new(), text: text.into(), calls: Vec::new(), error: None }
+        Self { parts: Vec::new(), text: text.into(), calls: Vec::new(), error: None, finish: None }
     }
 
     /// A response that calls tools: `(call_id, name, raw_arguments)`; the argument text is
@@ -42,18 +43,32 @@ impl Turn {
             .into_iter()
             .map(|(id, name, args)| ToolCallRequest { call_id: id.into(), name: name.into(), arguments: args.into() })
             .collect();
-        Self { parts: Vec::new(), text: String::new(), calls, error: None }
+        Self { parts: Vec::new(), text: String::new(), calls, error: None, finish: None }
     }
 
     /// A response that fails with a provider error after its text, if any.
     pub fn error(message: impl Into<String>) -> Self {
-        Self { parts: Vec::new(), text: String::new(), calls: Vec::new(), error: Some(message.into()) }
+        Self { parts: Vec::new(), text: String::new(), calls: Vec::new(), error: Some(message.into()), finish: None }
     }
 
     /// Adds text before the tool calls.
     #[must_use]
     pub fn with_text(mut self, text: impl Into<String>) -> Self {
         self.text = text.into();
+        self
+    }
+
+    /// Ends the turn with `reason` instead of `stop` / `tool_calls`, as a response cut off at
+    /// the token limit (`Length`) or refused (`Refusal`) ends.
+    ///
+    /// ```
+    /// use kuralle::{FinishReason, testing::Turn};
+    /// let cut = Turn::text(r#"{"number":"A-"#).with_finish(FinishReason::Length);
+    /// # let _ = cut;
+    /// ```
+    #[must_use]
+    pub fn with_finish(mut self, reason: FinishReason) -> Self {
+        self.finish = Some(reason);
         self
     }
 
@@ -219,7 +234,8 @@ impl Model for ScriptedModel {
         }
         let output_tokens =
             estimate_tokens(&turn.text) + turn.calls.iter().map(|c| estimate_tokens(&c.arguments) + 1).sum::<u64>();
-        let reason = if turn.calls.is_empty() { FinishReason::Stop } else { FinishReason::ToolCalls };
+        let reason =
+            turn.finish.unwrap_or(if turn.calls.is_empty() { FinishReason::Stop } else { FinishReason::ToolCalls });
         events.extend(turn.calls.into_iter().map(|c| Ok(ModelEvent::ToolCall(c))));
         events
             .push(Ok(ModelEvent::Finish { reason, usage: Usage { input_tokens, output_tokens, ..Usage::default() } }));

@@ -246,6 +246,7 @@ pub struct FlakyStore {
     fail_release: Arc<AtomicBool>,
     hang_renew: Arc<std::sync::Mutex<Option<String>>>,
     fail_claims: Arc<AtomicBool>,
+    fail_put: Arc<AtomicBool>,
 }
 
 /// What [`FlakyStore::after_next_list`] runs: it gets the wrapped store.
@@ -265,6 +266,7 @@ impl FlakyStore {
             fail_release: Arc::default(),
             hang_renew: Arc::default(),
             fail_claims: Arc::default(),
+            fail_put: Arc::default(),
         }
     }
 
@@ -313,6 +315,12 @@ impl FlakyStore {
         *self.after_list.lock().unwrap() = Some(Box::new(hook));
     }
 
+    /// Makes `put_run` fail (or succeed again): a turn's journal is written but the run's row
+    /// cannot say the turn ended, as when the process dies between the two.
+    pub fn fail_put(&self, on: bool) {
+        self.fail_put.store(on, Ordering::SeqCst);
+    }
+
     /// Makes `append_steps` fail (or succeed again).
     pub fn fail_append(&self, on: bool) {
         self.fail_append.store(on, Ordering::SeqCst);
@@ -331,6 +339,9 @@ impl kuralle::RunStore for FlakyStore {
         self.inner.get_run(run_id)
     }
     fn put_run(&self, run: kuralle::RunRecord, fence: u64) -> kuralle::StoreFuture<'_, u64> {
+        if self.fail_put.load(Ordering::SeqCst) {
+            return outage();
+        }
         self.inner.put_run(run, fence)
     }
     fn list_runs(&self, filter: kuralle::RunFilter) -> kuralle::StoreFuture<'_, Vec<kuralle::RunSummary>> {

@@ -127,6 +127,7 @@ fn user_request(text: &str) -> ModelRequest {
         system: "You are terse.".into(),
         messages: vec![Message::User { content: text.into() }].into(),
         tools: Vec::new().into(),
+        output: None,
     }
 }
 
@@ -553,6 +554,7 @@ async fn the_transcript_encoding() {
             spec("current_time", "", json!({})),
         ]
         .into(),
+        output: None,
     };
     let got = collect(&model, request).await;
     assert!(got.iter().all(Result::is_ok), "{got:?}");
@@ -625,6 +627,7 @@ async fn the_thinking_mode_of_a_tool_turn_in_progress_is_kept() {
         ]
         .into(),
         tools: tools.clone(),
+        output: None,
     };
     let oslo = || Part::call(call("toolu_1", "get_weather", r#"{"city":"Oslo"}"#));
     let thinking_model = client(&server).max_tokens(4096).thinking(2048).temperature(0.5).build().unwrap();

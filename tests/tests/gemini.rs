@@ -116,6 +116,7 @@ fn user_request(text: &str) -> ModelRequest {
         system: "You are terse.".into(),
         messages: vec![Message::User { content: text.into() }].into(),
         tools: Vec::new().into(),
+        output: None,
     }
 }
 
@@ -623,6 +624,7 @@ async fn gemini_ids_go_back_only_where_gemini_gave_them() {
         ]
         .into(),
         tools: vec![lookup_spec()].into(),
+        output: None,
     };
     collect(&model, request).await;
     assert_eq!(
@@ -682,6 +684,7 @@ async fn another_providers_turn_sends_no_foreign_state() {
         ]
         .into(),
         tools: Vec::new().into(),
+        output: None,
     };
     collect(&model, request).await;
     assert_eq!(

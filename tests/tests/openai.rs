@@ -107,6 +107,7 @@ fn user_request(text: &str) -> ModelRequest {
         system: "You are terse.".into(),
         messages: vec![Message::User { content: text.into() }].into(),
         tools: Vec::new().into(),
+        output: None,
     }
 }
 
@@ -222,6 +223,7 @@ async fn one_tool_call_and_the_full_transcript_encoding() {
         ]
         .into(),
         tools: vec![weather_spec()].into(),
+        output: None,
     };
     let events = collect(&model, request).await;
     assert_eq!(

@@ -59,6 +59,7 @@ fn request() -> ModelRequest {
         system: String::new(),
         messages: vec![Message::User { content: "hi".into() }].into(),
         tools: Vec::new().into(),
+        output: None,
     }
 }
 

@@ -211,6 +211,7 @@ fn user_request(text: &str) -> ModelRequest {
         system: "You are terse.".into(),
         messages: vec![Message::User { content: text.into() }].into(),
         tools: Vec::new().into(),
+        output: None,
     }
 }
 

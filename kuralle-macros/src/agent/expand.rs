@@ -31,6 +31,24 @@ pub(crate) fn agent(agent: &AgentStruct<'_>) -> TokenStream {
     let model = limit("model", args.model.as_ref());
     let policy = limit("policy", args.policy.as_ref());
 
+    let mut definition = quote! {
+        #p::AgentDef::new(#id, #instructions)
+            .tools(__kuralle_tools)
+            #max_steps
+            #max_tool_concurrency
+            #max_tool_result_tokens
+            #model
+            #policy
+    };
+    if let Some(ty) = &args.output {
+        // At the type's span: a type that cannot be an output is one error, on the type.
+        let at = private_at(ty.span());
+        let typed = quote_spanned!(ty.span()=> #at::typed_output::<#ty>);
+        let output_mode = limit("output_mode", args.output_mode.as_ref());
+        let output_retries = limit("output_retries", args.output_retries.as_ref());
+        definition = quote!(#typed(#definition) #output_mode #output_retries);
+    }
+
     let mut distinct = Vec::new();
     for (i, a) in agent.tools.iter().enumerate() {
         for b in &agent.tools[i + 1..] {
@@ -58,13 +76,7 @@ pub(crate) fn agent(agent: &AgentStruct<'_>) -> TokenStream {
                 fn definition(&self) -> #p::AgentDef {
                     let #mutable __kuralle_tools = #p::ToolSet::new();
                     #(#tools)*
-                    #p::AgentDef::new(#id, #instructions)
-                        .tools(__kuralle_tools)
-                        #max_steps
-                        #max_tool_concurrency
-                        #max_tool_result_tokens
-                        #model
-                        #policy
+                    #definition
                 }
             }
             #(#distinct)*

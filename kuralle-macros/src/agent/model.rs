@@ -43,6 +43,13 @@ impl<'a> AgentStruct<'a> {
             );
             String::new()
         });
+        if args.output.is_none() {
+            for (key, expr) in [("output_mode", &args.output_mode), ("output_retries", &args.output_retries)] {
+                if let Some(expr) = expr {
+                    cx.error_spanned_by(expr, format!("`{key}` needs a typed output: add `output = YourType`"));
+                }
+            }
+        }
         AgentStruct { item, args, id, instructions, tools: args.tools.as_deref().unwrap_or_default() }
     }
 }

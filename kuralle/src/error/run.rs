@@ -7,6 +7,10 @@ pub enum RunError {
     /// The model request failed; the run stays resumable.
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
+    /// The typed final output could not be had: still invalid after the repair budget, cut
+    /// off at the token limit, or refused. The run is marked failed.
+    #[error(transparent)]
+    Output(#[from] crate::output::OutputError),
     /// The store failed; when [`StoreError::is_retryable`](crate::StoreError::is_retryable),
     /// the run stays resumable.
     #[error(transparent)]

@@ -25,6 +25,8 @@ pub(super) struct Closing {
     pub(super) text: String,
     pub(super) usage: Usage,
     pub(super) pending: Vec<Pending>,
+    /// The accepted typed output, if any.
+    pub(super) value: Option<serde_json::Value>,
 }
 
 pub(super) async fn close(
@@ -33,11 +35,12 @@ pub(super) async fn close(
     mut state: RunState,
     closing: Closing,
 ) -> Result<RunOutput, RunError> {
-    let Closing { transcript, status, text, usage, pending } = closing;
+    let Closing { transcript, status, text, usage, pending, value } = closing;
     state.messages = transcript;
     state.output = text;
     state.usage = usage;
     state.pending = pending;
+    state.value = value;
     record.status = status;
     // The record is moved into the store (its state can be a long transcript); only a lost
     // race rebuilds it.

@@ -7,6 +7,7 @@ mod handle;
 mod instance;
 pub(crate) mod lease;
 mod open;
+mod output;
 mod recover;
 mod renewals;
 pub(crate) mod response;

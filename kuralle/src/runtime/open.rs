@@ -74,6 +74,7 @@ pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) ->
             record.status = RunStatus::Running;
             state.turn_input = Some(input.clone());
             state.output.clear();
+            state.value = None;
             state.usage = Usage::default();
             if let Some(k) = &req.idempotency_key {
                 state.inbound_keys.push(k.clone());

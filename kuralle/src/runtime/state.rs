@@ -32,6 +32,9 @@ pub(super) struct RunState {
     /// export) hide what the runtime hides. Refreshed each time the run opens.
     #[serde(default, skip_serializing_if = "crate::Redactions::is_empty")]
     pub(super) redact: crate::Redactions,
+    /// The last finished turn's accepted typed output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) value: Option<serde_json::Value>,
 }
 
 pub(super) fn decode_state(record: &RunRecord) -> Result<RunState, RunError> {
@@ -41,7 +44,13 @@ pub(super) fn decode_state(record: &RunRecord) -> Result<RunState, RunError> {
 }
 
 pub(super) fn output_of(record: &RunRecord, state: &RunState) -> RunOutput {
-    RunOutput { run_id: record.run_id.clone(), text: state.output.clone(), status: record.status, usage: state.usage }
+    RunOutput {
+        run_id: record.run_id.clone(),
+        text: state.output.clone(),
+        status: record.status,
+        usage: state.usage,
+        value: state.value.clone(),
+    }
 }
 
 /// The user inputs of a run's turns, in order, from its stored record: the user messages of

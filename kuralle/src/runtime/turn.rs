@@ -11,6 +11,7 @@ use super::{
     close::{Closing, close},
     lease::Held,
     open::{Opened, agent, open},
+    output::{Judged, Typed},
     response::{ModelResponse, put_calls, take_calls},
     state::RunState,
     step::model_step,
@@ -107,7 +108,7 @@ async fn drive(
                 .await?;
         let ctx = Arc::new(TurnCtx {
             journal,
-            tools: agent.tools.clone(),
+            tools: super::output::tools(&agent),
             events: events.clone(),
             interrupt: interrupt.clone(),
             max_concurrency: agent.max_tool_concurrency,
@@ -154,7 +155,13 @@ async fn steps(
     if let Some(input) = &state.turn_input {
         transcript.push(Message::User { content: input.clone() });
     }
-    let specs: Arc<[ToolSpec]> = agent.tools.specs().into();
+    let specs: Arc<[ToolSpec]> = ctx.tools.specs().into();
+    let mut typed = agent.output.as_ref().map(Typed::new);
+    let system =
+        typed.as_ref().map_or_else(|| agent.instructions.clone(), |t| t.output.instructions(&agent.instructions));
+    let output_spec = typed.as_ref().map(|t| t.output.spec(!agent.tools.is_empty()));
+    let mut value = None;
+    let mut failure = None;
     let mut usage = Usage::default();
     let mut callsite: u64 = 0;
     let mut status = RunStatus::MaxSteps;
@@ -171,9 +178,10 @@ async fn steps(
             break;
         }
         let request = ModelRequest {
-            system: agent.instructions.clone(),
+            system: system.clone(),
             messages: transcript.clone(),
             tools: Arc::clone(&specs),
+            output: output_spec.clone(),
         };
         let mut chat =
             crate::trace::ChatSpan::start(run_id, callsite, model, &request, rt.capture_content.then_some(&ctx.redact));
@@ -186,11 +194,19 @@ async fn steps(
         callsite += 1;
         usage += response.usage;
         let has_calls = response.has_calls();
-        let ModelResponse { mut parts, origin, .. } = response;
+        let ModelResponse { mut parts, origin, finish, .. } = response;
         if !has_calls {
             let message = Message::Assistant { parts, origin };
             text = message.text();
             transcript.push(message);
+            if let Some(t) = typed.as_mut() {
+                let judged = t.judge_text(&text, &finish);
+                match settle(t, judged, ctx, callsite, Some(&mut transcript), &mut failure).await? {
+                    Some(v) => value = Some(v),
+                    None if failure.is_none() => continue,
+                    None => break,
+                }
+            }
             status = RunStatus::Finished;
             break;
         }
@@ -209,6 +225,7 @@ async fn steps(
         // Dispatch reads nothing of the transcript, so the response joins it only now, its
         // calls rebuilt from what dispatch gives back instead of copied before dispatch: every
         // call answered, in source order, since nothing is pending.
+        let judged = typed.as_ref().and_then(|t| t.judge_calls(&dispatched.outcomes, &finish, &text_of(&parts)));
         let mut tool_calls = Vec::with_capacity(dispatched.outcomes.len());
         let mut results = Vec::with_capacity(dispatched.outcomes.len());
         for o in dispatched.outcomes {
@@ -221,6 +238,20 @@ async fn steps(
         for message in results {
             transcript.push(message);
         }
+        if let (Some(t), Some(judged)) = (typed.as_mut(), judged) {
+            // A rejected call's error is its result, already in the transcript: the repair prompt.
+            if let Some(v) = settle(t, judged, ctx, callsite, None, &mut failure).await? {
+                value = Some(v);
+                status = RunStatus::Finished;
+                break;
+            }
+            if failure.is_some() {
+                break;
+            }
+        }
+    }
+    if let Some(v) = &value {
+        text = v.to_string();
     }
 
     if status == RunStatus::Interrupted && hand_back && !fence.is_lost() {
@@ -249,10 +280,50 @@ async fn steps(
         // Another owner carries the run on; this turn writes nothing more.
         return Err(RunError::LeaseLost { run_id: run_id.to_owned(), token: fence.token() });
     }
-    let closing = Closing { transcript, status, text, usage, pending };
+    if let Some(e) = failure {
+        // The turn's transcript and usage are kept (every repair shows in them); the run fails.
+        let closing = Closing { transcript, status: RunStatus::Failed, text, usage, pending, value: None };
+        close(RunWriter::new(rt.store.as_ref(), fence), record, state, closing).await?;
+        events.send(Event::Error { message: e.to_string() }).await;
+        return Err(e.into());
+    }
+    let closing = Closing { transcript, status, text, usage, pending, value };
     let out = close(RunWriter::new(rt.store.as_ref(), fence), record, state, closing).await?;
     events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
     Ok(out)
+}
+
+/// An answer's end: the accepted value (journaled), or `None` with either a repair prompt
+/// added to `transcript` (when given) or the `failure` that ends the run.
+async fn settle(
+    typed: &mut Typed<'_>,
+    judged: Judged,
+    ctx: &TurnCtx,
+    callsite: u64,
+    transcript: Option<&mut crate::transcript::Transcript>,
+    failure: &mut Option<crate::output::OutputError>,
+) -> Result<Option<serde_json::Value>, RunError> {
+    match judged {
+        Judged::Accepted(v) => return typed.record(ctx, callsite, v).await.map(Some),
+        Judged::Repair(problem) => match typed.reject(&problem) {
+            Ok(prompt) => {
+                if let Some(transcript) = transcript {
+                    transcript.push(Message::User { content: prompt });
+                }
+            }
+            Err(e) => *failure = Some(e),
+        },
+        Judged::Failed(e) => *failure = Some(e),
+    }
+    Ok(None)
+}
+
+/// The text parts of a response, joined.
+fn text_of(parts: &[crate::model::Part]) -> String {
+    parts
+        .iter()
+        .filter_map(|p| if let crate::model::Part::Text { text, .. } = p { Some(text.as_str()) } else { None })
+        .collect()
 }
 
 #[cfg(test)]

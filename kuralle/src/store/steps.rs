@@ -25,6 +25,8 @@ pub enum StepKind {
     Uuid,
     /// A human decision on a `needs_approval` call.
     Approval,
+    /// A turn's accepted typed output.
+    Output,
 }
 
 impl StepKind {
@@ -40,6 +42,7 @@ impl StepKind {
             Self::Now => "now",
             Self::Uuid => "uuid",
             Self::Approval => "approval",
+            Self::Output => "output",
         }
     }
 
@@ -58,6 +61,7 @@ impl StepKind {
             "now" => Self::Now,
             "uuid" => Self::Uuid,
             "approval" => Self::Approval,
+            "output" => Self::Output,
             _ => return None,
         })
     }

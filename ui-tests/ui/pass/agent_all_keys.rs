@@ -12,6 +12,11 @@ async fn lookup_order(order_id: String) -> String {
     order_id
 }
 
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Ticket {
+    summary: String,
+}
+
 /// You are a support agent.
 ///
 /// Use the echo tool when asked.
@@ -21,7 +26,10 @@ async fn lookup_order(order_id: String) -> String {
     max_steps = 4,
     max_tool_concurrency = 2,
     max_tool_result_tokens = 2000,
-    model = kuralle::testing::ScriptedModel::new([kuralle::testing::Turn::text("hi")])
+    model = kuralle::testing::ScriptedModel::new([kuralle::testing::Turn::text("hi")]),
+    output = Ticket,
+    output_mode = "prompted",
+    output_retries = 1
 )]
 struct Support;
 
@@ -34,4 +42,6 @@ fn main() {
     assert_eq!(def.max_tool_concurrency, 2);
     assert_eq!(def.max_tool_result_tokens, 2000);
     assert!(def.model.is_some());
+    let output = def.output.unwrap();
+    assert_eq!((output.mode, output.retries), (kuralle::OutputMode::Prompted, 1));
 }

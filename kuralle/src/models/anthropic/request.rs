@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use super::{Inner, PROVIDER, assemble::object_or_empty};
-use crate::model::{Message, ModelError, ModelRequest, Part, state_goes_to};
+use crate::model::{Message, ModelError, ModelRequest, Part, ToolChoice, state_goes_to};
 
 /// One message of the body while the transcript is encoded. A user message's `tool_result`
 /// blocks always come before its other blocks, as the API requires.
@@ -73,8 +73,21 @@ impl Inner {
                 last["cache_control"] = json!({"type": "ephemeral"});
             }
             body.insert("tools".into(), Value::Array(tools));
-            // No `tool_choice`: the default (`auto`) is the only choice a request can make
-            // here, and the one the API allows with thinking on (it refuses forced tool use).
+            // A forced choice only with thinking off: the API refuses forced tool use with
+            // thinking on, so there the default (`auto`) stands and the runtime's repair loop
+            // asks again for an answer that is not the output tool's call.
+            let forced = match request.output.as_ref().map(|o| &o.tool_choice) {
+                Some(ToolChoice::Required) => Some(json!({"type": "any"})),
+                Some(ToolChoice::Tool { name }) => Some(json!({"type": "tool", "name": name})),
+                Some(ToolChoice::Auto) | None => None,
+            };
+            if let Some(choice) = forced.filter(|_| thinking.is_none()) {
+                body.insert("tool_choice".into(), choice);
+            }
+        }
+        if let Some(output) = request.output.as_ref().filter(|o| o.is_native()) {
+            let schema = output.strict_schema().unwrap_or_else(|| output.plain_schema());
+            body.insert("output_config".into(), json!({"format": {"type": "json_schema", "schema": schema}}));
         }
         if let Some(budget_tokens) = thinking {
             body.insert("thinking".into(), json!({"type": "enabled", "budget_tokens": budget_tokens}));

@@ -26,7 +26,7 @@ use serde_json::{Map, Value, json};
 use super::{Inner, PROVIDER};
 use crate::{
     ToolSpec,
-    model::{Message, ModelError, ModelRequest, Part, state_goes_to},
+    model::{Message, ModelError, ModelRequest, Part, ToolChoice, state_goes_to},
 };
 
 /// The signature Google documents for function calls that Gemini did not produce (history
@@ -45,8 +45,22 @@ impl Inner {
         if !request.tools.is_empty() {
             let declarations = request.tools.iter().map(function_declaration).collect::<Result<Vec<_>, _>>()?;
             body.insert("tools".into(), json!([{"functionDeclarations": declarations}]));
+            let calling = match request.output.as_ref().map(|o| &o.tool_choice) {
+                Some(ToolChoice::Required) => Some(json!({"mode": "ANY"})),
+                Some(ToolChoice::Tool { name }) => Some(json!({"mode": "ANY", "allowedFunctionNames": [name]})),
+                Some(ToolChoice::Auto) | None => None,
+            };
+            if let Some(calling) = calling {
+                body.insert("toolConfig".into(), json!({"functionCallingConfig": calling}));
+            }
         }
         let mut config = Map::new();
+        if let Some(output) = request.output.as_ref().filter(|o| o.is_native()) {
+            // `responseJsonSchema` takes JSON Schema as it is (`$ref`, `additionalProperties`),
+            // unlike `parameters`.
+            config.insert("responseMimeType".into(), json!("application/json"));
+            config.insert("responseJsonSchema".into(), output.plain_schema());
+        }
         if let Some(n) = self.max_output_tokens {
             config.insert("maxOutputTokens".into(), json!(n));
         }

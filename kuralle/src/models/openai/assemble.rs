@@ -139,6 +139,8 @@ pub(super) struct Assembler {
     reasoning: String,
     finish: Option<FinishReason>,
     usage: Option<Usage>,
+    /// A `refusal` arrived (kept as text): the response finishes with `Refusal`.
+    refused: bool,
     /// `data: [DONE]` arrived.
     pub(super) done: bool,
 }
@@ -223,6 +225,7 @@ impl Assembler {
                         out.push(ModelEvent::ReasoningDelta { delta: thinking });
                     }
                 }
+                self.refused |= delta.refusal.as_ref().is_some_and(|r| !r.is_empty());
                 for text in [delta.content, delta.refusal].into_iter().flatten() {
                     if !text.is_empty() {
                         self.close_reasoning(&mut out);
@@ -325,6 +328,8 @@ impl Assembler {
         let reason = match self.finish.take() {
             // Some servers report `stop` after tool calls; the model is waiting for results.
             Some(FinishReason::Stop) | None if self.emitted_calls => FinishReason::ToolCalls,
+            // A refusal is text the model gave instead of an answer.
+            Some(FinishReason::Stop) | None if self.refused => FinishReason::Refusal,
             Some(reason) => reason,
             None => FinishReason::Stop,
         };

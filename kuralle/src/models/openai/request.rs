@@ -4,7 +4,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Inner, PROVIDER, assemble::Assembler};
 use crate::{
-    model::{Message, ModelError, ModelEvent, ModelRequest, Part, state_goes_to},
+    model::{Message, ModelError, ModelEvent, ModelRequest, Part, ToolChoice, state_goes_to},
     schema,
 };
 
@@ -30,6 +30,26 @@ impl Inner {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| ModelError::InvalidRequest(e.to_string()))?;
             body.insert("tools".into(), Value::Array(tools));
+        }
+        if let Some(output) = &request.output {
+            match &output.tool_choice {
+                ToolChoice::Auto => {}
+                ToolChoice::Required => {
+                    body.insert("tool_choice".into(), json!("required"));
+                }
+                ToolChoice::Tool { name } => {
+                    body.insert("tool_choice".into(), json!({"type": "function", "function": {"name": name}}));
+                }
+            }
+            if output.is_native() {
+                // Strict when strict mode can express the schema; else the schema as it is.
+                let (schema, strict) =
+                    output.strict_schema().map_or_else(|| (output.plain_schema(), false), |s| (s, true));
+                body.insert(
+                    "response_format".into(),
+                    json!({"type": "json_schema", "json_schema": {"name": output.name, "schema": schema, "strict": strict}}),
+                );
+            }
         }
         if let Some(t) = self.temperature {
             body.insert("temperature".into(), json!(t));
@@ -222,6 +242,7 @@ mod tests {
             system: String::new(),
             messages: vec![Message::User { content: "x".into() }].into(),
             tools: Vec::new().into(),
+            output: None,
         };
         let events: Vec<_> = model.stream(request).collect().await;
         assert!(events.iter().all(Result::is_ok), "{events:?}");

@@ -5,7 +5,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Inner, PROVIDER};
 use crate::{
-    model::{Message, ModelError, ModelRequest, Part, state_goes_to},
+    model::{Message, ModelError, ModelRequest, Part, ToolChoice, state_goes_to},
     schema,
 };
 
@@ -53,6 +53,26 @@ impl Inner {
         }
         if !reasoning.is_empty() {
             body.insert("reasoning".into(), Value::Object(reasoning));
+        }
+        if let Some(output) = &request.output {
+            match &output.tool_choice {
+                ToolChoice::Auto => {}
+                ToolChoice::Required => {
+                    body.insert("tool_choice".into(), json!("required"));
+                }
+                ToolChoice::Tool { name } => {
+                    body.insert("tool_choice".into(), json!({"type": "function", "name": name}));
+                }
+            }
+            if output.is_native() {
+                // Strict when strict mode can express the schema; else the schema as it is.
+                let (schema, strict) =
+                    output.strict_schema().map_or_else(|| (output.plain_schema(), false), |s| (s, true));
+                body.insert(
+                    "text".into(),
+                    json!({"format": {"type": "json_schema", "name": output.name, "schema": schema, "strict": strict}}),
+                );
+            }
         }
         if let Some(m) = self.max_output_tokens {
             body.insert("max_output_tokens".into(), json!(m));

@@ -1,0 +1,5 @@
+/// Read the invoice.
+#[kuralle::agent(id = "billing", output_mode = "native")]
+struct Billing;
+
+fn main() {}

@@ -1,0 +1,5 @@
+/// Read the invoice.
+#[kuralle::agent(id = "billing", output = "Invoice")]
+struct Billing;
+
+fn main() {}
