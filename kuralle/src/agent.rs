@@ -3,6 +3,7 @@
 use std::{fmt, sync::Arc};
 
 use crate::{
+    limits::RunLimits,
     model::Model,
     policy::Policy,
     tool::{Tool, ToolSet},
@@ -59,6 +60,9 @@ pub struct AgentDef {
     pub model: Option<Arc<dyn Model>>,
     /// Which calls run, wait for a human, or are refused (default: allow all).
     pub policy: Policy,
+    /// What each run of this agent may spend (default: no caps); a request's own
+    /// [`RunRequest::limits`](crate::RunRequest::limits) can only tighten them.
+    pub limits: RunLimits,
 }
 
 impl fmt::Debug for AgentDef {
@@ -71,6 +75,7 @@ impl fmt::Debug for AgentDef {
             .field("max_tool_result_tokens", &self.max_tool_result_tokens)
             .field("model", &self.model.as_ref().map(|m| m.name().to_owned()))
             .field("policy", &self.policy)
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -87,6 +92,7 @@ impl AgentDef {
             max_tool_result_tokens: DEFAULT_MAX_TOOL_RESULT_TOKENS,
             model: None,
             policy: Policy::new(),
+            limits: RunLimits::new(),
         }
     }
 
@@ -144,6 +150,19 @@ impl AgentDef {
     #[must_use]
     pub fn policy(mut self, policy: impl Into<Policy>) -> Self {
         self.policy = policy.into();
+        self
+    }
+
+    /// Caps what each run of this agent may spend (see [`RunLimits`]).
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, RunLimits};
+    /// let agent = AgentDef::new("support", "Be brief.").limits(RunLimits::new().max_tool_calls(10));
+    /// assert_eq!(agent.limits.max_tool_calls, Some(10));
+    /// ```
+    #[must_use]
+    pub fn limits(mut self, limits: RunLimits) -> Self {
+        self.limits = limits;
         self
     }
 

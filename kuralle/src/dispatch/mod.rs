@@ -26,6 +26,7 @@ use crate::{
     error::{RunError, ToolError},
     event::{Event, EventSender},
     journal::Journal,
+    limits::Budget,
     model::ToolCallRequest,
     policy::Policy,
     tool::ToolSet,
@@ -46,6 +47,8 @@ pub(crate) struct TurnCtx {
     /// Calls cut off (timed out or interrupted) that have not ended yet: the lease is given
     /// up only once they have.
     pub(crate) stragglers: Arc<Stragglers>,
+    /// The run's limits: a batch that would pass one runs none of its calls.
+    pub(crate) budget: Budget,
 }
 
 impl TurnCtx {
@@ -217,6 +220,7 @@ pub(crate) async fn call_standalone(
         fatal: Mutex::new(None),
         // No lease to outlive: a call cut off here is answered at once, as in a run.
         stragglers: Arc::default(),
+        budget: Budget::none(),
     });
     let done = dispatch(&turn, vec![call], 0)
         .await

@@ -24,6 +24,9 @@ pub(super) struct ModelResponse {
     pub(super) origin: Option<Origin>,
     pub(super) finish: FinishReason,
     pub(super) usage: Usage,
+    /// What the response cost in dollars, when its model has a [`Pricing`](crate::Pricing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) cost_usd: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -39,12 +42,14 @@ struct ResponseWire {
     finish: FinishReason,
     #[serde(default)]
     usage: Usage,
+    #[serde(default)]
+    cost_usd: Option<f64>,
 }
 
 impl From<ResponseWire> for ModelResponse {
     fn from(w: ResponseWire) -> Self {
         let parts = w.parts.unwrap_or_else(|| legacy_parts(w.text.unwrap_or_default(), w.tool_calls));
-        Self { parts, origin: w.origin, finish: w.finish, usage: w.usage }
+        Self { parts, origin: w.origin, finish: w.finish, usage: w.usage, cost_usd: w.cost_usd }
     }
 }
 
