@@ -9,7 +9,7 @@ use crate::{args::Keys, ctxt::Ctxt};
 
 /// Every argument `#[agent]` accepts, in the order the error message lists them.
 const VALID: &[&str] =
-    &["id", "tools", "max_steps", "max_tool_concurrency", "max_tool_result_tokens", "model", "policy"];
+    &["id", "tools", "max_steps", "max_tool_concurrency", "max_tool_result_tokens", "model", "policy", "limits"];
 
 /// The parsed `#[agent(...)]` arguments.
 #[derive(Default)]
@@ -23,6 +23,8 @@ pub(crate) struct AgentArgs {
     pub(crate) model: Option<Expr>,
     /// An expression convertible into `kuralle::Policy`.
     pub(crate) policy: Option<Expr>,
+    /// An expression of type `kuralle::RunLimits`.
+    pub(crate) limits: Option<Expr>,
 }
 
 impl AgentArgs {
@@ -59,6 +61,7 @@ impl AgentArgs {
             "max_tool_result_tokens" => keys.set(&mut self.max_tool_result_tokens, meta.value()?.parse()?, meta),
             "model" => keys.set(&mut self.model, meta.value()?.parse()?, meta),
             "policy" => keys.set(&mut self.policy, meta.value()?.parse()?, meta),
+            "limits" => keys.set(&mut self.limits, meta.value()?.parse()?, meta),
             // `Keys::key` returns only keys listed in `VALID`; a key listed there without an arm
             // here is a bug in this crate, reported rather than panicking.
             other => cx.error_spanned_by(&meta.path, format!("`#[agent]` argument `{other}` is not implemented")),

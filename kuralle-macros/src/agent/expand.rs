@@ -30,6 +30,7 @@ pub(crate) fn agent(agent: &AgentStruct<'_>) -> TokenStream {
     let max_tool_result_tokens = limit("max_tool_result_tokens", args.max_tool_result_tokens.as_ref());
     let model = limit("model", args.model.as_ref());
     let policy = limit("policy", args.policy.as_ref());
+    let limits = limit("limits", args.limits.as_ref());
 
     let mut distinct = Vec::new();
     for (i, a) in agent.tools.iter().enumerate() {
@@ -65,6 +66,7 @@ pub(crate) fn agent(agent: &AgentStruct<'_>) -> TokenStream {
                         #max_tool_result_tokens
                         #model
                         #policy
+                        #limits
                 }
             }
             #(#distinct)*

@@ -21,6 +21,7 @@ async fn lookup_order(order_id: String) -> String {
     max_steps = 4,
     max_tool_concurrency = 2,
     max_tool_result_tokens = 2000,
+    limits = kuralle::RunLimits::new().max_tool_calls(3),
     model = kuralle::testing::ScriptedModel::new([kuralle::testing::Turn::text("hi")])
 )]
 struct Support;
@@ -34,4 +35,5 @@ fn main() {
     assert_eq!(def.max_tool_concurrency, 2);
     assert_eq!(def.max_tool_result_tokens, 2000);
     assert!(def.model.is_some());
+    assert_eq!(def.limits, kuralle::RunLimits::new().max_tool_calls(3));
 }
