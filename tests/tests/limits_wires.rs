@@ -76,7 +76,8 @@ fn responses(items: Value, output: u64) -> Reply {
         json!({"id": "resp_1", "object": "response", "created_at": 1_756_315_696, "status": status,
             "error": null, "incomplete_details": null, "model": "o4-mini-2025-04-16", "output": output, "usage": usage})
     };
-    let mut events = vec![json!({"type": "response.created", "response": response("in_progress", &json!([]), &Value::Null)})];
+    let mut events =
+        vec![json!({"type": "response.created", "response": response("in_progress", &json!([]), &Value::Null)})];
     for (i, item) in items.as_array().unwrap().iter().enumerate() {
         events.push(json!({"type": "response.output_item.added", "output_index": i, "item": item}));
         events.push(json!({"type": "response.output_item.done", "output_index": i, "item": item}));
@@ -156,14 +157,18 @@ const WIRES: [Wire; 4] = [
         name: "gpt-4o-mini",
         call: openai_call,
         text: openai_text,
-        model: |s| Arc::new(OpenAi::builder().base_url(&s.base_url).api_key("sk-test").model("gpt-4o-mini").build().unwrap()),
+        model: |s| {
+            Arc::new(OpenAi::builder().base_url(&s.base_url).api_key("sk-test").model("gpt-4o-mini").build().unwrap())
+        },
     },
     Wire {
         name: "o4-mini",
         call: responses_call,
         text: responses_text,
         model: |s| {
-            Arc::new(OpenAiResponses::builder().base_url(&s.base_url).api_key("sk-test").model("o4-mini").build().unwrap())
+            Arc::new(
+                OpenAiResponses::builder().base_url(&s.base_url).api_key("sk-test").model("o4-mini").build().unwrap(),
+            )
         },
     },
     Wire {
@@ -171,14 +176,25 @@ const WIRES: [Wire; 4] = [
         call: anthropic_call,
         text: anthropic_text,
         model: |s| {
-            Arc::new(Anthropic::builder().base_url(&s.origin).api_key("sk-ant-test").model("claude-sonnet-4-5").build().unwrap())
+            Arc::new(
+                Anthropic::builder()
+                    .base_url(&s.origin)
+                    .api_key("sk-ant-test")
+                    .model("claude-sonnet-4-5")
+                    .build()
+                    .unwrap(),
+            )
         },
     },
     Wire {
         name: "gemini-2.5-flash",
         call: gemini_call,
         text: gemini_text,
-        model: |s| Arc::new(Gemini::builder().base_url(&s.origin).api_key("gm-test").model("gemini-2.5-flash").build().unwrap()),
+        model: |s| {
+            Arc::new(
+                Gemini::builder().base_url(&s.origin).api_key("gm-test").model("gemini-2.5-flash").build().unwrap(),
+            )
+        },
     },
 ];
 

@@ -312,7 +312,10 @@ mod tests {
         let a = RunLimits::new().max_requests(3).max_cost_usd(1.0).deadline(Duration::from_secs(9));
         let b = RunLimits::new().max_requests(5).max_cost_usd(0.5).max_input_tokens(7);
         let t = a.tighter(&b);
-        assert_eq!(t, RunLimits::new().max_requests(3).max_cost_usd(0.5).max_input_tokens(7).deadline(Duration::from_secs(9)));
+        assert_eq!(
+            t,
+            RunLimits::new().max_requests(3).max_cost_usd(0.5).max_input_tokens(7).deadline(Duration::from_secs(9))
+        );
         assert_eq!(t, b.tighter(&a));
     }
 

@@ -9,8 +9,8 @@ use tracing::Instrument;
 use super::{
     Inner, RunRequest,
     close::{Closing, close},
-    limits,
     lease::Held,
+    limits,
     open::{Opened, agent, open},
     response::{ModelResponse, put_calls, take_calls},
     state::RunState,

@@ -29,8 +29,8 @@ use std::{
 
 use futures::StreamExt;
 use kuralle::{
-    Event, Lease, NewStep, RunError, RunFilter, RunLimits, RunRecord, RunRequest, RunStatus, RunStore, RunSummary, Runtime,
-    StepKind, StepOutcome, StepRecord, StepStatus, StoreError, StoreFuture, ToolContext, agent,
+    Event, Lease, NewStep, RunError, RunFilter, RunLimits, RunRecord, RunRequest, RunStatus, RunStore, RunSummary,
+    Runtime, StepKind, StepOutcome, StepRecord, StepStatus, StoreError, StoreFuture, ToolContext, agent,
     stores::SqliteStore,
     testing::{ScriptedModel, Turn},
     tool,
