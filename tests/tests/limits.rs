@@ -333,8 +333,8 @@ async fn a_resumed_run_keeps_what_it_spent() {
     assert_eq!(exceeded, Some((Limit::ToolCalls, 2u64.into(), 3u64.into())));
     assert_eq!(ran.load(Ordering::SeqCst), 2, "the resumed run got no fresh budget");
     assert_eq!(second.get_run("run-1").await.unwrap().unwrap().status, RunStatus::LimitExceeded);
-    // Resuming again is refused the same way, and still runs nothing.
-    let again = second.resume("run-1").await;
-    assert!(!matches!(again, Ok(ref out) if out.status == RunStatus::Finished), "{again:?}");
+    // Resuming a stopped run gives its recorded outcome back and runs nothing.
+    let again = second.resume("run-1").await.unwrap();
+    assert_eq!(again.status, RunStatus::LimitExceeded, "a stopped run gives its outcome back");
     assert_eq!(ran.load(Ordering::SeqCst), 2);
 }
