@@ -44,7 +44,7 @@ pub enum RunError {
     /// The run was stopped before a model request or tool batch that would have passed one of
     /// its [`RunLimits`](crate::RunLimits) (nothing of that request or batch ran). The run
     /// ends with status [`LimitExceeded`](crate::RunStatus::LimitExceeded); what it spent
-    /// stays in its journal, so resuming it is refused the same way.
+    /// stays in its journal, so no resume, crash or handover gives it a fresh budget.
     #[error("run `{run_id}` reached its {limit} limit: used {used} of {max} {unit}", unit = limit.unit())]
     LimitExceeded {
         /// Run id.
