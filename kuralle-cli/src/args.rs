@@ -119,6 +119,8 @@ pub enum StatusArg {
     Interrupted,
     /// Failed.
     Failed,
+    /// Stopped by one of its run limits.
+    LimitExceeded,
 }
 
 impl From<StatusArg> for RunStatus {
@@ -130,6 +132,7 @@ impl From<StatusArg> for RunStatus {
             StatusArg::MaxSteps => Self::MaxSteps,
             StatusArg::Interrupted => Self::Interrupted,
             StatusArg::Failed => Self::Failed,
+            StatusArg::LimitExceeded => Self::LimitExceeded,
         }
     }
 }

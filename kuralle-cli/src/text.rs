@@ -29,7 +29,7 @@ impl Style {
     fn run_status(self, status: RunStatus, padded: &str) -> String {
         match status {
             RunStatus::Paused => self.paint("33", padded),
-            RunStatus::Failed => self.paint("31", padded),
+            RunStatus::Failed | RunStatus::LimitExceeded => self.paint("31", padded),
             RunStatus::Finished => self.paint("32", padded),
             _ => padded.to_owned(),
         }
@@ -97,7 +97,7 @@ pub fn runs(rows: &[RunRow], style: Style) -> String {
 /// `runs show` as a header, the steps, and the pending approvals.
 pub fn run(detail: &RunDetail, style: Style) -> String {
     let mut out = format!(
-        "run      {}\nagent    {}\nstatus   {}\nepoch    {}\ncreated  {}\nupdated  {}\ntokens   {}\n\n",
+        "run      {}\nagent    {}\nstatus   {}\nepoch    {}\ncreated  {}\nupdated  {}\ntokens   {}\n{}\n",
         detail.run_id,
         detail.agent_id,
         style.run_status(detail.status, detail.status.as_str()),
@@ -105,6 +105,7 @@ pub fn run(detail: &RunDetail, style: Style) -> String {
         timestamp(detail.created_at_ms),
         timestamp(detail.updated_at_ms),
         view::tokens(&detail.usage),
+        detail.cost_usd.map(|c| format!("cost     {}\n", view::dollars(c))).unwrap_or_default(),
     );
     if detail.steps.is_empty() {
         out.push_str("no steps journaled\n");

@@ -85,6 +85,10 @@ pub struct RunDetail {
     pub updated_at_ms: i64,
     /// Tokens of every model step in the journal, summed.
     pub usage: Usage,
+    /// Dollars of every priced model step in the journal, summed; `None` when no step was
+    /// priced (the runtime had no `Pricing` for its model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
     /// The journal, in ordinal order.
     pub steps: Vec<StepView>,
     /// Approvals the run waits for.
@@ -170,6 +174,9 @@ pub struct StepView {
     pub error: Option<Value>,
     /// Tokens the step used, for a finished model step.
     pub usage: Option<Usage>,
+    /// What the step cost in dollars, for a finished model step of a priced model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
     /// What a resumed run does with this step.
     pub replay: Replay,
 }
@@ -252,8 +259,10 @@ pub async fn show(store: &dyn RunStore, run_id: &str) -> Result<RunDetail, CliEr
     for u in steps.iter().filter_map(|s| s.usage) {
         usage += u;
     }
+    let cost_usd = steps.iter().filter_map(|s| s.cost_usd).reduce(|a, b| a + b);
     Ok(RunDetail {
         usage,
+        cost_usd,
         run_id: record.run_id.clone(),
         agent_id: record.agent_id.clone(),
         status: record.status,
@@ -274,12 +283,13 @@ fn step_view(s: StepRecord, calls: &mut std::collections::HashMap<u64, kuralle::
     } else {
         Replay::Replays
     };
-    let usage = match (s.kind, &s.result) {
-        (StepKind::Model, Some(text)) => text.decode::<ModelUsage>().ok().map(|m| m.usage),
+    let spent = match (s.kind, &s.result) {
+        (StepKind::Model, Some(text)) => text.decode::<ModelUsage>().ok(),
         _ => None,
     };
     StepView {
-        usage,
+        usage: spent.as_ref().map(|m| m.usage),
+        cost_usd: spent.and_then(|m| m.cost_usd),
         ordinal: s.ordinal,
         kind: s.kind,
         name: s.name,
@@ -303,6 +313,13 @@ fn step_view(s: StepRecord, calls: &mut std::collections::HashMap<u64, kuralle::
 struct ModelUsage {
     #[serde(default)]
     usage: Usage,
+    #[serde(default)]
+    cost_usd: Option<f64>,
+}
+
+/// Dollars for a person: `$0.0123` (four decimals below a dollar, two above).
+pub fn dollars(usd: f64) -> String {
+    if usd.abs() < 1.0 { format!("${usd:.4}") } else { format!("${usd:.2}") }
 }
 
 /// Tokens as one line: `1200 in (800 cached, 100 written), 56 out (12 reasoning)`.

@@ -285,3 +285,62 @@ async fn export_writes_a_run_that_replays_as_a_test() {
     assert_eq!(replay.played(), 2);
     replay.check().unwrap();
 }
+
+/// Find something.
+#[kuralle::tool(parallel_safe)]
+async fn find(what: String) -> String {
+    format!("found {what}")
+}
+
+#[tokio::test]
+async fn a_run_stopped_by_a_limit_shows_its_status_and_priced_cost() {
+    use kuralle::{
+        AgentDef, Pricing, RunLimits, RunRequest, Runtime,
+        stores::SqliteStore,
+        testing::{ScriptedModel, Turn},
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("runs.db");
+    // One tool call allowed; the model asks for two at once, so the batch never starts.
+    let capped = Runtime::builder()
+        .agent(AgentDef::new("capped", "Look things up.").tool(Find).limits(RunLimits::new().max_tool_calls(1)))
+        .model(ScriptedModel::new([Turn::tool_calls([
+            ("c1", "find", r#"{"what":"a"}"#),
+            ("c2", "find", r#"{"what":"b"}"#),
+        ])]))
+        .pricing("scripted", Pricing::new(3.0, 15.0))
+        .store(SqliteStore::open(&db).unwrap())
+        .build()
+        .unwrap();
+    let stopped = capped.run(RunRequest::new("look up two things").run_id("capped-1")).await;
+    assert!(matches!(stopped, Err(kuralle::RunError::LimitExceeded { .. })), "{stopped:?}");
+    // An unpriced run in the same store: no cost to show.
+    let chat = Runtime::builder()
+        .agent(AgentDef::new("support", "Chat."))
+        .model(ScriptedModel::new([Turn::text("Hello!")]))
+        .store(SqliteStore::open(&db).unwrap())
+        .build()
+        .unwrap();
+    chat.run(RunRequest::new("hi").run_id("chat-1")).await.unwrap();
+    let store = store_arg(&db);
+
+    let list = ok_json(&["runs", "list", "--store", &store, "--status", "limit_exceeded", "--json"]);
+    assert_eq!(ids(&list), ["capped-1"]);
+
+    let run = ok_json(&["runs", "show", "capped-1", "--store", &store, "--json"]);
+    assert_eq!(run["status"], "limit_exceeded");
+    let step_cost: f64 = run["steps"].as_array().unwrap().iter().filter_map(|s| s["cost_usd"].as_f64()).sum();
+    let cost = run["cost_usd"].as_f64().unwrap();
+    assert!(cost > 0.0 && (cost - step_cost).abs() < 1e-12, "{run}");
+    let usage = &run["usage"];
+    let priced = usage["input_tokens"].as_f64().unwrap() * 3e-6 + usage["output_tokens"].as_f64().unwrap() * 15e-6;
+    assert!((cost - priced).abs() < 1e-12, "{cost} vs {priced}");
+
+    let text = ok_text(&["runs", "show", "capped-1", "--store", &store]);
+    assert!(text.contains("status   limit_exceeded"), "{text}");
+    assert!(text.contains(&format!("cost     ${cost:.4}\n")), "{text}");
+
+    let unpriced = ok_json(&["runs", "show", "chat-1", "--store", &store, "--json"]);
+    assert!(unpriced.get("cost_usd").is_none(), "{unpriced}");
+    assert!(!ok_text(&["runs", "show", "chat-1", "--store", &store]).contains("cost "));
+}

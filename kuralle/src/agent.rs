@@ -3,6 +3,7 @@
 use std::{fmt, sync::Arc};
 
 use crate::{
+    limits::RunLimits,
     model::{Model, OutputMode},
     output::AgentOutput,
     policy::Policy,
@@ -62,6 +63,9 @@ pub struct AgentDef {
     pub policy: Policy,
     /// The typed final output, if the agent answers with one (see [`AgentDef::output`]).
     pub output: Option<AgentOutput>,
+    /// What each run of this agent may spend (default: no caps); a request's own
+    /// [`RunRequest::limits`](crate::RunRequest::limits) can only tighten them.
+    pub limits: RunLimits,
 }
 
 impl fmt::Debug for AgentDef {
@@ -75,6 +79,7 @@ impl fmt::Debug for AgentDef {
             .field("model", &self.model.as_ref().map(|m| m.name().to_owned()))
             .field("policy", &self.policy)
             .field("output", &self.output)
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -92,6 +97,7 @@ impl AgentDef {
             model: None,
             policy: Policy::new(),
             output: None,
+            limits: RunLimits::new(),
         }
     }
 
@@ -200,6 +206,19 @@ impl AgentDef {
     #[must_use]
     pub fn output_retries(mut self, n: u32) -> Self {
         self.output = self.output.map(|o| o.retries(n));
+        self
+    }
+
+    /// Caps what each run of this agent may spend (see [`RunLimits`]).
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, RunLimits};
+    /// let agent = AgentDef::new("support", "Be brief.").limits(RunLimits::new().max_tool_calls(10));
+    /// assert_eq!(agent.limits.max_tool_calls, Some(10));
+    /// ```
+    #[must_use]
+    pub fn limits(mut self, limits: RunLimits) -> Self {
+        self.limits = limits;
         self
     }
 

@@ -4,7 +4,13 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{approval::PendingApproval, model::Usage, output::OutputError, store::RunStatus};
+use crate::{
+    approval::PendingApproval,
+    limits::{Amount, Limit},
+    model::Usage,
+    output::OutputError,
+    store::RunStatus,
+};
 
 /// A tool call named in a [`Event::ToolBatchStart`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,6 +92,28 @@ pub enum Event {
         run_id: String,
         /// The calls waiting for a decision.
         pending: Vec<PendingApproval>,
+    },
+    /// The run was stopped before a model request or tool batch that would have passed one of
+    /// its [`RunLimits`](crate::RunLimits); it ends with status
+    /// [`LimitExceeded`](RunStatus::LimitExceeded).
+    ///
+    /// ```
+    /// use kuralle::{Event, Limit};
+    /// let e = Event::LimitExceeded { run_id: "run-1".into(), limit: Limit::ToolCalls, used: 3u64.into(), max: 4u64.into() };
+    /// assert_eq!(
+    ///     serde_json::to_value(&e).unwrap(),
+    ///     serde_json::json!({"type": "limit-exceeded", "run_id": "run-1", "limit": "tool_calls", "used": 3, "max": 4}),
+    /// );
+    /// ```
+    LimitExceeded {
+        /// Run id.
+        run_id: String,
+        /// The cap the next request or batch would have passed.
+        limit: Limit,
+        /// What the run had used of it, in the limit's [`unit`](Limit::unit).
+        used: Amount,
+        /// The cap.
+        max: Amount,
     },
     /// Something went wrong; the run may go on (a tool error) or end (see the output).
     Error {

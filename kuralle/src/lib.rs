@@ -189,6 +189,7 @@ pub mod inspect;
 pub mod journal;
 mod json;
 mod keymap;
+mod limits;
 #[cfg(feature = "mcp")]
 pub mod mcp;
 mod model;
@@ -221,6 +222,7 @@ pub use json::JsonText;
 pub use kuralle_macros::agent;
 #[doc = include_str!("../docs/tool.md")]
 pub use kuralle_macros::tool;
+pub use limits::{Amount, Limit, Pricing, RunLimits};
 pub use model::{
     FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, Origin, OutputMode, OutputSpec, Part,
     ToolCallRequest, ToolChoice, Usage,

@@ -39,7 +39,12 @@ fn child(dir: &Path, crash: Option<(&str, &str)>) -> Command {
 
 /// Runs the child to completion; returns its final JSON line.
 fn run_to_end(dir: &Path) -> Value {
-    let out = child(dir, None).output().expect("run child");
+    run_to_end_with(dir, &[])
+}
+
+/// [`run_to_end`] with extra environment for the child.
+fn run_to_end_with(dir: &Path, env: &[(&str, &str)]) -> Value {
+    let out = child(dir, None).envs(env.iter().copied()).output().expect("run child");
     assert!(out.status.success(), "child failed: {out:?}");
     let stdout = String::from_utf8(out.stdout).unwrap();
     serde_json::from_str(stdout.lines().last().expect("an output line")).expect("JSON output")
@@ -47,7 +52,12 @@ fn run_to_end(dir: &Path) -> Value {
 
 /// Starts the child, waits for `MARK <at>`, and SIGKILLs it there.
 fn kill_at(dir: &Path, at: &str, tool: &str) {
-    let mut proc = child(dir, Some((at, tool))).spawn().expect("spawn child");
+    kill_at_with(dir, at, tool, &[]);
+}
+
+/// [`kill_at`] with extra environment for the child.
+fn kill_at_with(dir: &Path, at: &str, tool: &str, env: &[(&str, &str)]) {
+    let mut proc = child(dir, Some((at, tool))).envs(env.iter().copied()).spawn().expect("spawn child");
     let stdout = proc.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -122,6 +132,34 @@ async fn killing_the_process_at_every_boundary_never_charges_twice() {
         }
         let steps = check_journal(dir.path()).await;
         assert_eq!(steps.len(), base_steps.len(), "crash {at}: no step missing or duplicated");
+    }
+}
+
+/// Run limits hold across a crash: a run allowed two model requests is SIGKILLed inside the
+/// call its second response asked for; the restarted process replays both responses from the
+/// journal and is refused the third request (used 2 of 2), where a fresh budget would let it
+/// finish. With a cap of three the same crash finishes, so it is the spend that stops it.
+#[tokio::test]
+async fn a_run_killed_mid_turn_resumes_on_what_it_already_spent() {
+    for (cap, finishes) in [("2", false), ("3", true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let env = [("MAX_REQUESTS", cap)];
+        kill_at_with(dir.path(), "in_execute", "ship", &env);
+        let out = run_to_end_with(dir.path(), &env);
+        let store = SqliteStore::open(dir.path().join("runs.db")).unwrap();
+        let status = store.get_run("order-42").await.unwrap().unwrap().status;
+        let requests = store.steps("order-42").await.unwrap().iter().filter(|s| s.kind == StepKind::Model).count();
+        if finishes {
+            assert_eq!(out["status"], "finished", "{out}");
+            assert_eq!(requests, 3);
+        } else {
+            assert_eq!(out["error"], "limit_exceeded", "{out}");
+            let message = out["message"].as_str().unwrap();
+            assert!(message.contains("requests limit: used 2 of 2"), "{message}");
+            assert_eq!(status, RunStatus::LimitExceeded);
+            assert_eq!(requests, 2, "no request past the cap was sent");
+        }
+        check_journal(dir.path()).await;
     }
 }
 

@@ -11,13 +11,14 @@ use crate::{
     view::{ListQuery, RunDetail, RunRow, StepView},
 };
 
-const STATUSES: [RunStatus; 6] = [
+const STATUSES: [RunStatus; 7] = [
     RunStatus::Paused,
     RunStatus::Running,
     RunStatus::Failed,
     RunStatus::Finished,
     RunStatus::MaxSteps,
     RunStatus::Interrupted,
+    RunStatus::LimitExceeded,
 ];
 
 fn badge(status: &str) -> String {
@@ -85,13 +86,17 @@ pub fn run(detail: &RunDetail, operator: &str, notice: Option<&str>, error: Opti
     }
     let _ = write!(
         body,
-        r#"<dl class="meta"><dt>agent</dt><dd>{agent}</dd><dt>status</dt><dd id="status">{status}</dd><dt>turn epoch</dt><dd>{epoch}</dd><dt>created</dt><dd>{created}</dd><dt>updated</dt><dd>{updated}</dd><dt>tokens</dt><dd id="tokens">{tokens}</dd></dl>"#,
+        r#"<dl class="meta"><dt>agent</dt><dd>{agent}</dd><dt>status</dt><dd id="status">{status}</dd><dt>turn epoch</dt><dd>{epoch}</dd><dt>created</dt><dd>{created}</dd><dt>updated</dt><dd>{updated}</dd><dt>tokens</dt><dd id="tokens">{tokens}</dd>{cost}</dl>"#,
         agent = esc(&detail.agent_id),
         status = badge(detail.status.as_str()),
         epoch = detail.epoch,
         created = timestamp(detail.created_at_ms),
         updated = timestamp(detail.updated_at_ms),
         tokens = esc(&crate::view::tokens(&detail.usage)),
+        cost = detail
+            .cost_usd
+            .map(|c| format!(r#"<dt>cost</dt><dd id="cost">{}</dd>"#, esc(&crate::view::dollars(c))))
+            .unwrap_or_default(),
     );
 
     if !detail.pending.is_empty() {

@@ -19,6 +19,7 @@ const VALID: &[&str] = &[
     "output",
     "output_mode",
     "output_retries",
+    "limits",
 ];
 
 /// The parsed `#[agent(...)]` arguments.
@@ -39,6 +40,8 @@ pub(crate) struct AgentArgs {
     pub(crate) output_mode: Option<Expr>,
     /// A `u32` expression: the repair budget.
     pub(crate) output_retries: Option<Expr>,
+    /// An expression of type `kuralle::RunLimits`.
+    pub(crate) limits: Option<Expr>,
 }
 
 impl AgentArgs {
@@ -106,6 +109,7 @@ impl AgentArgs {
                     keys.set(&mut self.output_retries, expr, meta);
                 }
             }
+            "limits" => keys.set(&mut self.limits, meta.value()?.parse()?, meta),
             // `Keys::key` returns only keys listed in `VALID`; a key listed there without an arm
             // here is a bug in this crate, reported rather than panicking.
             other => cx.error_spanned_by(&meta.path, format!("`#[agent]` argument `{other}` is not implemented")),

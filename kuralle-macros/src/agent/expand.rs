@@ -30,6 +30,7 @@ pub(crate) fn agent(agent: &AgentStruct<'_>) -> TokenStream {
     let max_tool_result_tokens = limit("max_tool_result_tokens", args.max_tool_result_tokens.as_ref());
     let model = limit("model", args.model.as_ref());
     let policy = limit("policy", args.policy.as_ref());
+    let limits = limit("limits", args.limits.as_ref());
 
     let mut definition = quote! {
         #p::AgentDef::new(#id, #instructions)
@@ -39,6 +40,7 @@ pub(crate) fn agent(agent: &AgentStruct<'_>) -> TokenStream {
             #max_tool_result_tokens
             #model
             #policy
+            #limits
     };
     if let Some(ty) = &args.output {
         // At the type's span: a type that cannot be an output is one error, on the type.

@@ -29,33 +29,29 @@ pub(super) async fn run(
     turn: &Arc<TurnCtx>,
     batch: Vec<Planned>,
 ) -> Result<(Vec<CallOutcome>, Vec<Pending>), RunError> {
+    // Built before any is sent: a planned call holds its validated call, which is `Send` but
+    // not `Sync`, so no borrow of the batch may live across an await. Sent once the batch is
+    // known to start (no run limit refuses it).
+    let mut announce = Vec::new();
     if turn.events.is_listening() {
-        turn.emit(Event::ToolBatchStart {
+        announce.reserve(batch.len() + 1);
+        announce.push(Event::ToolBatchStart {
             calls: batch
                 .iter()
                 .map(|p| BatchCall { call_id: p.head.req.call_id.clone(), name: p.head.req.name.clone() })
                 .collect(),
-        })
-        .await;
-        // Built before any is sent: a planned call holds its validated call, which is `Send`
-        // but not `Sync`, so no borrow of the batch may live across an await.
-        let calls: Vec<Event> = batch
-            .iter()
-            .map(|p| {
-                let head = &p.head;
-                let mut args = match p.check.tool().map(|_| head.args.value(&head.req.name)) {
-                    Some(Ok(args)) => args.clone(),
-                    _ => Value::String(head.args.text().to_owned()),
-                };
-                if let Some(tool) = p.check.tool() {
-                    redaction_of(&**tool).args(&head.req.name, &mut args);
-                }
-                Event::ToolCall { call_id: head.req.call_id.clone(), name: head.req.name.clone(), args }
-            })
-            .collect();
-        for call in calls {
-            turn.emit(call).await;
-        }
+        });
+        announce.extend(batch.iter().map(|p| {
+            let head = &p.head;
+            let mut args = match p.check.tool().map(|_| head.args.value(&head.req.name)) {
+                Some(Ok(args)) => args.clone(),
+                _ => Value::String(head.args.text().to_owned()),
+            };
+            if let Some(tool) = p.check.tool() {
+                redaction_of(&**tool).args(&head.req.name, &mut args);
+            }
+            Event::ToolCall { call_id: head.req.call_id.clone(), name: head.req.name.clone(), args }
+        }));
     }
 
     let interrupted = turn.interrupt.is_cancelled();
@@ -85,6 +81,13 @@ pub(super) async fn run(
             _ => None,
         })
         .collect();
+    // A batch that would pass a run limit starts no call: refused before its first intent.
+    if let Some(exceeded) = turn.budget.before_batch(&turn.journal.spent(), fresh.len() as u64) {
+        return Err(crate::runtime::limits::refuse(turn, exceeded).await);
+    }
+    for event in announce {
+        turn.emit(event).await;
+    }
     let intents = fresh.iter().map(|r| (r.key.clone(), StepKind::Tool, r.tool.name().to_owned())).collect();
     let ordinals = turn.journal.begin(intents).await?;
     for (r, ordinal) in fresh.into_iter().zip(ordinals) {

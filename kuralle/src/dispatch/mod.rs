@@ -26,6 +26,7 @@ use crate::{
     error::{RunError, ToolError},
     event::{Event, EventSender},
     journal::Journal,
+    limits::Budget,
     model::ToolCallRequest,
     policy::Policy,
     tool::ToolSet,
@@ -51,6 +52,8 @@ pub(crate) struct TurnCtx {
     /// The tools' secrets, hidden from captured content (empty when capture is off: nothing
     /// is captured, and the hot path computes nothing).
     pub(crate) redact: crate::Redactions,
+    /// The run's limits: a batch that would pass one runs none of its calls.
+    pub(crate) budget: Budget,
 }
 
 impl TurnCtx {
@@ -224,6 +227,7 @@ pub(crate) async fn call_standalone(
         stragglers: Arc::default(),
         capture_content: crate::trace::capture_content_from_env(),
         redact: crate::Redactions::default(),
+        budget: Budget::none(),
     });
     let done = dispatch(&turn, vec![call], 0)
         .await

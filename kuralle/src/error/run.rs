@@ -45,6 +45,21 @@ pub enum RunError {
         /// The configured limit.
         limit: usize,
     },
+    /// The run was stopped before a model request or tool batch that would have passed one of
+    /// its [`RunLimits`](crate::RunLimits) (nothing of that request or batch ran). The run
+    /// ends with status [`LimitExceeded`](crate::RunStatus::LimitExceeded); what it spent
+    /// stays in its journal, so no resume, crash or handover gives it a fresh budget.
+    #[error("run `{run_id}` reached its {limit} limit: used {used} of {max} {unit}", unit = limit.unit())]
+    LimitExceeded {
+        /// Run id.
+        run_id: String,
+        /// The cap the next request or batch would have passed.
+        limit: crate::limits::Limit,
+        /// What the run had used of it, in the limit's [`unit`](crate::Limit::unit).
+        used: crate::limits::Amount,
+        /// The cap.
+        max: crate::limits::Amount,
+    },
     /// The runtime is misconfigured.
     #[error("runtime configuration: {0}")]
     Config(String),

@@ -24,6 +24,7 @@ use crate::{
     error::RunError,
     json::JsonText,
     keymap::KeyMap,
+    limits::Spent,
     store::{FinishedWithIntents, NewStep, RunStore, StepKind, StepOutcome, StepRecord, StepStatus, StoreError},
 };
 pub(crate) use fence::Fence;
@@ -56,6 +57,8 @@ struct State {
     len: u64,
     /// A finished step not yet written: journaled with the next intents (one commit).
     deferred: Option<Deferred>,
+    /// What the run has spent, as journaled: run limits are checked against it.
+    spent: Spent,
 }
 
 /// What replay needs of a step: a journal of 10,000 steps is held in memory for the whole
@@ -100,16 +103,22 @@ pub(crate) enum Lookup {
 }
 
 impl Journal {
-    /// Loads the run's steps. `limit` is `max_journal_entries`.
+    /// Loads the run's steps. `limit` is `max_journal_entries`. With `usage`, what the run's
+    /// model responses spent (tokens, dollars) is added up as well (see [`spent`](Self::spent)).
     pub(crate) async fn open(
         store: Arc<dyn RunStore>,
         fence: Arc<Fence>,
         run_id: &str,
         epoch: u64,
         limit: u64,
+        usage: bool,
     ) -> Result<Self, RunError> {
         let steps = store.steps(run_id).await?;
         let len = steps.len() as u64;
+        let mut spent = Spent::default();
+        for step in &steps {
+            spent.add_step(step, usage);
+        }
         // The key moves into the map; the cached record's own copy is never read.
         let by_key = steps.into_iter().map(|mut s| (std::mem::take(&mut s.key), Cached::from(s))).collect();
         Ok(Self {
@@ -119,7 +128,7 @@ impl Journal {
             epoch,
             namespace: format!("{run_id}#{epoch}"),
             limit,
-            state: Mutex::new(State { by_key, len, deferred: None }),
+            state: Mutex::new(State { by_key, len, deferred: None, spent }),
         })
     }
 
@@ -134,7 +143,7 @@ impl Journal {
         let lease = store.acquire_lease(run_id, "standalone", TTL).await?;
         let fence = Fence::new(&lease, tokio_util::sync::CancellationToken::new());
         store.create_run(crate::store::RunRecord::new(run_id, "standalone"), fence.token()).await?;
-        Self::open(store, fence, run_id, 0, DEFAULT_MAX_JOURNAL_ENTRIES).await
+        Self::open(store, fence, run_id, 0, DEFAULT_MAX_JOURNAL_ENTRIES, false).await
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -154,6 +163,17 @@ impl Journal {
 
     pub(crate) fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// What the run has spent: its journaled model requests and tool calls, and (when the
+    /// journal was opened counting usage) the tokens and dollars of its model responses.
+    pub(crate) fn spent(&self) -> Spent {
+        self.state().spent
+    }
+
+    /// Adds a model response's tokens and dollars to [`spent`](Self::spent).
+    pub(crate) fn spend(&self, usage: crate::model::Usage, cost_usd: Option<f64>) {
+        self.state().spent.add_response(usage, cost_usd);
     }
 
     /// Whether the turn lost the run's lease: nothing more may execute or be journaled.
@@ -225,7 +245,9 @@ impl Journal {
         self.flush().await?;
         self.reserve(1)?;
         let deferred = Deferred { key, kind, name: name.to_owned(), value, started_at_ms: now_ms() };
-        self.state().deferred = Some(deferred);
+        let mut st = self.state();
+        st.spent.count(kind);
+        st.deferred = Some(deferred);
         Ok(())
     }
 
@@ -279,7 +301,8 @@ impl Journal {
             // it): the cache notes only that it finished.
             st.by_key.insert(d.key, Cached::Finished(None));
         }
-        for ((key, _, _), ordinal) in intents.into_iter().zip(&ordinals) {
+        for ((key, kind, _), ordinal) in intents.into_iter().zip(&ordinals) {
+            st.spent.count(kind);
             st.by_key.insert(key, Cached::Running(*ordinal));
         }
         Ok(ordinals)

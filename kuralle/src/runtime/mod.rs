@@ -6,6 +6,7 @@ mod entry;
 mod handle;
 mod instance;
 pub(crate) mod lease;
+pub(crate) mod limits;
 mod open;
 mod output;
 mod recover;
@@ -29,6 +30,7 @@ pub use worker::{ServeReport, WorkerOptions};
 use crate::{
     agent::{Agent, AgentDef},
     error::RunError,
+    limits::{Pricing, RunLimits},
     model::Model,
     store::{RunRecord, RunStore, StepRecord},
     stores::MemoryStore,
@@ -62,6 +64,7 @@ pub struct RunRequest {
     pub(crate) run_id: Option<String>,
     pub(crate) idempotency_key: Option<String>,
     pub(crate) wait_for_lease: Option<Duration>,
+    pub(crate) limits: Option<RunLimits>,
     /// A worker's turn: an interrupt hands the run back (it stays runnable) instead of ending
     /// the turn `interrupted`.
     pub(crate) hand_back: bool,
@@ -116,6 +119,24 @@ impl RunRequest {
     #[must_use]
     pub fn wait_for_lease(mut self, max: Duration) -> Self {
         self.wait_for_lease = Some(max);
+        self
+    }
+}
+
+impl RunRequest {
+    /// Caps what the run may spend, on top of its agent's limits: the run gets the
+    /// [`tighter`](RunLimits::tighter) of the two, cap by cap. Kept with the run, so a resumed
+    /// run, or a worker's, holds to the same caps; a later turn with limits of its own replaces
+    /// them.
+    ///
+    /// ```
+    /// use kuralle::{RunLimits, RunRequest};
+    /// let req = RunRequest::new("Plan my trip").limits(RunLimits::new().max_requests(4));
+    /// # let _ = req;
+    /// ```
+    #[must_use]
+    pub fn limits(mut self, limits: RunLimits) -> Self {
+        self.limits = Some(limits);
         self
     }
 }
@@ -248,6 +269,8 @@ pub(crate) struct Inner {
     pub(crate) instance: Option<Arc<instance::Instance>>,
     /// Whether message and tool content goes on the spans ([`RuntimeBuilder::capture_content`]).
     pub(crate) capture_content: bool,
+    /// Prices by model name ([`RuntimeBuilder::pricing`]).
+    pub(crate) pricing: std::collections::HashMap<String, Pricing>,
 }
 
 impl Inner {
@@ -430,6 +453,7 @@ pub struct RuntimeBuilder {
     event_buffer: Option<usize>,
     instance_id: Option<String>,
     capture_content: Option<bool>,
+    pricing: std::collections::HashMap<String, Pricing>,
 }
 
 impl fmt::Debug for RuntimeBuilder {
@@ -602,6 +626,30 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Prices the model named `model` (its [`Model::name`], e.g. `"gpt-4o-mini"`): each of
+    /// its responses journals what it cost, [`RunLimits::max_cost_usd`] caps that, and
+    /// `kuralle runs show` adds it up. The last price given for a name wins.
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, Pricing, RunLimits, Runtime, testing::ScriptedModel};
+    ///
+    /// let agent = AgentDef::new("support", "Be brief.").limits(RunLimits::new().max_cost_usd(0.10));
+    /// let unpriced = Runtime::builder().agent(agent.clone()).model(ScriptedModel::new([])).build();
+    /// assert!(unpriced.is_err()); // a dollar cap needs the model's price
+    /// let runtime = Runtime::builder()
+    ///     .agent(agent)
+    ///     .model(ScriptedModel::new([]))
+    ///     .pricing("scripted", Pricing::new(0.15, 0.60))
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = runtime;
+    /// ```
+    #[must_use]
+    pub fn pricing(mut self, model: impl Into<String>, pricing: Pricing) -> Self {
+        self.pricing.insert(model.into(), pricing);
+        self
+    }
+
     /// Checks the configuration and builds the runtime.
     ///
     /// # Errors
@@ -610,7 +658,9 @@ impl RuntimeBuilder {
     /// that is never answered from the journal cannot be held to at most once: after a crash
     /// it would run again; `#[tool]` rejects that combination at compile time, and this check
     /// covers hand-written [`Tool`](crate::Tool) impls);
-    /// [`RunError::DuplicateTool`]: an agent with two tools of one name.
+    /// [`RunError::DuplicateTool`]: an agent with two tools of one name; also
+    /// [`RunError::Config`] for a [`RunLimits::max_cost_usd`] on an agent whose model has no
+    /// [`pricing`](Self::pricing), or a negative or NaN price.
     pub fn build(self) -> Result<Runtime, RunError> {
         if self.agents.is_empty() {
             return Err(RunError::Config("register at least one agent with `.agent(..)`".into()));
@@ -647,6 +697,7 @@ impl RuntimeBuilder {
                 )));
             }
         }
+        limits::check_config(&self.agents, self.model.as_deref(), &self.pricing)?;
         if let Some(id) = &self.instance_id {
             instance::check_id(id)?;
         }
@@ -668,6 +719,7 @@ impl RuntimeBuilder {
                 wake: tokio::sync::Notify::new(),
                 event_buffer: self.event_buffer.unwrap_or(DEFAULT_EVENT_BUFFER),
                 capture_content: self.capture_content.unwrap_or_else(crate::trace::capture_content_from_env),
+                pricing: self.pricing,
             }),
         })
     }

@@ -2,7 +2,7 @@
 //! turn of a run that resumes; inbound idempotency keys say which.
 
 use super::{
-    Inner, RunRequest,
+    Inner, RunRequest, limits,
     state::{RunState, decode_state, output_of},
 };
 use crate::{
@@ -34,6 +34,16 @@ pub(super) fn agent<'a>(rt: &'a Inner, id: Option<&str>) -> Result<&'a AgentDef,
     }
 }
 
+/// The limits a turn opened by `req` holds to; a configuration error, before anything is
+/// recorded, for a dollar cap on an unpriced model.
+fn turn_limits(rt: &Inner, agent: &AgentDef, req: &RunRequest) -> Result<crate::limits::RunLimits, RunError> {
+    let limits = limits::for_turn(agent, req);
+    if let Some(model) = agent.model.as_deref().or(rt.model.as_deref()) {
+        limits::priced(limits.max_cost_usd.is_some(), &agent.id, model, &rt.pricing)?;
+    }
+    Ok(limits)
+}
+
 pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) -> Result<Opened, RunError> {
     let run_id = writer.run_id();
     let Some(mut record) = writer.get_run().await? else {
@@ -43,6 +53,7 @@ pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) ->
             turn_input: Some(input),
             inbound_keys: req.idempotency_key.iter().cloned().collect(),
             redact: redactions(agent),
+            limits: Some(turn_limits(rt, agent, req)?),
             ..RunState::default()
         };
         let record =
@@ -70,6 +81,7 @@ pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) ->
         }
         Some(input) => {
             // A new user turn: a new epoch, so the same call made again is a new effect.
+            state.limits = Some(turn_limits(rt, agent(rt, Some(&record.agent_id))?, req)?);
             record.epoch += 1;
             record.status = RunStatus::Running;
             state.turn_input = Some(input.clone());

@@ -28,6 +28,9 @@ pub(crate) struct ModelResponse {
     /// test offers different ones. `None` in journals written before they were kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) offered: Option<Vec<String>>,
+    /// What the response cost in dollars, when its model has a [`Pricing`](crate::Pricing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cost_usd: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -45,12 +48,13 @@ struct ResponseWire {
     usage: Usage,
     #[serde(default)]
     offered: Option<Vec<String>>,
+    cost_usd: Option<f64>,
 }
 
 impl From<ResponseWire> for ModelResponse {
     fn from(w: ResponseWire) -> Self {
         let parts = w.parts.unwrap_or_else(|| legacy_parts(w.text.unwrap_or_default(), w.tool_calls));
-        Self { parts, origin: w.origin, finish: w.finish, usage: w.usage, offered: w.offered }
+        Self { parts, origin: w.origin, finish: w.finish, usage: w.usage, offered: w.offered, cost_usd: w.cost_usd }
     }
 }
 

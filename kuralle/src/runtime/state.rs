@@ -7,6 +7,7 @@ use crate::{
     approval::Pending,
     error::RunError,
     event::RunOutput,
+    limits::RunLimits,
     model::Usage,
     store::{RunRecord, StoreError},
     transcript::Transcript,
@@ -35,6 +36,10 @@ pub(super) struct RunState {
     /// The last finished turn's accepted typed output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) value: Option<serde_json::Value>,
+    /// The limits the run holds to, set when a turn opens with input (agent's and request's),
+    /// so a resumed run, or a worker's, holds to the same ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) limits: Option<RunLimits>,
 }
 
 pub(super) fn decode_state(record: &RunRecord) -> Result<RunState, RunError> {

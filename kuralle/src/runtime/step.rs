@@ -44,6 +44,9 @@ pub(super) async fn model_step(
         return Ok(Some(response));
     }
     crate::trace::replayed(false);
+    if let Some(exceeded) = ctx.budget.before_request(&journal.spent()) {
+        return Err(super::limits::refuse(ctx, exceeded).await);
+    }
     // No intent is written before asking: a response cut off by a crash is asked for again
     // either way, so the response is journaled once it is complete, with the intents of the
     // calls it asks for (one commit). An intent left by an older turn is finished in place.
@@ -56,8 +59,14 @@ pub(super) async fn model_step(
 
     let offered = Some(request.tools.iter().map(|t| t.name.clone()).collect());
     let mut stream = model.stream(request);
-    let mut response =
-        ModelResponse { parts: Vec::new(), origin: None, finish: FinishReason::Stop, usage: Usage::default(), offered };
+    let mut response = ModelResponse {
+        parts: Vec::new(),
+        origin: None,
+        finish: FinishReason::Stop,
+        usage: Usage::default(),
+        offered,
+        cost_usd: None,
+    };
     // Text streamed since the last part; it becomes a text part when the next part starts.
     let mut open_text = String::new();
     let mut finished = false;
@@ -103,6 +112,7 @@ pub(super) async fn model_step(
         return Err(ModelError::Protocol("the model stream ended without a finish reason".into()).into());
     }
     close_text(&mut response.parts, &mut open_text);
+    response.cost_usd = rt.pricing.get(model.name()).map(|p| p.cost(&response.usage));
     // Provider state goes back only to its provider; a turn without any needs no origin.
     if response.parts.iter().any(Part::is_provider_state) {
         response.origin = Some(Origin::new(model.provider(), model.name()));
@@ -123,6 +133,7 @@ pub(super) async fn model_step(
         Some(ordinal) => journal.finish(&key, ordinal, StepOutcome::Finished(value), false).await?,
         None => journal.defer_finished(key, StepKind::Model, "model", value).await?,
     }
+    journal.spend(response.usage, response.cost_usd);
     Ok(Some(response))
 }
 

@@ -10,6 +10,7 @@ use super::{
     Inner, RunRequest,
     close::{Closing, close},
     lease::Held,
+    limits,
     open::{Opened, agent, open},
     output::{Judged, Typed},
     response::{ModelResponse, put_calls, take_calls},
@@ -24,6 +25,7 @@ use crate::{
     error::RunError,
     event::{Event, EventSender, RunOutput},
     journal::{Fence, Journal, RunWriter},
+    limits::Budget,
     model::{Message, Model, ModelRequest, ToolCallRequest, Usage},
     store::{RunRecord, RunStatus, StoreError},
     tool::ToolSpec,
@@ -53,7 +55,7 @@ pub(super) async fn turn(
         && ends_the_run(e)
         && !fence.is_lost()
     {
-        mark_failed(writer).await;
+        mark_ended(writer, ended_status(e)).await;
     }
     result
 }
@@ -67,14 +69,23 @@ pub(super) fn ends_the_run(e: &RunError) -> bool {
         RunError::StepLimit { .. }
             | RunError::ResponseTooLarge { .. }
             | RunError::Config(_)
+            | RunError::LimitExceeded { .. }
             | RunError::Store(StoreError::Corrupt(_) | StoreError::LimitExceeded(_))
     )
 }
 
+/// The status of a run `e` ended.
+pub(super) fn ended_status(e: &RunError) -> RunStatus {
+    match e {
+        RunError::LimitExceeded { .. } => RunStatus::LimitExceeded,
+        _ => RunStatus::Failed,
+    }
+}
+
 /// Best effort: a failure to record the failure leaves the run resumable, which is safe.
-pub(super) async fn mark_failed(writer: RunWriter<'_>) {
+pub(super) async fn mark_ended(writer: RunWriter<'_>, status: RunStatus) {
     let Ok(Some(mut record)) = writer.get_run().await else { return };
-    record.status = RunStatus::Failed;
+    record.status = status;
     record.updated_at_ms = now_ms();
     if let Err(e) = writer.put_run(record).await {
         tracing::warn!(run_id = writer.run_id(), error = %e, "could not mark the run failed");
@@ -98,14 +109,22 @@ async fn drive(
         (Some(m), _) | (None, Some(m)) => Arc::clone(m),
         (None, None) => return Err(RunError::Config(format!("agent `{}` has no model", agent.id))),
     };
+    let limits = limits::of_run(&agent, &state);
+    limits::priced(limits.max_cost_usd.is_some(), &agent.id, model.as_ref(), &rt.pricing)?;
     let span = crate::trace::agent_span(run_id, &agent.id, model.as_ref());
     let started = std::time::Instant::now();
     let result = async {
         events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
 
-        let journal =
-            Journal::open(Arc::clone(&rt.store), Arc::clone(fence), run_id, record.epoch, rt.max_journal_entries)
-                .await?;
+        let journal = Journal::open(
+            Arc::clone(&rt.store),
+            Arc::clone(fence),
+            run_id,
+            record.epoch,
+            rt.max_journal_entries,
+            limits.counts_usage(),
+        )
+        .await?;
         let ctx = Arc::new(TurnCtx {
             journal,
             tools: super::output::tools(&agent),
@@ -123,6 +142,7 @@ async fn drive(
             } else {
                 crate::Redactions::default()
             },
+            budget: Budget::new(limits, record.created_at_ms),
         });
         steps(rt, run_id, &agent, model.as_ref(), record, state, events, &ctx, fence, hand_back).await
     }

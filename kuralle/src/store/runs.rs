@@ -28,6 +28,9 @@ pub enum RunStatus {
     Interrupted,
     /// The last turn failed with an error that is not retryable.
     Failed,
+    /// The run was stopped before a model request or tool batch that would have passed one
+    /// of its [`RunLimits`](crate::RunLimits).
+    LimitExceeded,
 }
 
 impl RunStatus {
@@ -44,6 +47,7 @@ impl RunStatus {
             Self::MaxSteps => "max_steps",
             Self::Interrupted => "interrupted",
             Self::Failed => "failed",
+            Self::LimitExceeded => "limit_exceeded",
         }
     }
 
@@ -63,6 +67,7 @@ impl RunStatus {
             "max_steps" => Self::MaxSteps,
             "interrupted" => Self::Interrupted,
             "failed" => Self::Failed,
+            "limit_exceeded" => Self::LimitExceeded,
             _ => return None,
         })
     }

@@ -10,6 +10,7 @@
 //!   `resume` (`runtime.resume`, not waiting), or `soak` (a longer order, like `run`);
 //! - `LEASE_TTL_MS`: the runtime's lease TTL;
 //! - `SLOW_MS`: each charge takes this long after its effect (widens race windows);
+//! - `MAX_REQUESTS`: in `run` mode, the run's request limit (`RunLimits::max_requests`);
 //! - `ZOMBIE_MS`: at `in_execute`, after the mark, sleep this long and carry on (instead of
 //!   waiting to be killed), so a SIGSTOPped child can be resumed as a zombie.
 //!
@@ -17,7 +18,7 @@
 //! `tool\tkey\twhat\tpid\trerun` to the effect log, where `rerun` is `1` when the journal
 //! already held a finished outcome for that key (a finished step executed again). On
 //! completion the child prints one JSON line: `{"status", "text", "results": [[call_id,
-//! result, is_error], ...]}`, or `{"error": "busy" | "lease_lost" | "other", "message"}`.
+//! result, is_error], ...]}`, or `{"error": "busy" | "lease_lost" | "limit_exceeded" | "other", "message"}`.
 
 use std::{
     collections::HashSet,
@@ -28,8 +29,8 @@ use std::{
 
 use futures::StreamExt;
 use kuralle::{
-    Event, Lease, NewStep, RunError, RunFilter, RunRecord, RunRequest, RunStatus, RunStore, RunSummary, Runtime,
-    StepKind, StepOutcome, StepRecord, StepStatus, StoreError, StoreFuture, ToolContext, agent,
+    Event, Lease, NewStep, RunError, RunFilter, RunLimits, RunRecord, RunRequest, RunStatus, RunStore, RunSummary,
+    Runtime, StepKind, StepOutcome, StepRecord, StepStatus, StoreError, StoreFuture, ToolContext, agent,
     stores::SqliteStore,
     testing::{ScriptedModel, Turn},
     tool,
@@ -264,7 +265,13 @@ async fn main() {
                 .wait_for_lease(Duration::from_secs(10)),
         ),
         // A restarted process waits for the killed one's lease to expire.
-        _ => runtime.run(RunRequest::new("Buy the thing").run_id(run_id).wait_for_lease(Duration::from_secs(10))),
+        _ => {
+            let mut req = RunRequest::new("Buy the thing").run_id(run_id).wait_for_lease(Duration::from_secs(10));
+            if let Some(n) = std::env::var("MAX_REQUESTS").ok().and_then(|v| v.parse().ok()) {
+                req = req.limits(RunLimits::new().max_requests(n));
+            }
+            runtime.run(req)
+        }
     };
     let mut results = Vec::new();
     while let Some(event) = handle.next().await {
@@ -281,6 +288,7 @@ async fn main() {
             let kind = match &e {
                 RunError::Busy { .. } => "busy",
                 RunError::LeaseLost { .. } => "lease_lost",
+                RunError::LimitExceeded { .. } => "limit_exceeded",
                 _ => "other",
             };
             json!({"error": kind, "message": e.to_string()})

@@ -29,7 +29,8 @@ struct Ticket {
     model = kuralle::testing::ScriptedModel::new([kuralle::testing::Turn::text("hi")]),
     output = Ticket,
     output_mode = "prompted",
-    output_retries = 1
+    output_retries = 1,
+    limits = kuralle::RunLimits::new().max_tool_calls(3)
 )]
 struct Support;
 
@@ -44,4 +45,5 @@ fn main() {
     assert!(def.model.is_some());
     let output = def.output.unwrap();
     assert_eq!((output.mode, output.retries), (kuralle::OutputMode::Prompted, 1));
+    assert_eq!(def.limits, kuralle::RunLimits::new().max_tool_calls(3));
 }
