@@ -20,6 +20,11 @@ use kuralle_tests::{
     FnTool,
     wire_server::{Reply, Server},
 };
+use metrics::{SharedString, Unit};
+use metrics_util::{
+    CompositeKey,
+    debugging::{DebugValue, DebuggingRecorder},
+};
 use opentelemetry::{
     Value as OtelValue,
     trace::{SpanId, SpanKind, Status, TracerProvider as _},
@@ -367,34 +372,37 @@ async fn captured_content_never_holds_a_secret() {
     assert!(input.contains("charged 250") && input.contains("[redacted]"), "{input}");
 }
 
-/// Fresh requests are measured, replayed ones are not, on `gen_ai.client.token.usage` and
-/// `gen_ai.client.operation.duration` with the conventions' attributes.
-#[test]
-fn metrics_measure_fresh_requests_only() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-
+/// What `run` records through the `metrics` facade, run alone on a runtime of its own.
+fn measured(run: impl Future<Output = ()>) -> Vec<(CompositeKey, Option<Unit>, Option<SharedString>, DebugValue)> {
     let _serial = serial();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let model = ScriptedModel::by_transcript([
-                Turn::tool_calls([("c1", "wire", r#"{"amount":900}"#)]),
-                Turn::text("Done."),
-            ]);
-            let agent = AgentDef::new("ops", "x").tool(tool("wire")).policy(Policy::new().ask("wire"));
-            let runtime = Runtime::builder().agent(agent).model(model).build().unwrap();
-            let out = runtime.run(RunRequest::new("go").run_id("run-m")).await.unwrap();
-            assert_eq!(out.status, RunStatus::Paused);
-            // Resuming replays the first request and sends the second.
-            let out = runtime.deliver("run-m", Decision::approve("alice")).await.unwrap();
-            assert_eq!(out.status, RunStatus::Finished);
-        });
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(run);
+    });
+    snapshotter.snapshot().into_vec()
+}
+
+/// Fresh requests are measured, replayed ones are not, on `gen_ai.client.token.usage` and
+/// `gen_ai.client.operation.duration` with the conventions' attributes.
+#[test]
+fn metrics_measure_fresh_requests_only() {
+    let metrics = measured(async {
+        let model = ScriptedModel::by_transcript([
+            Turn::tool_calls([("c1", "wire", r#"{"amount":900}"#)]),
+            Turn::text("Done."),
+        ]);
+        let agent = AgentDef::new("ops", "x").tool(tool("wire")).policy(Policy::new().ask("wire"));
+        let runtime = Runtime::builder().agent(agent).model(model).build().unwrap();
+        let out = runtime.run(RunRequest::new("go").run_id("run-m")).await.unwrap();
+        assert_eq!(out.status, RunStatus::Paused);
+        // Resuming replays the first request and sends the second.
+        let out = runtime.deliver("run-m", Decision::approve("alice")).await.unwrap();
+        assert_eq!(out.status, RunStatus::Finished);
     });
     let mut durations = 0;
     let mut tokens = BTreeMap::new();
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+    for (key, _, _, value) in metrics {
         let key = key.key();
         let labels: BTreeMap<&str, &str> = key.labels().map(|l| (l.key(), l.value())).collect();
         assert_eq!(labels["gen_ai.operation.name"], "chat");
@@ -418,23 +426,14 @@ fn metrics_measure_fresh_requests_only() {
 /// A failed request is timed with its `error.type`, and spent no tokens to count.
 #[test]
 fn a_failed_request_is_timed_with_its_error_type() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-
-    let _serial = serial();
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let runtime = Runtime::builder()
-                .agent(AgentDef::new("ops", "x"))
-                .model(ScriptedModel::new([Turn::error("upstream exploded")]))
-                .build()
-                .unwrap();
-            runtime.run(RunRequest::new("go").run_id("run-me")).await.unwrap_err();
-        });
+    let metrics = measured(async {
+        let runtime = Runtime::builder()
+            .agent(AgentDef::new("ops", "x"))
+            .model(ScriptedModel::new([Turn::error("upstream exploded")]))
+            .build()
+            .unwrap();
+        runtime.run(RunRequest::new("go").run_id("run-me")).await.unwrap_err();
     });
-    let metrics: Vec<_> = snapshotter.snapshot().into_vec();
     let names: Vec<&str> = metrics.iter().map(|(k, ..)| k.key().name()).collect();
     assert_eq!(names, ["gen_ai.client.operation.duration"]);
     let (key, _, _, value) = &metrics[0];
