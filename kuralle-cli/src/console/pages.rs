@@ -5,7 +5,10 @@ use std::fmt::Write;
 use kuralle::{RunStatus, StepStatus};
 use serde_json::Value;
 
-use super::html::{esc, page, url};
+use super::{
+    auth::Caller,
+    html::{attr, esc, page, url},
+};
 use crate::{
     time::{duration, timestamp},
     view::{ListQuery, RunDetail, RunRow, StepView},
@@ -46,7 +49,7 @@ pub fn runs(rows: &[RunRow], query: &ListQuery) -> String {
             .status
             .map(|s| format!(r#"<input type="hidden" name="status" value="{}">"#, s.as_str()))
             .unwrap_or_default(),
-        agent = esc(query.agent.as_deref().unwrap_or_default()),
+        agent = attr(query.agent.as_deref().unwrap_or_default()),
     );
     if rows.is_empty() {
         body.push_str("<p class=\"muted\">No runs match.</p>");
@@ -74,8 +77,18 @@ pub fn runs(rows: &[RunRow], query: &ListQuery) -> String {
 }
 
 /// A run: its record, pending approvals with decision forms, and the timeline of steps.
-pub fn run(detail: &RunDetail, operator: &str, notice: Option<&str>, error: Option<&str>) -> String {
+pub fn run(detail: &RunDetail, caller: &Caller, notice: Option<&str>, error: Option<&str>) -> String {
     let mut body = String::new();
+    let csrf = caller
+        .csrf
+        .as_deref()
+        .map(|t| format!(r#"<input type="hidden" name="csrf" value="{}">"#, attr(t)))
+        .unwrap_or_default();
+    let _ = write!(
+        body,
+        r#"<div class="who" id="who">signed in as <strong>{who}</strong> <form method="post" action="/logout">{csrf}<button type="submit">log out</button></form></div>"#,
+        who = esc(&caller.identity),
+    );
     let _ = write!(body, "<p><a href=\"/\">&larr; all runs</a></p><h1>Run <code>{}</code></h1>", esc(&detail.run_id));
     if let Some(n) = notice {
         let _ = write!(body, r#"<div class="notice" id="notice">{}</div>"#, esc(n));
@@ -100,10 +113,14 @@ pub fn run(detail: &RunDetail, operator: &str, notice: Option<&str>, error: Opti
         for pv in &detail.pending {
             let p = &pv.request;
             let args = serde_json::to_string_pretty(&p.args).unwrap_or_default();
-            if let Some(decided) = pv.decision_text() {
+            if let Some(decided) = pv
+                .decision
+                .as_ref()
+                .map(|d| format!("{} {}", crate::view::decision_text(d), crate::view::audit_text(d)))
+            {
                 let _ = write!(
                     body,
-                    r#"<div class="approval decided" data-request="{rid}"><div><strong>{tool}</strong> <span class="muted">request <code>{rid}</code>, call <code>{call}</code></span></div><pre>{args}</pre><p class="decision"><strong>{decided}</strong>; waiting for the run's owner to resume it.</p></div>"#,
+                    r#"<div class="approval decided" data-request="{rid}"><div><strong>{tool}</strong> <span class="muted">request <code>{rid}</code>, call <code>{call}</code></span></div><pre class="args">{args}</pre><p class="decision"><strong>{decided}</strong>; waiting for the run's owner to resume it.</p></div>"#,
                     rid = esc(&p.request_id),
                     tool = esc(&p.name),
                     call = esc(&p.call_id),
@@ -114,20 +131,49 @@ pub fn run(detail: &RunDetail, operator: &str, notice: Option<&str>, error: Opti
             }
             let _ = write!(
                 body,
-                r#"<div class="approval" data-request="{rid}"><div><strong>{tool}</strong> <span class="muted">request <code>{rid}</code>, call <code>{call}</code></span></div><pre>{args}</pre>
-<form method="post" action="{action}"><input type="hidden" name="request_id" value="{rid}"><input type="hidden" name="decision" value="approve"><label>by <input type="text" name="by" value="{op}" required></label> <button type="submit" class="approve">Approve</button></form>
-<form method="post" action="{action}"><input type="hidden" name="request_id" value="{rid}"><input type="hidden" name="decision" value="deny"><label>by <input type="text" name="by" value="{op}" required></label> <label>reason <input type="text" name="reason" required></label> <button type="submit" class="deny">Deny</button></form></div>"#,
+                r#"<div class="approval" data-request="{rid}"><div><strong>{tool}</strong> <span class="muted">request <code>{rid}</code>, call <code>{call}</code></span></div><pre class="args">{args}</pre>
+<form method="post" action="{action}">{csrf}<input type="hidden" name="request_id" value="{rid}"><input type="hidden" name="decision" value="approve"><button type="submit" class="approve">Approve</button></form>
+<form method="post" action="{action}">{csrf}<input type="hidden" name="request_id" value="{rid}"><input type="hidden" name="decision" value="deny"><label>reason <input type="text" name="reason" required></label> <button type="submit" class="deny">Deny</button></form>
+<p class="muted">You decide as <strong>{who}</strong>; the model is told the decision (and a denial's reason), never who.</p></div>"#,
                 rid = esc(&p.request_id),
                 tool = esc(&p.name),
                 call = esc(&p.call_id),
                 args = esc(&args),
-                action = esc(&action),
-                op = esc(operator),
+                action = attr(&action),
+                who = esc(&caller.identity),
             );
         }
         body.push_str(
             r#"<p class="muted">A decision is recorded in the run's journal; the process that owns the run (or a worker) resumes it.</p>"#,
         );
+    }
+
+    if !detail.decisions.is_empty() {
+        body.push_str("<h2>Decisions</h2><table id=\"decisions\"><thead><tr><th>#</th><th>request</th><th>tool</th><th>decision</th><th>by</th><th>via</th><th>from</th><th>at</th><th>reason</th></tr></thead><tbody>");
+        for d in &detail.decisions {
+            let r = &d.decision;
+            let clock = match r.clock {
+                Some(kuralle::inspect::DecisionClock::Store) => " <span class=\"muted\">(store clock)</span>",
+                Some(kuralle::inspect::DecisionClock::Process) => {
+                    " <span class=\"muted\">(deciding process's clock)</span>"
+                }
+                None => "",
+            };
+            let _ = write!(
+                body,
+                r#"<tr><td>{ord}</td><td><code>{rid}</code></td><td>{tool}</td><td>{what}</td><td class="by">{by}</td><td>{via}</td><td>{from}</td><td>{at}{clock}</td><td>{reason}</td></tr>"#,
+                ord = d.ordinal,
+                rid = esc(&d.request_id),
+                tool = esc(&d.tool),
+                what = if r.approved { "approved" } else { "denied" },
+                by = esc(&r.by),
+                via = esc(r.channel.as_deref().unwrap_or("-")),
+                from = esc(r.origin.as_deref().unwrap_or("-")),
+                at = r.at_ms.map(timestamp).unwrap_or_else(|| "-".to_owned()),
+                reason = esc(r.reason.as_deref().unwrap_or_default()),
+            );
+        }
+        body.push_str("</tbody></table>");
     }
 
     body.push_str("<h2>Timeline</h2>");
@@ -184,6 +230,22 @@ fn timeline(body: &mut String, steps: &[StepView]) {
 fn details(summary: &str, value: &Value) -> String {
     let full = serde_json::to_string_pretty(value).unwrap_or_default();
     format!("<details><summary>{}</summary><pre>{}</pre></details>", esc(summary), esc(&full))
+}
+
+/// The login page: a token field when tokens are configured.
+pub fn login(has_tokens: bool, error: Option<&str>) -> String {
+    let mut body = String::from("<h1>Log in</h1>");
+    if let Some(e) = error {
+        let _ = write!(body, r#"<div class="error" id="error">{}</div>"#, esc(e));
+    }
+    if has_tokens {
+        body.push_str(
+            r#"<form method="post" action="/login" id="login"><label>token <input type="password" name="token" autocomplete="current-password" required></label> <button type="submit">log in</button></form><p class="muted">Your token names you: decisions are recorded under that name.</p>"#,
+        );
+    } else {
+        body.push_str(r#"<p class="muted">This console is reached through an authenticating proxy.</p>"#);
+    }
+    page("Log in", &body)
 }
 
 /// An error page.
