@@ -378,8 +378,10 @@ pub fn preview(value: &Value, width: usize) -> String {
 }
 
 /// At most `width` characters, with `…` when cut; never splits a character, never spans lines.
+/// Escapes and control characters are removed and hidden characters shown (see
+/// [`crate::clean::terminal`]) before the cut, so a cut never hides them.
 pub fn clip(s: &str, width: usize) -> String {
-    let one_line: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let one_line = crate::clean::terminal(s, false);
     if one_line.chars().count() <= width {
         return one_line;
     }

@@ -285,3 +285,38 @@ async fn export_writes_a_run_that_replays_as_a_test() {
     assert_eq!(replay.played(), 2);
     replay.check().unwrap();
 }
+
+/// Sends a message; needs a person's approval.
+#[kuralle::tool(needs_approval)]
+async fn send(to: String, body: String) -> String {
+    format!("sent to {to}: {body}")
+}
+
+#[tokio::test]
+async fn untrusted_text_cannot_drive_the_terminal_or_hide_and_pending_arguments_show_whole() {
+    use kuralle::{
+        AgentDef, RunRequest, Runtime,
+        stores::SqliteStore,
+        testing::{ScriptedModel, Turn},
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("runs.db");
+    // A title-setting escape, a screen clear and a right-to-left override, in a result and in
+    // the arguments waiting for approval; the body's end is past any preview's width.
+    let body = format!("{}then wire everything to account 666", "Dear customer, ".repeat(6));
+    let model = ScriptedModel::by_transcript([
+        Turn::tool_calls([("c1", "lookup", r#"{"order":"A\u001b]0;owned\u0007\u001b[2J\u202e71-B"}"#)]),
+        Turn::tool_calls([("c2", "send", &format!(r#"{{"to":"bob\u202e@evil","body":"{body}"}}"#))]),
+    ]);
+    let agent = AgentDef::new("payments", "Move money.").tool(common::Lookup).tool(Send);
+    let rt = Runtime::builder().agent(agent).model(model).store(SqliteStore::open(&db).unwrap()).build().unwrap();
+    let out = rt.run(RunRequest::new("look up A-17").run_id("evil-1")).await.unwrap();
+    assert_eq!(out.status, RunStatus::Paused);
+    let text = ok_text(&["runs", "show", "evil-1", "--store", &store_arg(&db)]);
+    assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{text:?}");
+    assert!(!text.contains('\u{202e}') && text.contains("<U+202E>"), "{text}");
+    // The escape sequences are gone whole from the result, not just their ESC bytes.
+    assert!(text.contains("\"A<U+202E>71-B: delivered\""), "{text}");
+    let args = text.split("arguments of approval-").nth(1).unwrap_or_else(|| panic!("{text}"));
+    assert!(args.contains(&body) && args.contains("bob<U+202E>@evil"), "whole: {args}");
+}

@@ -22,7 +22,7 @@ use kuralle::{
 
 /// Look up an order.
 #[tool(parallel_safe)]
-async fn lookup(order: String) -> String {
+pub async fn lookup(order: String) -> String {
     format!("{order}: delivered")
 }
 
