@@ -114,6 +114,12 @@ async fn approve_records_the_decision_and_the_owner_resumes_the_run() {
     assert_eq!(approval["result"]["approved"], true);
     assert_eq!(approval["result"]["by"], "alice");
     assert_eq!(approval["args"], serde_json::json!({"amount": 900}));
+    // Audited: the channel, the local user, and the store's time.
+    let audit = &run["decisions"][0];
+    assert_eq!((audit["by"].as_str(), audit["channel"].as_str()), (Some("alice"), Some("cli")));
+    assert!(audit["origin"].as_str().unwrap().starts_with("local user "), "{audit}");
+    assert_eq!(audit["clock"], "store");
+    assert!(audit["at_ms"].as_i64().unwrap() > 0);
     assert_eq!(run["status"], "running", "decided: runnable, for the owner or a worker to resume");
     assert_eq!(run["pending"][0]["decision"]["approved"], true);
     let listed = ok_json(&["runs", "list", "--store", &store, "--json"]);

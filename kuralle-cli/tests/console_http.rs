@@ -267,3 +267,43 @@ async fn a_trusted_proxy_header_names_the_user() {
     assert_eq!(decision["by"], "carol");
     assert!(decision["origin"].as_str().unwrap().starts_with("198.51.100.4 via proxy 127.0.0.1:"), "{decision}");
 }
+
+#[tokio::test]
+async fn a_large_run_is_paged_and_its_large_values_folded() {
+    use kuralle::{
+        AgentDef, RunRequest, RunStatus, Runtime,
+        testing::{ScriptedModel, Turn},
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("runs.db");
+    let big = "x".repeat(20_000);
+    let mut calls: Vec<(String, String, String)> =
+        (0..230).map(|i| (format!("c{i}"), "lookup".to_owned(), format!(r#"{{"order":"A-{i}"}}"#))).collect();
+    calls.push(("big".to_owned(), "lookup".to_owned(), format!(r#"{{"order":"{big}"}}"#)));
+    let turn = Turn::tool_calls(calls.iter().map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str())));
+    let model = ScriptedModel::by_transcript([turn, Turn::text("All looked up.")]);
+    let agent = AgentDef::new("support", "Look up.").tool(common::Lookup);
+    let rt = Runtime::builder().agent(agent).model(model).store(SqliteStore::open(&db).unwrap()).build().unwrap();
+    let out = rt.run(RunRequest::new("look them all up").run_id("big-1")).await.unwrap();
+    assert_eq!(out.status, RunStatus::Finished);
+    let (_console, base) = console(&db);
+
+    // The last page by default, with a way back; each page at most 200 steps.
+    let last = http(&base, "GET /runs/big-1", &[], "").await;
+    assert_eq!(last.status, 200);
+    assert_eq!(last.body.matches("<tr data-ordinal=").count(), 200);
+    assert!(last.body.contains("id=\"earlier\"") && !last.body.contains("id=\"later\""));
+    let first = http(&base, "GET /runs/big-1?from=0", &[], "").await;
+    assert_eq!(first.body.matches("<tr data-ordinal=").count(), 200);
+    assert!(first.body.contains("<tr data-ordinal=\"0\"") && first.body.contains("id=\"later\""));
+    // The big value is cut on the page, with a link to all of it.
+    let big_row = last.body.lines().find(|l| l.contains(&"x".repeat(100))).expect("the big step on the last page");
+    assert!(big_row.len() < 3 * 4096 + 2000, "cut: {} bytes", big_row.len());
+    let href = big_row.split("<a href=\"").nth(1).unwrap().split('"').next().unwrap().to_owned();
+    assert!(href.starts_with("/runs/big-1/steps/") && href.ends_with("/args"), "{href}");
+    let whole = http(&base, &format!("GET {href}"), &[], "").await;
+    assert_eq!(whole.status, 200);
+    assert!(whole.body.contains(&big));
+    assert_hardened(&whole);
+    assert_eq!(http(&base, "GET /runs/big-1/steps/0/nothing", &[], "").await.status, 404);
+}

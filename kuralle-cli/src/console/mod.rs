@@ -78,6 +78,7 @@ fn router(state: Shared) -> Router {
         .route("/", get(list))
         .route("/runs/{id}", get(run_page))
         .route("/runs/{id}/decide", post(decide_form))
+        .route("/runs/{id}/steps/{ordinal}/{part}", get(step_value))
         .route("/logout", post(logout))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate));
     Router::new()
@@ -231,6 +232,7 @@ async fn list(State(state): State<Shared>, Query(params): Query<ListParams>) -> 
 #[derive(Deserialize)]
 struct RunParams {
     done: Option<String>,
+    from: Option<u64>,
 }
 
 async fn run_page(
@@ -245,8 +247,27 @@ async fn run_page(
         _ => None,
     };
     match view::show(state.store.as_ref(), &id).await {
-        Ok(detail) => Html(pages::run(&detail, &caller, notice, None)).into_response(),
+        Ok(detail) => Html(pages::run(&detail, &caller, notice, None, params.from)).into_response(),
         Err(e) => failure(&e),
+    }
+}
+
+/// One step's whole arguments, result or error (the timeline cuts long ones).
+async fn step_value(State(state): State<Shared>, Path((id, ordinal, part)): Path<(String, u64, String)>) -> Response {
+    let detail = match view::show(state.store.as_ref(), &id).await {
+        Ok(detail) => detail,
+        Err(e) => return failure(&e),
+    };
+    let step = detail.steps.iter().find(|s| s.ordinal == ordinal);
+    let value = step.and_then(|s| match part.as_str() {
+        "args" => s.args.as_ref(),
+        "result" => s.result.as_ref(),
+        "error" => s.error.as_ref(),
+        _ => None,
+    });
+    match value {
+        Some(v) => Html(pages::value(&id, ordinal, &part, v)).into_response(),
+        None => refuse(StatusCode::NOT_FOUND, "Not found", &format!("run `{id}` has no {part} at step {ordinal}")),
     }
 }
 
@@ -286,8 +307,10 @@ async fn decide_form(
         Err(e @ (CliError::NotPending { .. } | CliError::AlreadyDecided { .. } | CliError::Busy { .. })) => {
             // Show the run as it is now, with why the decision was not taken.
             match view::show(store, &id).await {
-                Ok(detail) => (StatusCode::CONFLICT, Html(pages::run(&detail, &caller, None, Some(&e.to_string()))))
-                    .into_response(),
+                Ok(detail) => {
+                    (StatusCode::CONFLICT, Html(pages::run(&detail, &caller, None, Some(&e.to_string()), None)))
+                        .into_response()
+                }
                 Err(_) => failure(&e),
             }
         }

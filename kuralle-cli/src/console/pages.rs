@@ -77,7 +77,22 @@ pub fn runs(rows: &[RunRow], query: &ListQuery) -> String {
 }
 
 /// A run: its record, pending approvals with decision forms, and the timeline of steps.
-pub fn run(detail: &RunDetail, caller: &Caller, notice: Option<&str>, error: Option<&str>) -> String {
+/// Steps on one page of a run's timeline.
+pub const STEPS_PER_PAGE: usize = 200;
+
+/// A value's pretty-printed characters shown in a timeline cell before it is cut, with a link
+/// to the whole value.
+const VALUE_CHARS: usize = 4096;
+
+/// A run: its record, pending approvals with decision forms, its decisions, and one page of its
+/// timeline (the steps from ordinal `from`, else the last page).
+pub fn run(
+    detail: &RunDetail,
+    caller: &Caller,
+    notice: Option<&str>,
+    error: Option<&str>,
+    from: Option<u64>,
+) -> String {
     let mut body = String::new();
     let csrf = caller
         .csrf
@@ -180,7 +195,33 @@ pub fn run(detail: &RunDetail, caller: &Caller, notice: Option<&str>, error: Opt
     if detail.steps.is_empty() {
         body.push_str("<p class=\"muted\">No steps journaled.</p>");
     } else {
-        timeline(&mut body, &detail.steps);
+        let n = detail.steps.len();
+        let start = match from {
+            Some(f) => detail.steps.iter().position(|s| s.ordinal >= f).unwrap_or(n),
+            None => n.saturating_sub(STEPS_PER_PAGE),
+        };
+        let end = (start + STEPS_PER_PAGE).min(n);
+        let base = format!("/runs/{}", url(&detail.run_id));
+        let mut nav = format!(r#"<p class="pages" id="pages">steps {}–{} of {n}"#, start + 1, end);
+        if start > 0 {
+            let earlier = detail.steps[start.saturating_sub(STEPS_PER_PAGE)].ordinal;
+            let _ = write!(
+                nav,
+                r#" · <a href="{base}?from=0">first</a> · <a href="{base}?from={earlier}" id="earlier">earlier</a>"#
+            );
+        }
+        if end < n {
+            let _ = write!(
+                nav,
+                r#" · <a href="{base}?from={}" id="later">later</a> · <a href="{base}">last</a>"#,
+                detail.steps[end].ordinal
+            );
+        }
+        nav.push_str("</p>");
+        if n > STEPS_PER_PAGE {
+            body.push_str(&nav);
+        }
+        timeline(&mut body, &detail.run_id, &detail.steps[start..end]);
         body.push_str(
             r#"<p class="muted">replay: <em>replays</em> = journaled, a resumed run is answered from the journal; <em>re-runs</em> = started but not finished, a resumed run executes it again; <em>live</em> = a <code>replay = false</code> tool, executed every time.</p>"#,
         );
@@ -188,7 +229,7 @@ pub fn run(detail: &RunDetail, caller: &Caller, notice: Option<&str>, error: Opt
     page(&format!("Run {}", detail.run_id), &body)
 }
 
-fn timeline(body: &mut String, steps: &[StepView]) {
+fn timeline(body: &mut String, run_id: &str, steps: &[StepView]) {
     let t0 = steps.iter().map(|s| s.started_at_ms).min().unwrap_or(0);
     let t1 = steps.iter().map(|s| s.finished_at_ms.unwrap_or(s.started_at_ms)).max().unwrap_or(t0);
     let span = (t1 - t0).max(1) as f64;
@@ -204,8 +245,8 @@ fn timeline(body: &mut String, steps: &[StepView]) {
             StepStatus::Finished => "finished",
         };
         let result = match (&s.error, &s.result) {
-            (Some(e), _) => details(&s.result_preview(50), e),
-            (None, Some(r)) => details(&s.result_preview(50), r),
+            (Some(e), _) => details(&s.result_preview(50), e, &value_href(run_id, s.ordinal, "error")),
+            (None, Some(r)) => details(&s.result_preview(50), r, &value_href(run_id, s.ordinal, "result")),
             (None, None) => String::new(),
         };
         let _ = writeln!(
@@ -219,17 +260,53 @@ fn timeline(body: &mut String, steps: &[StepView]) {
             key = esc(&s.key),
             prefix = esc(s.key_prefix()),
             replay = s.replay.as_str(),
-            args = s.args.as_ref().map(|a| details(&s.args_preview(40), a)).unwrap_or_default(),
+            args = s
+                .args
+                .as_ref()
+                .map(|a| details(&s.args_preview(40), a, &value_href(run_id, s.ordinal, "args")))
+                .unwrap_or_default(),
             tokens = s.usage.map(|u| esc(&crate::view::tokens(&u))).unwrap_or_default(),
         );
     }
     body.push_str("</tbody></table>");
 }
 
-/// A one-line summary that expands to the pretty-printed value.
-fn details(summary: &str, value: &Value) -> String {
+/// Where the whole `part` (args, result, error) of step `ordinal` is served.
+fn value_href(run_id: &str, ordinal: u64, part: &str) -> String {
+    format!("/runs/{}/steps/{ordinal}/{part}", url(run_id))
+}
+
+/// A one-line summary that expands to the pretty-printed value, cut after [`VALUE_CHARS`]
+/// characters with a link to the whole of it (a page of megabyte results stays light).
+fn details(summary: &str, value: &Value, href: &str) -> String {
     let full = serde_json::to_string_pretty(value).unwrap_or_default();
-    format!("<details><summary>{}</summary><pre>{}</pre></details>", esc(summary), esc(&full))
+    let total = full.chars().count();
+    if total <= VALUE_CHARS {
+        return format!("<details><summary>{}</summary><pre>{}</pre></details>", esc(summary), esc(&full));
+    }
+    let head: String = full.chars().take(VALUE_CHARS).collect();
+    format!(
+        r#"<details><summary>{}</summary><pre>{}</pre><p class="cut">… {} more characters: <a href="{}">the whole value</a></p></details>"#,
+        esc(summary),
+        esc(&head),
+        total - VALUE_CHARS,
+        attr(href),
+    )
+}
+
+/// One step's whole `part` (args, result or error), pretty-printed.
+pub fn value(run_id: &str, ordinal: u64, part: &str, value: &Value) -> String {
+    let full = serde_json::to_string_pretty(value).unwrap_or_default();
+    let from = (ordinal / STEPS_PER_PAGE as u64) * STEPS_PER_PAGE as u64;
+    page(
+        &format!("Run {run_id} step {ordinal} {part}"),
+        &format!(
+            r#"<p><a href="/runs/{href}?from={from}">&larr; run {id}</a></p><h1>Step {ordinal}: {part}</h1><pre id="value" class="args">{value}</pre>"#,
+            href = url(run_id),
+            id = esc(run_id),
+            value = esc(&full),
+        ),
+    )
 }
 
 /// The login page: a token field when tokens are configured.
