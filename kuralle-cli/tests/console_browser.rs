@@ -156,7 +156,10 @@ async fn the_console_in_a_browser_refuses_strangers_and_frames_and_audits_who_de
     let login = browser.find(Locator::Css("form#login")).await.unwrap();
     login.find(Locator::Css("input[name=token]")).await.unwrap().send_keys("alice-0123456789abcdef").await.unwrap();
     login.find(Locator::Css("button")).await.unwrap().click().await.unwrap();
-    let list = browser.wait().for_element(Locator::Css("table#runs")).await.unwrap().text().await.unwrap();
+    let Ok(list) = browser.wait().at_most(Duration::from_secs(10)).for_element(Locator::Css("table#runs")).await else {
+        panic!("no runs after login: {}", browser.source().await.unwrap());
+    };
+    let list = list.text().await.unwrap();
     assert!(list.contains(PAUSED) && list.contains("paused"), "{list}");
     browser.find(Locator::LinkText(PAUSED)).await.unwrap().click().await.unwrap();
     let who = browser.find(Locator::Css("#who")).await.unwrap().text().await.unwrap();

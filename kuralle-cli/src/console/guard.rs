@@ -14,14 +14,16 @@ use super::auth::{Caller, constant_time_eq};
 const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 /// Adds the security headers to every response: framing refused (clickjacking of the Approve
-/// button), content types not sniffed, nothing cached or leaked in a `Referer`.
+/// button), content types not sniffed, nothing cached, no `Referer` to other sites. (Not
+/// `no-referrer`: under it a browser sends `Origin: null` with a form post, which the
+/// same-origin check must refuse.)
 pub async fn security_headers(request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
     let h = response.headers_mut();
     h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
