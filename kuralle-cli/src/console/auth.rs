@@ -104,10 +104,10 @@ impl Auth {
         let csrf = random_token();
         let mut sessions = self.sessions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         sessions.retain(|_, s| s.created.elapsed() < SESSION_TTL);
-        if sessions.len() >= MAX_SESSIONS {
-            if let Some(oldest) = sessions.iter().min_by_key(|(_, s)| s.created).map(|(k, _)| k.clone()) {
-                sessions.remove(&oldest);
-            }
+        if sessions.len() >= MAX_SESSIONS
+            && let Some(oldest) = sessions.iter().min_by_key(|(_, s)| s.created).map(|(k, _)| k.clone())
+        {
+            sessions.remove(&oldest);
         }
         sessions
             .insert(id.clone(), Session { identity: identity.to_owned(), csrf: csrf.clone(), created: Instant::now() });
