@@ -279,6 +279,8 @@ async fn a_large_run_is_paged_and_its_large_values_folded() {
     let big = "x".repeat(20_000);
     let mut calls: Vec<(String, String, String)> =
         (0..230).map(|i| (format!("c{i}"), "lookup".to_owned(), format!(r#"{{"order":"A-{i}"}}"#))).collect();
+    // A right-to-left override in the last call: the page shows it as a marker, never raw.
+    calls[229].2 = r#"{"order":"A-\u202e71"}"#.to_owned();
     calls.push(("big".to_owned(), "lookup".to_owned(), format!(r#"{{"order":"{big}"}}"#)));
     let turn = Turn::tool_calls(calls.iter().map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str())));
     let model = ScriptedModel::by_transcript([turn, Turn::text("All looked up.")]);
@@ -287,12 +289,15 @@ async fn a_large_run_is_paged_and_its_large_values_folded() {
     let out = rt.run(RunRequest::new("look them all up").run_id("big-1")).await.unwrap();
     assert_eq!(out.status, RunStatus::Finished);
     let (_console, base) = console(&db);
+    let rendered = http(&base, "GET /", &[], "").await;
+    assert!(rendered.body.contains("big-1"));
 
     // The last page by default, with a way back; each page at most 200 steps.
     let last = http(&base, "GET /runs/big-1", &[], "").await;
     assert_eq!(last.status, 200);
     assert_eq!(last.body.matches("<tr data-ordinal=").count(), 200);
     assert!(last.body.contains("id=\"earlier\"") && !last.body.contains("id=\"later\""));
+    assert!(!last.body.contains('\u{202e}') && last.body.contains("A-&lt;U+202E&gt;71"), "hidden characters shown");
     let first = http(&base, "GET /runs/big-1?from=0", &[], "").await;
     assert_eq!(first.body.matches("<tr data-ordinal=").count(), 200);
     assert!(first.body.contains("<tr data-ordinal=\"0\"") && first.body.contains("id=\"later\""));

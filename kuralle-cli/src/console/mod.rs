@@ -178,6 +178,8 @@ async fn login(State(state): State<Shared>, headers: HeaderMap, Form(form): Form
             response
         }
         None => {
+            // A pause per wrong guess slows guessing through the form down.
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
             (StatusCode::UNAUTHORIZED, Html(pages::login(state.auth.has_tokens(), Some("that token is not valid"))))
                 .into_response()
         }
