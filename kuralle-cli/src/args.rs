@@ -1,6 +1,6 @@
 //! The command line, on clap's derive API.
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kuralle::RunStatus;
@@ -29,7 +29,7 @@ pub enum Command {
     /// Runs: list, show, approve, deny, export.
     #[command(subcommand)]
     Runs(RunsCommand),
-    /// Serve the web console (loopback only unless --allow-remote).
+    /// Serve the web console (beyond loopback only with authentication).
     Console(ConsoleArgs),
 }
 
@@ -94,11 +94,21 @@ pub struct ConsoleArgs {
     /// Address to listen on (port 0 picks a free port; the address is printed).
     #[arg(long, default_value = "127.0.0.1:7878")]
     pub listen: SocketAddr,
-    /// Allow a non-loopback --listen address. The console has no authentication: put it
-    /// behind a reverse proxy that authenticates and terminates TLS.
-    #[arg(long)]
-    pub allow_remote: bool,
-    /// The name the decision forms start with (each decision still names who decides).
+    /// A `Host` the console answers besides loopback names (`name` or `name:port`); repeat
+    /// for several. Every other host is refused (DNS rebinding).
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    pub allowed_hosts: Vec<String>,
+    /// Tokens that log in, one a line as `NAME:TOKEN` (the name is who decides); `#` starts a
+    /// comment. `KURALLE_CONSOLE_TOKEN` adds one more (`NAME:TOKEN`, or a bare token for
+    /// --operator). Needed, or --trust-proxy-header, beyond loopback.
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// Trust this request header (e.g. `X-Forwarded-User`) to name the person, as set by an
+    /// authenticating reverse proxy. Only safe where nothing but the proxy reaches the console.
+    #[arg(long, value_name = "HEADER")]
+    pub trust_proxy_header: Option<String>,
+    /// Who decides on loopback without authentication (default: `$USER`), and the name of a
+    /// bare `KURALLE_CONSOLE_TOKEN`.
     #[arg(long, value_name = "NAME")]
     pub operator: Option<String>,
 }

@@ -25,6 +25,23 @@ pub struct Decided {
     pub reason: Option<String>,
 }
 
+/// Where a decision comes from, for the audit trail.
+#[derive(Debug, Clone)]
+pub struct Via {
+    /// `cli` or `console`.
+    pub channel: &'static str,
+    /// A remote address, a proxy's user, a local user.
+    pub origin: String,
+}
+
+impl Via {
+    /// This command line, run by the local user.
+    pub fn cli() -> Self {
+        let user = std::env::var("USER").ok().filter(|u| !u.is_empty()).unwrap_or_else(|| "unknown".to_owned());
+        Self { channel: "cli", origin: format!("local user {user}") }
+    }
+}
+
 /// Approves (`deny_reason == None`) or denies the pending request `request_id` of run
 /// `run_id`. [`kuralle::record_decision`] judges (it takes the run's lease, so a decision
 /// never races the run's owner); the store is read only to say more in an error.
@@ -34,6 +51,7 @@ pub async fn decide(
     request_id: &str,
     by: &str,
     deny_reason: Option<&str>,
+    via: Via,
 ) -> Result<Decided, CliError> {
     let by = by.trim();
     if by.is_empty() {
@@ -43,7 +61,8 @@ pub async fn decide(
         None => Decision::approve(by),
         Some(reason) => Decision::deny(by, reason),
     }
-    .for_request(request_id);
+    .for_request(request_id)
+    .via(via.channel, via.origin);
     match kuralle::record_decision(store, run_id, &decision).await {
         Ok(()) => Ok(Decided {
             run_id: run_id.to_owned(),

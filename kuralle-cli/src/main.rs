@@ -9,6 +9,7 @@
 //! ```
 
 mod args;
+mod clean;
 mod console;
 mod decide;
 mod error;
@@ -35,7 +36,8 @@ async fn main() -> ExitCode {
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            // Errors quote run ids, request ids and store text: none of it may drive the terminal.
+            eprintln!("error: {}", clean::terminal(&e.to_string(), false));
             ExitCode::FAILURE
         }
     }
@@ -58,11 +60,11 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             if as_json { json(&mut out, &detail)? } else { write!(out, "{}", text::run(&detail, style))? }
         }
         Command::Runs(RunsCommand::Approve { id, request, by }) => {
-            let decided = decide::decide(store.as_ref(), &id, &request, &by, None).await?;
+            let decided = decide::decide(store.as_ref(), &id, &request, &by, None, decide::Via::cli()).await?;
             report(&mut out, as_json, &decided)?;
         }
         Command::Runs(RunsCommand::Deny { id, request, by, reason }) => {
-            let decided = decide::decide(store.as_ref(), &id, &request, &by, Some(&reason)).await?;
+            let decided = decide::decide(store.as_ref(), &id, &request, &by, Some(&reason), decide::Via::cli()).await?;
             report(&mut out, as_json, &decided)?;
         }
         Command::Runs(RunsCommand::Export { id, output }) => {
@@ -70,7 +72,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             match output {
                 Some(path) => {
                     export::write_new(&path, &export.to_json())?;
-                    writeln!(out, "run {id} ({} steps) written to {}", export.steps.len(), path.display())?;
+                    let line = format!("run {id} ({} steps) written to {}", export.steps.len(), path.display());
+                    writeln!(out, "{}", clean::terminal(&line, false))?;
                 }
                 None => writeln!(out, "{}", export.to_json())?,
             }
@@ -94,10 +97,8 @@ fn report(out: &mut impl Write, as_json: bool, d: &decide::Decided) -> Result<()
         return json(out, d);
     }
     let reason = d.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();
-    writeln!(
-        out,
-        "{} {} of run {} by {}{reason}; the run's owner resumes it",
-        d.decision, d.request_id, d.run_id, d.by
-    )?;
+    let line =
+        format!("{} {} of run {} by {}{reason}; the run's owner resumes it", d.decision, d.request_id, d.run_id, d.by);
+    writeln!(out, "{}", clean::terminal(&line, false))?;
     Ok(())
 }

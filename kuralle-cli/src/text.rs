@@ -6,6 +6,7 @@ use std::io::IsTerminal;
 use kuralle::{RunStatus, StepStatus};
 
 use crate::{
+    clean,
     time::{duration, timestamp},
     view::{self, RunDetail, RunRow},
 };
@@ -49,8 +50,11 @@ impl Style {
 }
 
 /// Lays out rows under a header with columns padded to their widest cell. `paint` styles a
-/// padded cell (column index, row index, text).
+/// padded cell (column index, row index, text). Cells are untrusted: escapes and control
+/// characters are removed before they are measured, hidden characters shown.
 fn table(header: &[&str], rows: &[Vec<String>], paint: impl Fn(usize, usize, &str) -> String) -> String {
+    let rows: Vec<Vec<String>> = rows.iter().map(|r| r.iter().map(|c| clean::terminal(c, false)).collect()).collect();
+    let rows = rows.as_slice();
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -98,8 +102,8 @@ pub fn runs(rows: &[RunRow], style: Style) -> String {
 pub fn run(detail: &RunDetail, style: Style) -> String {
     let mut out = format!(
         "run      {}\nagent    {}\nstatus   {}\nepoch    {}\ncreated  {}\nupdated  {}\ntokens   {}\n{}\n",
-        detail.run_id,
-        detail.agent_id,
+        clean::terminal(&detail.run_id, false),
+        clean::terminal(&detail.agent_id, false),
         style.run_status(detail.status, detail.status.as_str()),
         detail.epoch,
         timestamp(detail.created_at_ms),
@@ -138,6 +142,35 @@ pub fn run(detail: &RunDetail, style: Style) -> String {
             },
         ));
     }
+    if !detail.decisions.is_empty() {
+        out.push_str("\ndecisions:\n");
+        let cells: Vec<Vec<String>> = detail
+            .decisions
+            .iter()
+            .map(|d| {
+                let r = &d.decision;
+                vec![
+                    d.ordinal.to_string(),
+                    d.request_id.clone(),
+                    d.tool.clone(),
+                    if r.approved { "approved" } else { "denied" }.to_owned(),
+                    r.by.clone(),
+                    r.channel.clone().unwrap_or_else(|| "-".to_owned()),
+                    r.origin.clone().unwrap_or_else(|| "-".to_owned()),
+                    r.at_ms.map(timestamp).unwrap_or_else(|| "-".to_owned()),
+                    r.reason.clone().unwrap_or_default(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["#", "REQUEST", "TOOL", "DECISION", "BY", "VIA", "FROM", "AT", "REASON"],
+            &cells,
+            |_, _, cell| cell.to_owned(),
+        ));
+        if detail.decisions.iter().any(|d| d.decision.clock == Some(kuralle::inspect::DecisionClock::Process)) {
+            out.push_str("(times by the store's clock, except where the deciding process's clock was all it had)\n");
+        }
+    }
     if !detail.pending.is_empty() {
         out.push_str("\npending approvals:\n");
         let cells: Vec<Vec<String>> = detail
@@ -154,13 +187,23 @@ pub fn run(detail: &RunDetail, style: Style) -> String {
             })
             .collect();
         out.push_str(&table(&["REQUEST", "TOOL", "CALL", "ARGS", "DECISION"], &cells, |_, _, cell| cell.to_owned()));
+        // What is being approved, whole: a clipped argument can hide the part that matters.
+        for p in &detail.pending {
+            let args = serde_json::to_string_pretty(&p.request.args).unwrap_or_default();
+            out.push_str(&format!(
+                "\narguments of {} ({}):\n{}\n",
+                clean::terminal(&p.request.request_id, false),
+                clean::terminal(&p.request.name, false),
+                clean::terminal(&args, true)
+            ));
+        }
         if detail.pending.iter().all(|p| p.decision.is_some()) {
             out.push_str("\ndecided; the run's owner (or a worker) resumes it\n");
             return out;
         }
         out.push_str(&format!(
             "\ndecide with: kuralle runs approve {id} REQUEST --by NAME\n         or: kuralle runs deny {id} REQUEST --by NAME --reason TEXT\n",
-            id = detail.run_id
+            id = clean::terminal(&detail.run_id, false)
         ));
     }
     out

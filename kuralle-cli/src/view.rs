@@ -93,6 +93,51 @@ pub struct RunDetail {
     pub steps: Vec<StepView>,
     /// Approvals the run waits for.
     pub pending: Vec<PendingView>,
+    /// Every decision in the journal, in order: who, when, from where, why.
+    pub decisions: Vec<DecisionView>,
+}
+
+/// A journaled decision with its audit trail.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecisionView {
+    /// The approval step's position in the journal.
+    pub ordinal: u64,
+    /// The request decided.
+    pub request_id: String,
+    /// The tool whose call was decided.
+    pub tool: String,
+    /// What was decided, by whom, when, from where, why.
+    #[serde(flatten)]
+    pub decision: RecordedDecision,
+}
+
+/// "approved by alice" / "denied by bob: reason".
+pub fn decision_text(d: &RecordedDecision) -> String {
+    if d.approved {
+        format!("approved by {}", d.by)
+    } else {
+        format!("denied by {}{}", d.by, d.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default())
+    }
+}
+
+/// "via console from 10.0.0.7 at 2026-… (store clock)", as much as was recorded.
+pub fn audit_text(d: &RecordedDecision) -> String {
+    let mut parts = Vec::new();
+    if let Some(c) = &d.channel {
+        parts.push(format!("via {c}"));
+    }
+    if let Some(o) = &d.origin {
+        parts.push(format!("from {o}"));
+    }
+    if let Some(at) = d.at_ms {
+        let clock = match d.clock {
+            Some(kuralle::inspect::DecisionClock::Store) => " (store clock)",
+            Some(kuralle::inspect::DecisionClock::Process) => " (deciding process's clock)",
+            None => "",
+        };
+        parts.push(format!("at {}{clock}", crate::time::timestamp(at)));
+    }
+    parts.join(" ")
 }
 
 /// A pending approval, and its decision once one is recorded (the run stays paused until its
@@ -109,13 +154,7 @@ pub struct PendingView {
 impl PendingView {
     /// "approved by alice" / "denied by bob: reason".
     pub fn decision_text(&self) -> Option<String> {
-        self.decision.as_ref().map(|d| {
-            if d.approved {
-                format!("approved by {}", d.by)
-            } else {
-                format!("denied by {}{}", d.by, d.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default())
-            }
-        })
+        self.decision.as_ref().map(decision_text)
     }
 }
 
@@ -254,6 +293,16 @@ pub async fn show(store: &dyn RunStore, run_id: &str) -> Result<RunDetail, CliEr
         .into_iter()
         .map(|request| PendingView { decision: decided.remove(&request.request_id), request })
         .collect();
+    let decisions = steps
+        .iter()
+        .filter(|s| s.kind == StepKind::Approval && s.status == StepStatus::Finished)
+        .filter_map(|s| {
+            let decision = s.result.as_ref()?.decode::<RecordedDecision>().ok()?;
+            // A request id is `approval-` and the first 24 hex digits of its decision's key.
+            let request_id = format!("approval-{}", s.key.get(..24).unwrap_or(&s.key));
+            Some(DecisionView { ordinal: s.ordinal, request_id, tool: s.name.clone(), decision })
+        })
+        .collect();
     let steps: Vec<StepView> = steps.into_iter().map(|s| step_view(s, &mut calls)).collect();
     let mut usage = Usage::default();
     for u in steps.iter().filter_map(|s| s.usage) {
@@ -271,6 +320,7 @@ pub async fn show(store: &dyn RunStore, run_id: &str) -> Result<RunDetail, CliEr
         updated_at_ms: record.updated_at_ms,
         steps,
         pending,
+        decisions,
     })
 }
 
@@ -345,8 +395,10 @@ pub fn preview(value: &Value, width: usize) -> String {
 }
 
 /// At most `width` characters, with `…` when cut; never splits a character, never spans lines.
+/// Escapes and control characters are removed and hidden characters shown (see
+/// [`crate::clean::terminal`]) before the cut, so a cut never hides them.
 pub fn clip(s: &str, width: usize) -> String {
-    let one_line: String = s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let one_line = crate::clean::terminal(s, false);
     if one_line.chars().count() <= width {
         return one_line;
     }

@@ -114,6 +114,12 @@ async fn approve_records_the_decision_and_the_owner_resumes_the_run() {
     assert_eq!(approval["result"]["approved"], true);
     assert_eq!(approval["result"]["by"], "alice");
     assert_eq!(approval["args"], serde_json::json!({"amount": 900}));
+    // Audited: the channel, the local user, and the store's time.
+    let audit = &run["decisions"][0];
+    assert_eq!((audit["by"].as_str(), audit["channel"].as_str()), (Some("alice"), Some("cli")));
+    assert!(audit["origin"].as_str().unwrap().starts_with("local user "), "{audit}");
+    assert_eq!(audit["clock"], "store");
+    assert!(audit["at_ms"].as_i64().unwrap() > 0);
     assert_eq!(run["status"], "running", "decided: runnable, for the owner or a worker to resume");
     assert_eq!(run["pending"][0]["decision"]["approved"], true);
     let listed = ok_json(&["runs", "list", "--store", &store, "--json"]);
@@ -343,4 +349,39 @@ async fn a_run_stopped_by_a_limit_shows_its_status_and_priced_cost() {
     let unpriced = ok_json(&["runs", "show", "chat-1", "--store", &store, "--json"]);
     assert!(unpriced.get("cost_usd").is_none(), "{unpriced}");
     assert!(!ok_text(&["runs", "show", "chat-1", "--store", &store]).contains("cost "));
+}
+
+/// Sends a message; needs a person's approval.
+#[kuralle::tool(needs_approval)]
+async fn send(to: String, body: String) -> String {
+    format!("sent to {to}: {body}")
+}
+
+#[tokio::test]
+async fn untrusted_text_cannot_drive_the_terminal_or_hide_and_pending_arguments_show_whole() {
+    use kuralle::{
+        AgentDef, RunRequest, Runtime,
+        stores::SqliteStore,
+        testing::{ScriptedModel, Turn},
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("runs.db");
+    // A title-setting escape, a screen clear and a right-to-left override, in a result and in
+    // the arguments waiting for approval; the body's end is past any preview's width.
+    let body = format!("{}then wire everything to account 666", "Dear customer, ".repeat(6));
+    let model = ScriptedModel::by_transcript([
+        Turn::tool_calls([("c1", "lookup", r#"{"order":"A\u001b]0;owned\u0007\u001b[2J\u202e71-B"}"#)]),
+        Turn::tool_calls([("c2", "send", &format!(r#"{{"to":"bob\u202e@evil","body":"{body}"}}"#))]),
+    ]);
+    let agent = AgentDef::new("payments", "Move money.").tool(common::Lookup).tool(Send);
+    let rt = Runtime::builder().agent(agent).model(model).store(SqliteStore::open(&db).unwrap()).build().unwrap();
+    let out = rt.run(RunRequest::new("look up A-17").run_id("evil-1")).await.unwrap();
+    assert_eq!(out.status, RunStatus::Paused);
+    let text = ok_text(&["runs", "show", "evil-1", "--store", &store_arg(&db)]);
+    assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{text:?}");
+    assert!(!text.contains('\u{202e}') && text.contains("<U+202E>"), "{text}");
+    // The escape sequences are gone whole from the result, not just their ESC bytes.
+    assert!(text.contains("\"A<U+202E>71-B: delivered\""), "{text}");
+    let args = text.split("arguments of approval-").nth(1).unwrap_or_else(|| panic!("{text}"));
+    assert!(args.contains(&body) && args.contains("bob<U+202E>@evil"), "whole: {args}");
 }

@@ -59,5 +59,10 @@ async fn list_show_and_approve_over_postgres() {
     assert_eq!(out.status, RunStatus::Finished);
     let run = json(&["runs", "show", &run_id, "--store", &url, "--json"]);
     assert!(run["steps"].as_array().unwrap().iter().any(|s| s["kind"] == "approval" && s["result"]["by"] == "alice"));
+    // Timed by the database server's clock (the lease's grant), not the CLI's.
+    let audit = &run["decisions"][0];
+    assert_eq!((audit["clock"].as_str(), audit["channel"].as_str()), (Some("store"), Some("cli")));
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    assert!((audit["at_ms"].as_i64().unwrap() - now).abs() < 60_000, "{audit}");
     rt.store().delete_run(&run_id).await.unwrap();
 }

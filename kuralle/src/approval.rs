@@ -18,15 +18,53 @@ pub struct PendingApproval {
     pub args: Value,
 }
 
-/// A human decision as journaled.
+/// A human decision as journaled: what was decided, by whom, when, from where and why.
+///
+/// The audit fields are optional so that journals written before they existed still read.
+///
+/// ```
+/// use kuralle::inspect::{DecisionClock, RecordedDecision};
+///
+/// let old: RecordedDecision = serde_json::from_str(r#"{"approved":true,"by":"alice","reason":null}"#).unwrap();
+/// assert_eq!((old.at_ms, old.channel), (None, None));
+/// let new: RecordedDecision = serde_json::from_str(
+///     r#"{"approved":false,"by":"bob","reason":"too much","at_ms":1700000000000,"clock":"store","channel":"console","origin":"10.0.0.7"}"#,
+/// ).unwrap();
+/// assert_eq!(new.clock, Some(DecisionClock::Store));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecordedDecision {
     /// Approved (`true`) or denied.
     pub approved: bool,
-    /// Who decided.
+    /// Who decided: the identity the deciding channel authenticated.
     pub by: String,
     /// Why, for a denial.
     pub reason: Option<String>,
+    /// When, in milliseconds since the Unix epoch, by [`clock`](Self::clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<i64>,
+    /// Whose clock [`at_ms`](Self::at_ms) was read from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<DecisionClock>,
+    /// The channel the decision came through: `cli`, `console` or `api` (see
+    /// [`Decision::via`](crate::Decision::via)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    /// Where it came from within the channel: a remote address, a proxy's user, a local user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
+}
+
+/// The clock a decision's time was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionClock {
+    /// The store's clock, as it stamped the lease the decision was recorded under (for
+    /// PostgreSQL the database server's; for SQLite and memory stores, the writing process's,
+    /// which is the store's).
+    Store,
+    /// The clock of the process that wrote the decision.
+    Process,
 }
 
 /// A call waiting for a human decision, and the journal key its decision is recorded under

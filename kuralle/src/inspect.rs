@@ -82,7 +82,7 @@ pub fn recorded_decisions(record: &RunRecord, steps: &[StepRecord]) -> HashMap<S
         .collect()
 }
 
-pub use crate::approval::RecordedDecision;
+pub use crate::approval::{DecisionClock, RecordedDecision};
 
 fn waiting(record: &RunRecord) -> Vec<Pending> {
     // A run whose every pending call is decided is `running` (runnable) until a turn carries

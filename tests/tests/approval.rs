@@ -85,8 +85,10 @@ async fn a_denied_call_never_runs_and_the_model_is_told_why() {
     let Some(Message::Tool { content, .. }) = last.messages.last() else { panic!("a tool result") };
     assert_eq!(content["__denied"], true);
     assert_eq!(content["toolName"], "transfer");
-    assert_eq!(content["deniedBy"], "bob");
+    // Told that a person declined, and why; never who.
+    assert_eq!(content["deniedBy"], "human");
     assert!(content["message"].as_str().unwrap().contains("Reason: over the limit."));
+    assert!(!content.to_string().contains("bob"), "{content}");
 }
 
 #[tokio::test]
@@ -112,4 +114,24 @@ async fn several_pending_approvals_in_one_batch_are_all_kept() {
     let done = rt.deliver("r", Decision::approve("alice").for_request(&pending[1].request_id)).await.unwrap();
     assert_eq!(done.status, RunStatus::Finished);
     assert_eq!(count.load(Ordering::SeqCst), 2, "each approved call ran exactly once");
+}
+
+#[tokio::test]
+async fn a_decision_is_audited_with_who_when_and_from_where() {
+    let count = Arc::new(AtomicUsize::new(0));
+    let model = ScriptedModel::by_transcript([Turn::tool_calls([("c1", "transfer", r#"{"amount":5}"#)])]);
+    let rt = Runtime::builder().agent(AgentDef::new("bank", "x").tool(transfer(&count))).model(model).build().unwrap();
+    rt.run(RunRequest::new("send 5").run_id("r")).await.unwrap();
+    let store = rt.store().as_ref();
+    let before =
+        i64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap();
+    let decision = Decision::deny("carol", "not today").via("console", "203.0.113.7");
+    kuralle::record_decision(store, "r", &decision).await.unwrap();
+    let record = store.get_run("r").await.unwrap().unwrap();
+    let decided = kuralle::inspect::recorded_decisions(&record, &store.steps("r").await.unwrap());
+    let d = decided.values().next().expect("one decision");
+    assert_eq!((d.by.as_str(), d.reason.as_deref()), ("carol", Some("not today")));
+    assert_eq!((d.channel.as_deref(), d.origin.as_deref()), (Some("console"), Some("203.0.113.7")));
+    assert_eq!(d.clock, Some(kuralle::inspect::DecisionClock::Store));
+    assert!(d.at_ms.unwrap() >= before - 1000, "{d:?}");
 }

@@ -3,8 +3,14 @@
 
 use std::fmt::Write;
 
-/// Escapes text for HTML element content and double-quoted attribute values.
+/// Escapes untrusted text for display (element content, titles): markup escaped, invisible
+/// and bidirectional characters shown as `<U+202E>`.
 pub fn esc(s: &str) -> String {
+    attr(&crate::clean::visible(s))
+}
+
+/// Escapes text for a double-quoted attribute value that is sent back as typed (a form field).
+pub fn attr(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -78,6 +84,8 @@ details summary { cursor: pointer; color: #364152; }
 .approval { background: #fff; border: 1px solid #f0c36d; padding: .7rem .9rem; margin: .6rem 0; }
 .approval form { display: inline-block; margin: .4rem 1rem .2rem 0; }
 .approval input[type=text] { padding: .25rem .4rem; }
+.who { float: right; color: #9aa4b2; } .who form { display: inline; } .who button { background: none; color: #9aa4b2; padding: 0 .3rem; }
+pre.args { max-height: none; }
 button { padding: .3rem .9rem; border: 0; border-radius: .3rem; cursor: pointer; font-weight: 600; }
 button.approve { background: #1f8a4c; color: #fff; } button.deny { background: #c0392b; color: #fff; }
 .bar { position: relative; height: .7rem; background: #f0f1f4; min-width: 8rem; }
@@ -95,5 +103,7 @@ mod tests {
     fn escapes_markup_and_quotes() {
         assert_eq!(esc(r#"<b a="1">&'"#), "&lt;b a=&quot;1&quot;&gt;&amp;&#39;");
         assert_eq!(url("a b/é"), "a%20b%2F%C3%A9");
+        assert_eq!(esc("9\u{202E}00"), "9&lt;U+202E&gt;00");
+        assert_eq!(attr("9\u{202E}00"), "9\u{202E}00");
     }
 }

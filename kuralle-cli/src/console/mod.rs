@@ -1,19 +1,22 @@
-//! `kuralle console`: a local web page over the store — runs with status filters, a run's
-//! timeline, and Approve / Deny forms. Server-side rendered HTML on axum; no JavaScript.
+//! `kuralle console`: a web page over the store — runs with status filters, a run's timeline,
+//! and Approve / Deny forms. Server-side rendered HTML on axum; no JavaScript.
 //!
-//! It has no authentication, so it binds loopback by default, answers only requests whose
-//! `Host` is a loopback name (DNS rebinding), and records a decision only from a same-origin
-//! form post (cross-site request forgery).
+//! Authentication ([`auth`]) is off only on loopback; beyond it, a token or a trusted proxy
+//! header names the person, and that name is who decides. Every response forbids framing
+//! (clickjacking), only listed `Host`s are answered (DNS rebinding), and a decision needs the
+//! session's anti-forgery token and a same-origin post (cross-site request forgery).
 
+mod auth;
+mod guard;
 mod html;
 mod pages;
 
 use std::{net::SocketAddr, sync::Arc};
 
 use axum::{
-    Form, Router,
-    extract::{Path, Query, Request, State},
-    http::{HeaderMap, StatusCode, header},
+    Extension, Form, Router,
+    extract::{ConnectInfo, Path, Query, Request, State},
+    http::{HeaderMap, HeaderValue, StatusCode, header},
     middleware::{self, Next},
     response::{Html, IntoResponse, Redirect, Response},
     routing::{get, post},
@@ -21,21 +24,37 @@ use axum::{
 use kuralle::{RunStatus, RunStore};
 use serde::Deserialize;
 
+use self::auth::{Auth, Caller, Refusal};
 use crate::{args::ConsoleArgs, decide, error::CliError, view};
 
 struct Console {
     store: Arc<dyn RunStore>,
-    operator: String,
-    allow_remote: bool,
+    auth: Auth,
+    hosts: guard::Hosts,
 }
 
 type Shared = Arc<Console>;
 
 /// Serves the console until Ctrl-C.
 pub async fn serve(args: ConsoleArgs, store: Arc<dyn RunStore>) -> Result<(), CliError> {
-    if !args.listen.ip().is_loopback() && !args.allow_remote {
+    let operator = args
+        .operator
+        .or_else(|| std::env::var("USER").ok())
+        .filter(|o| !o.trim().is_empty())
+        .unwrap_or_else(|| "operator".to_owned());
+    let env_token = std::env::var("KURALLE_CONSOLE_TOKEN").ok();
+    let tokens = auth::load_tokens(args.token_file.as_deref(), env_token.as_deref(), &operator)?;
+    let auth = Auth::new(tokens, args.trust_proxy_header.as_deref(), operator)?;
+    let loopback = args.listen.ip().is_loopback();
+    if !loopback && auth.is_off() {
         return Err(CliError::Console(format!(
-            "{} is not a loopback address and the console has no authentication; to expose it, put it behind an authenticating reverse proxy and pass --allow-remote",
+            "{} is not a loopback address: give the console a way to know who decides (--token-file PATH or KURALLE_CONSOLE_TOKEN, or --trust-proxy-header HEADER behind an authenticating reverse proxy)",
+            args.listen
+        )));
+    }
+    if !loopback && args.allowed_hosts.is_empty() {
+        return Err(CliError::Console(format!(
+            "{} is not a loopback address: name the hosts clients reach the console by with --allowed-host (the Host check keeps DNS rebinding out)",
             args.listen
         )));
     }
@@ -43,15 +62,10 @@ pub async fn serve(args: ConsoleArgs, store: Arc<dyn RunStore>) -> Result<(), Cl
         .await
         .map_err(|e| CliError::Console(format!("cannot listen on {}: {e}", args.listen)))?;
     let addr: SocketAddr = listener.local_addr()?;
-    let operator = args
-        .operator
-        .or_else(|| std::env::var("USER").ok())
-        .filter(|o| !o.trim().is_empty())
-        .unwrap_or_else(|| "operator".to_owned());
-    let state = Arc::new(Console { store, operator, allow_remote: args.allow_remote });
+    let state = Arc::new(Console { store, auth, hosts: guard::Hosts::new(&args.allowed_hosts) });
     // Tests and scripts read the address from this line (port 0 picks a free port).
     println!("kuralle console listening on http://{addr}");
-    axum::serve(listener, router(state))
+    axum::serve(listener, router(state).into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })
@@ -60,50 +74,68 @@ pub async fn serve(args: ConsoleArgs, store: Arc<dyn RunStore>) -> Result<(), Cl
 }
 
 fn router(state: Shared) -> Router {
-    Router::new()
+    let authenticated = Router::new()
         .route("/", get(list))
         .route("/runs/{id}", get(run_page))
         .route("/runs/{id}/decide", post(decide_form))
-        .layer(middleware::from_fn_with_state(state.clone(), loopback_host))
+        .route("/runs/{id}/steps/{ordinal}/{part}", get(step_value))
+        .route("/logout", post(logout))
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate));
+    Router::new()
+        .route("/login", get(login_page).post(login))
+        .merge(authenticated)
+        // Outermost last: every response, refusals included, carries the security headers.
+        .layer(middleware::from_fn_with_state(state.clone(), known_host))
+        .layer(middleware::from_fn(guard::security_headers))
         .with_state(state)
 }
 
-/// Refuses requests addressed to a non-loopback host name: a page on another site that
-/// rebinds its DNS name to 127.0.0.1 must not read or steer runs.
-async fn loopback_host(State(state): State<Shared>, request: Request, next: Next) -> Response {
-    if state.allow_remote {
-        return next.run(request).await;
-    }
+/// Refuses requests addressed to a host the console was not told about: a page on another
+/// site that rebinds its DNS name to the console's address must not read or steer runs.
+async fn known_host(State(state): State<Shared>, request: Request, next: Next) -> Response {
     let host = request.headers().get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or_default();
-    if is_loopback_host(host) {
+    if state.hosts.allows(host) {
         next.run(request).await
     } else {
-        refuse(
-            StatusCode::MISDIRECTED_REQUEST,
-            "Wrong host",
-            &format!("this console answers loopback hosts only, not `{host}`"),
-        )
+        let message = format!("this console does not answer host `{host}` (see --allowed-host)");
+        refuse(StatusCode::MISDIRECTED_REQUEST, "Wrong host", &message)
     }
 }
 
-fn is_loopback_host(host: &str) -> bool {
-    let name = match host.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or_default(),
-        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
-    };
-    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+/// Lets in only a known caller, and hands handlers who it is.
+async fn authenticate(
+    State(state): State<Shared>,
+    ConnectInfo(remote): ConnectInfo<SocketAddr>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    match state.auth.caller(request.headers(), &remote.to_string()) {
+        Ok(caller) => {
+            let cookie = caller.new_session.clone();
+            request.extensions_mut().insert(caller);
+            let mut response = next.run(request).await;
+            if let Some(id) = cookie {
+                set_cookie(&mut response, &auth::session_cookie(&id));
+            }
+            response
+        }
+        Err(Refusal::Login(why)) => {
+            let mut response =
+                (StatusCode::UNAUTHORIZED, Html(pages::login(state.auth.has_tokens(), Some(why)))).into_response();
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response
+        }
+        Err(Refusal::NoProxyUser(name)) => refuse(
+            StatusCode::UNAUTHORIZED,
+            "Not authenticated",
+            &format!("requests must come through the authenticating proxy, which names the user in `{name}`"),
+        ),
+    }
 }
 
-/// A form post must come from this console's own pages.
-fn same_origin(headers: &HeaderMap) -> Result<(), String> {
-    if headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) == Some("cross-site") {
-        return Err("cross-site form posts are refused".to_owned());
-    }
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or_default();
-    match headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()) {
-        Some(origin) if origin == format!("http://{host}") || origin == format!("https://{host}") => Ok(()),
-        Some(origin) => Err(format!("a form post from origin `{origin}` is refused")),
-        None => Ok(()),
+fn set_cookie(response: &mut Response, cookie: &str) {
+    if let Ok(value) = HeaderValue::from_str(cookie) {
+        response.headers_mut().append(header::SET_COOKIE, value);
     }
 }
 
@@ -120,6 +152,61 @@ fn failure(e: &CliError) -> Response {
         _ => StatusCode::BAD_REQUEST,
     };
     refuse(status, "Error", &e.to_string())
+}
+
+async fn login_page(State(state): State<Shared>) -> Response {
+    if state.auth.is_off() {
+        return Redirect::to("/").into_response();
+    }
+    Html(pages::login(state.auth.has_tokens(), None)).into_response()
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+async fn login(State(state): State<Shared>, headers: HeaderMap, Form(form): Form<LoginForm>) -> Response {
+    if let Err(message) = guard::same_origin(&headers) {
+        return refuse(StatusCode::FORBIDDEN, "Refused", &message);
+    }
+    match state.auth.token_identity(form.token.trim()) {
+        Some(identity) => {
+            let (id, _) = state.auth.start_session(&identity);
+            let mut response = Redirect::to("/").into_response();
+            set_cookie(&mut response, &auth::session_cookie(&id));
+            response
+        }
+        None => {
+            // A pause per wrong guess slows guessing through the form down.
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            (StatusCode::UNAUTHORIZED, Html(pages::login(state.auth.has_tokens(), Some("that token is not valid"))))
+                .into_response()
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct CsrfForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+async fn logout(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    Form(form): Form<CsrfForm>,
+) -> Response {
+    if let Err(message) = guard::same_origin(&headers).and_then(|()| guard::csrf(&caller, &form.csrf)) {
+        return refuse(StatusCode::FORBIDDEN, "Refused", &message);
+    }
+    if let Some(id) = auth::session_id(&headers) {
+        state.auth.end_session(&id);
+    }
+    let mut response = Redirect::to("/login").into_response();
+    set_cookie(&mut response, &auth::clear_cookie());
+    response
 }
 
 #[derive(Deserialize)]
@@ -143,15 +230,46 @@ async fn list(State(state): State<Shared>, Query(params): Query<ListParams>) -> 
     }
 }
 
+/// The only notices a page shows come from this fixed list: no operator text travels in a URL.
 #[derive(Deserialize)]
 struct RunParams {
-    notice: Option<String>,
+    done: Option<String>,
+    from: Option<u64>,
 }
 
-async fn run_page(State(state): State<Shared>, Path(id): Path<String>, Query(params): Query<RunParams>) -> Response {
+async fn run_page(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    Query(params): Query<RunParams>,
+) -> Response {
+    let notice = match params.done.as_deref() {
+        Some("approved") => Some("Approved. The run's owner (or a worker) resumes it."),
+        Some("denied") => Some("Denied. The run's owner (or a worker) resumes it; the model is told the reason."),
+        _ => None,
+    };
     match view::show(state.store.as_ref(), &id).await {
-        Ok(detail) => Html(pages::run(&detail, &state.operator, params.notice.as_deref(), None)).into_response(),
+        Ok(detail) => Html(pages::run(&detail, &caller, notice, None, params.from)).into_response(),
         Err(e) => failure(&e),
+    }
+}
+
+/// One step's whole arguments, result or error (the timeline cuts long ones).
+async fn step_value(State(state): State<Shared>, Path((id, ordinal, part)): Path<(String, u64, String)>) -> Response {
+    let detail = match view::show(state.store.as_ref(), &id).await {
+        Ok(detail) => detail,
+        Err(e) => return failure(&e),
+    };
+    let step = detail.steps.iter().find(|s| s.ordinal == ordinal);
+    let value = step.and_then(|s| match part.as_str() {
+        "args" => s.args.as_ref(),
+        "result" => s.result.as_ref(),
+        "error" => s.error.as_ref(),
+        _ => None,
+    });
+    match value {
+        Some(v) => Html(pages::value(&id, ordinal, &part, v)).into_response(),
+        None => refuse(StatusCode::NOT_FOUND, "Not found", &format!("run `{id}` has no {part} at step {ordinal}")),
     }
 }
 
@@ -159,17 +277,19 @@ async fn run_page(State(state): State<Shared>, Path(id): Path<String>, Query(par
 struct DecideForm {
     request_id: String,
     decision: String,
-    by: String,
     reason: Option<String>,
+    #[serde(default)]
+    csrf: String,
 }
 
 async fn decide_form(
     State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     headers: HeaderMap,
     Form(form): Form<DecideForm>,
 ) -> Response {
-    if let Err(message) = same_origin(&headers) {
+    if let Err(message) = guard::same_origin(&headers).and_then(|()| guard::csrf(&caller, &form.csrf)) {
         return refuse(StatusCode::FORBIDDEN, "Refused", &message);
     }
     let reason = match form.decision.as_str() {
@@ -183,49 +303,19 @@ async fn decide_form(
         other => return refuse(StatusCode::BAD_REQUEST, "Bad decision", &format!("unknown decision `{other}`")),
     };
     let store = state.store.as_ref();
-    match decide::decide(store, &id, &form.request_id, &form.by, reason.as_deref()).await {
-        Ok(d) => {
-            let notice = format!("{} {} by {}; the run's owner resumes it", d.decision, d.request_id, d.by);
-            Redirect::to(&format!("/runs/{}?notice={}", html::url(&id), html::url(&notice))).into_response()
-        }
+    let via = decide::Via { channel: "console", origin: caller.origin.clone() };
+    match decide::decide(store, &id, &form.request_id, &caller.identity, reason.as_deref(), via).await {
+        Ok(d) => Redirect::to(&format!("/runs/{}?done={}", html::url(&id), d.decision)).into_response(),
         Err(e @ (CliError::NotPending { .. } | CliError::AlreadyDecided { .. } | CliError::Busy { .. })) => {
             // Show the run as it is now, with why the decision was not taken.
             match view::show(store, &id).await {
                 Ok(detail) => {
-                    (StatusCode::CONFLICT, Html(pages::run(&detail, &state.operator, None, Some(&e.to_string()))))
+                    (StatusCode::CONFLICT, Html(pages::run(&detail, &caller, None, Some(&e.to_string()), None)))
                         .into_response()
                 }
                 Err(_) => failure(&e),
             }
         }
         Err(e) => failure(&e),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn loopback_hosts() {
-        for ok in ["127.0.0.1:7878", "localhost:80", "localhost", "[::1]:7878", "127.1.2.3"] {
-            assert!(is_loopback_host(ok), "{ok}");
-        }
-        for bad in ["evil.example:7878", "10.0.0.1:7878", "", "[2001:db8::1]:80"] {
-            assert!(!is_loopback_host(bad), "{bad}");
-        }
-    }
-
-    #[test]
-    fn only_same_origin_posts() {
-        let mut h = HeaderMap::new();
-        h.insert(header::HOST, "127.0.0.1:7878".parse().unwrap());
-        assert!(same_origin(&h).is_ok());
-        h.insert(header::ORIGIN, "http://127.0.0.1:7878".parse().unwrap());
-        assert!(same_origin(&h).is_ok());
-        h.insert(header::ORIGIN, "http://evil.example".parse().unwrap());
-        assert!(same_origin(&h).is_err());
-        h.insert(header::ORIGIN, "null".parse().unwrap());
-        assert!(same_origin(&h).is_err());
     }
 }

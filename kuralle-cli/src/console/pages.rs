@@ -5,7 +5,10 @@ use std::fmt::Write;
 use kuralle::{RunStatus, StepStatus};
 use serde_json::Value;
 
-use super::html::{esc, page, url};
+use super::{
+    auth::Caller,
+    html::{attr, esc, page, url},
+};
 use crate::{
     time::{duration, timestamp},
     view::{ListQuery, RunDetail, RunRow, StepView},
@@ -47,7 +50,7 @@ pub fn runs(rows: &[RunRow], query: &ListQuery) -> String {
             .status
             .map(|s| format!(r#"<input type="hidden" name="status" value="{}">"#, s.as_str()))
             .unwrap_or_default(),
-        agent = esc(query.agent.as_deref().unwrap_or_default()),
+        agent = attr(query.agent.as_deref().unwrap_or_default()),
     );
     if rows.is_empty() {
         body.push_str("<p class=\"muted\">No runs match.</p>");
@@ -75,8 +78,33 @@ pub fn runs(rows: &[RunRow], query: &ListQuery) -> String {
 }
 
 /// A run: its record, pending approvals with decision forms, and the timeline of steps.
-pub fn run(detail: &RunDetail, operator: &str, notice: Option<&str>, error: Option<&str>) -> String {
+/// Steps on one page of a run's timeline.
+pub const STEPS_PER_PAGE: usize = 200;
+
+/// A value's pretty-printed characters shown in a timeline cell before it is cut, with a link
+/// to the whole value.
+const VALUE_CHARS: usize = 4096;
+
+/// A run: its record, pending approvals with decision forms, its decisions, and one page of its
+/// timeline (the steps from ordinal `from`, else the last page).
+pub fn run(
+    detail: &RunDetail,
+    caller: &Caller,
+    notice: Option<&str>,
+    error: Option<&str>,
+    from: Option<u64>,
+) -> String {
     let mut body = String::new();
+    let csrf = caller
+        .csrf
+        .as_deref()
+        .map(|t| format!(r#"<input type="hidden" name="csrf" value="{}">"#, attr(t)))
+        .unwrap_or_default();
+    let _ = write!(
+        body,
+        r#"<div class="who" id="who">signed in as <strong>{who}</strong> <form method="post" action="/logout">{csrf}<button type="submit">log out</button></form></div>"#,
+        who = esc(&caller.identity),
+    );
     let _ = write!(body, "<p><a href=\"/\">&larr; all runs</a></p><h1>Run <code>{}</code></h1>", esc(&detail.run_id));
     if let Some(n) = notice {
         let _ = write!(body, r#"<div class="notice" id="notice">{}</div>"#, esc(n));
@@ -105,10 +133,14 @@ pub fn run(detail: &RunDetail, operator: &str, notice: Option<&str>, error: Opti
         for pv in &detail.pending {
             let p = &pv.request;
             let args = serde_json::to_string_pretty(&p.args).unwrap_or_default();
-            if let Some(decided) = pv.decision_text() {
+            if let Some(decided) = pv
+                .decision
+                .as_ref()
+                .map(|d| format!("{} {}", crate::view::decision_text(d), crate::view::audit_text(d)))
+            {
                 let _ = write!(
                     body,
-                    r#"<div class="approval decided" data-request="{rid}"><div><strong>{tool}</strong> <span class="muted">request <code>{rid}</code>, call <code>{call}</code></span></div><pre>{args}</pre><p class="decision"><strong>{decided}</strong>; waiting for the run's owner to resume it.</p></div>"#,
+                    r#"<div class="approval decided" data-request="{rid}"><div><strong>{tool}</strong> <span class="muted">request <code>{rid}</code>, call <code>{call}</code></span></div><pre class="args">{args}</pre><p class="decision"><strong>{decided}</strong>; waiting for the run's owner to resume it.</p></div>"#,
                     rid = esc(&p.request_id),
                     tool = esc(&p.name),
                     call = esc(&p.call_id),
@@ -119,15 +151,16 @@ pub fn run(detail: &RunDetail, operator: &str, notice: Option<&str>, error: Opti
             }
             let _ = write!(
                 body,
-                r#"<div class="approval" data-request="{rid}"><div><strong>{tool}</strong> <span class="muted">request <code>{rid}</code>, call <code>{call}</code></span></div><pre>{args}</pre>
-<form method="post" action="{action}"><input type="hidden" name="request_id" value="{rid}"><input type="hidden" name="decision" value="approve"><label>by <input type="text" name="by" value="{op}" required></label> <button type="submit" class="approve">Approve</button></form>
-<form method="post" action="{action}"><input type="hidden" name="request_id" value="{rid}"><input type="hidden" name="decision" value="deny"><label>by <input type="text" name="by" value="{op}" required></label> <label>reason <input type="text" name="reason" required></label> <button type="submit" class="deny">Deny</button></form></div>"#,
+                r#"<div class="approval" data-request="{rid}"><div><strong>{tool}</strong> <span class="muted">request <code>{rid}</code>, call <code>{call}</code></span></div><pre class="args">{args}</pre>
+<form method="post" action="{action}">{csrf}<input type="hidden" name="request_id" value="{rid}"><input type="hidden" name="decision" value="approve"><button type="submit" class="approve">Approve</button></form>
+<form method="post" action="{action}">{csrf}<input type="hidden" name="request_id" value="{rid}"><input type="hidden" name="decision" value="deny"><label>reason <input type="text" name="reason" required></label> <button type="submit" class="deny">Deny</button></form>
+<p class="muted">You decide as <strong>{who}</strong>; the model is told the decision (and a denial's reason), never who.</p></div>"#,
                 rid = esc(&p.request_id),
                 tool = esc(&p.name),
                 call = esc(&p.call_id),
                 args = esc(&args),
-                action = esc(&action),
-                op = esc(operator),
+                action = attr(&action),
+                who = esc(&caller.identity),
             );
         }
         body.push_str(
@@ -135,11 +168,65 @@ pub fn run(detail: &RunDetail, operator: &str, notice: Option<&str>, error: Opti
         );
     }
 
+    if !detail.decisions.is_empty() {
+        body.push_str("<h2>Decisions</h2><table id=\"decisions\"><thead><tr><th>#</th><th>request</th><th>tool</th><th>decision</th><th>by</th><th>via</th><th>from</th><th>at</th><th>reason</th></tr></thead><tbody>");
+        for d in &detail.decisions {
+            let r = &d.decision;
+            let clock = match r.clock {
+                Some(kuralle::inspect::DecisionClock::Store) => " <span class=\"muted\">(store clock)</span>",
+                Some(kuralle::inspect::DecisionClock::Process) => {
+                    " <span class=\"muted\">(deciding process's clock)</span>"
+                }
+                None => "",
+            };
+            let _ = write!(
+                body,
+                r#"<tr><td>{ord}</td><td><code>{rid}</code></td><td>{tool}</td><td>{what}</td><td class="by">{by}</td><td>{via}</td><td>{from}</td><td>{at}{clock}</td><td>{reason}</td></tr>"#,
+                ord = d.ordinal,
+                rid = esc(&d.request_id),
+                tool = esc(&d.tool),
+                what = if r.approved { "approved" } else { "denied" },
+                by = esc(&r.by),
+                via = esc(r.channel.as_deref().unwrap_or("-")),
+                from = esc(r.origin.as_deref().unwrap_or("-")),
+                at = r.at_ms.map(timestamp).unwrap_or_else(|| "-".to_owned()),
+                reason = esc(r.reason.as_deref().unwrap_or_default()),
+            );
+        }
+        body.push_str("</tbody></table>");
+    }
+
     body.push_str("<h2>Timeline</h2>");
     if detail.steps.is_empty() {
         body.push_str("<p class=\"muted\">No steps journaled.</p>");
     } else {
-        timeline(&mut body, &detail.steps);
+        let n = detail.steps.len();
+        let start = match from {
+            Some(f) => detail.steps.iter().position(|s| s.ordinal >= f).unwrap_or(n),
+            None => n.saturating_sub(STEPS_PER_PAGE),
+        };
+        let end = (start + STEPS_PER_PAGE).min(n);
+        let base = format!("/runs/{}", url(&detail.run_id));
+        let mut nav = format!(r#"<p class="pages" id="pages">steps {}–{} of {n}"#, start + 1, end);
+        if start > 0 {
+            let earlier = detail.steps[start.saturating_sub(STEPS_PER_PAGE)].ordinal;
+            let _ = write!(
+                nav,
+                r#" · <a href="{base}?from=0">first</a> · <a href="{base}?from={earlier}" id="earlier">earlier</a>"#
+            );
+        }
+        if end < n {
+            let _ = write!(
+                nav,
+                r#" · <a href="{base}?from={}" id="later">later</a> · <a href="{base}">last</a>"#,
+                detail.steps[end].ordinal
+            );
+        }
+        nav.push_str("</p>");
+        if n > STEPS_PER_PAGE {
+            body.push_str(&nav);
+        }
+        timeline(&mut body, &detail.run_id, &detail.steps[start..end]);
         body.push_str(
             r#"<p class="muted">replay: <em>replays</em> = journaled, a resumed run is answered from the journal; <em>re-runs</em> = started but not finished, a resumed run executes it again; <em>live</em> = a <code>replay = false</code> tool, executed every time.</p>"#,
         );
@@ -147,7 +234,7 @@ pub fn run(detail: &RunDetail, operator: &str, notice: Option<&str>, error: Opti
     page(&format!("Run {}", detail.run_id), &body)
 }
 
-fn timeline(body: &mut String, steps: &[StepView]) {
+fn timeline(body: &mut String, run_id: &str, steps: &[StepView]) {
     let t0 = steps.iter().map(|s| s.started_at_ms).min().unwrap_or(0);
     let t1 = steps.iter().map(|s| s.finished_at_ms.unwrap_or(s.started_at_ms)).max().unwrap_or(t0);
     let span = (t1 - t0).max(1) as f64;
@@ -163,8 +250,8 @@ fn timeline(body: &mut String, steps: &[StepView]) {
             StepStatus::Finished => "finished",
         };
         let result = match (&s.error, &s.result) {
-            (Some(e), _) => details(&s.result_preview(50), e),
-            (None, Some(r)) => details(&s.result_preview(50), r),
+            (Some(e), _) => details(&s.result_preview(50), e, &value_href(run_id, s.ordinal, "error")),
+            (None, Some(r)) => details(&s.result_preview(50), r, &value_href(run_id, s.ordinal, "result")),
             (None, None) => String::new(),
         };
         let _ = writeln!(
@@ -178,17 +265,69 @@ fn timeline(body: &mut String, steps: &[StepView]) {
             key = esc(&s.key),
             prefix = esc(s.key_prefix()),
             replay = s.replay.as_str(),
-            args = s.args.as_ref().map(|a| details(&s.args_preview(40), a)).unwrap_or_default(),
+            args = s
+                .args
+                .as_ref()
+                .map(|a| details(&s.args_preview(40), a, &value_href(run_id, s.ordinal, "args")))
+                .unwrap_or_default(),
             tokens = s.usage.map(|u| esc(&crate::view::tokens(&u))).unwrap_or_default(),
         );
     }
     body.push_str("</tbody></table>");
 }
 
-/// A one-line summary that expands to the pretty-printed value.
-fn details(summary: &str, value: &Value) -> String {
+/// Where the whole `part` (args, result, error) of step `ordinal` is served.
+fn value_href(run_id: &str, ordinal: u64, part: &str) -> String {
+    format!("/runs/{}/steps/{ordinal}/{part}", url(run_id))
+}
+
+/// A one-line summary that expands to the pretty-printed value, cut after [`VALUE_CHARS`]
+/// characters with a link to the whole of it (a page of megabyte results stays light).
+fn details(summary: &str, value: &Value, href: &str) -> String {
     let full = serde_json::to_string_pretty(value).unwrap_or_default();
-    format!("<details><summary>{}</summary><pre>{}</pre></details>", esc(summary), esc(&full))
+    let total = full.chars().count();
+    if total <= VALUE_CHARS {
+        return format!("<details><summary>{}</summary><pre>{}</pre></details>", esc(summary), esc(&full));
+    }
+    let head: String = full.chars().take(VALUE_CHARS).collect();
+    format!(
+        r#"<details><summary>{}</summary><pre>{}</pre><p class="cut">… {} more characters: <a href="{}">the whole value</a></p></details>"#,
+        esc(summary),
+        esc(&head),
+        total - VALUE_CHARS,
+        attr(href),
+    )
+}
+
+/// One step's whole `part` (args, result or error), pretty-printed.
+pub fn value(run_id: &str, ordinal: u64, part: &str, value: &Value) -> String {
+    let full = serde_json::to_string_pretty(value).unwrap_or_default();
+    let from = (ordinal / STEPS_PER_PAGE as u64) * STEPS_PER_PAGE as u64;
+    page(
+        &format!("Run {run_id} step {ordinal} {part}"),
+        &format!(
+            r#"<p><a href="/runs/{href}?from={from}">&larr; run {id}</a></p><h1>Step {ordinal}: {part}</h1><pre id="value" class="args">{value}</pre>"#,
+            href = url(run_id),
+            id = esc(run_id),
+            value = esc(&full),
+        ),
+    )
+}
+
+/// The login page: a token field when tokens are configured.
+pub fn login(has_tokens: bool, error: Option<&str>) -> String {
+    let mut body = String::from("<h1>Log in</h1>");
+    if let Some(e) = error {
+        let _ = write!(body, r#"<div class="error" id="error">{}</div>"#, esc(e));
+    }
+    if has_tokens {
+        body.push_str(
+            r#"<form method="post" action="/login" id="login"><label>token <input type="password" name="token" autocomplete="current-password" required></label> <button type="submit">log in</button></form><p class="muted">Your token names you: decisions are recorded under that name.</p>"#,
+        );
+    } else {
+        body.push_str(r#"<p class="muted">This console is reached through an authenticating proxy.</p>"#);
+    }
+    page("Log in", &body)
 }
 
 /// An error page.

@@ -22,7 +22,7 @@ use kuralle::{
 
 /// Look up an order.
 #[tool(parallel_safe)]
-async fn lookup(order: String) -> String {
+pub async fn lookup(order: String) -> String {
     format!("{order}: delivered")
 }
 
@@ -105,15 +105,24 @@ impl Drop for Killed {
 
 /// Starts `kuralle console` on a free loopback port; returns it and its base URL.
 pub fn console(db: &Path) -> (Killed, String) {
+    console_with(db, &["--listen", "127.0.0.1:0", "--operator", "console-test"], &[])
+}
+
+/// Starts `kuralle console` with `args` (which name `--listen`) and environment `env`;
+/// returns it and a base URL on 127.0.0.1 (also for a wildcard address).
+pub fn console_with(db: &Path, args: &[&str], env: &[(&str, &str)]) -> (Killed, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kuralle"))
-        .args(["console", "--store", &store_arg(db), "--listen", "127.0.0.1:0", "--operator", "console-test"])
+        .args(["console", "--store", &store_arg(db)])
+        .args(args)
+        .env_remove("KURALLE_CONSOLE_TOKEN")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let url = line.trim().rsplit(' ').next().unwrap().to_owned();
+    let url = line.trim().rsplit(' ').next().unwrap().replace("0.0.0.0", "127.0.0.1");
     assert!(url.starts_with("http://127.0.0.1:"), "unexpected first line: {line:?}");
     (Killed(child), url)
 }

@@ -100,18 +100,30 @@ pub(crate) fn into_model_value(result: Result<Value, ToolError>) -> Value {
     }
 }
 
+/// Deniers that are not people (a policy, the runtime itself): the model is told which.
+const MACHINE_DECIDERS: [&str; 3] = ["policy", "runtime", "kuralle"];
+
+/// What the model is told denied a call when a person did.
+const HUMAN_DECIDER: &str = "human";
+
 /// What the model receives for a failed call.
 pub(crate) fn error_value(e: &ToolError) -> Value {
     match e {
-        ToolError::Denied { tool, by, reason } => json!({
-            "__denied": true,
-            "toolName": tool,
-            "deniedBy": by,
-            "message": format!(
-                "The \"{tool}\" action was not approved by {by}.{} Tell the user it was declined; do not retry it.",
-                reason.as_deref().map(|r| format!(" Reason: {r}.")).unwrap_or_default()
-            ),
-        }),
+        ToolError::Denied { tool, by, reason } => {
+            // The model learns that a person declined, never who: a name is for the audit
+            // trail, and in front of the model it is one more thing to argue with or leak.
+            let by = if MACHINE_DECIDERS.contains(&by.as_str()) { by.as_str() } else { HUMAN_DECIDER };
+            let who = if by == HUMAN_DECIDER { "a human reviewer" } else { by };
+            json!({
+                "__denied": true,
+                "toolName": tool,
+                "deniedBy": by,
+                "message": format!(
+                    "The \"{tool}\" action was not approved by {who}.{} Tell the user it was declined; do not retry it.",
+                    reason.as_deref().map(|r| format!(" Reason: {r}.")).unwrap_or_default()
+                ),
+            })
+        }
         other => {
             let kind = serde_json::to_value(other).ok().and_then(|v| v.get("kind").cloned()).unwrap_or(Value::Null);
             json!({"error": true, "kind": kind, "message": other.to_string()})

@@ -9,12 +9,12 @@ use super::{
     state::decode_state,
 };
 use crate::{
-    approval::{Pending, RecordedDecision, RequestId},
+    approval::{DecisionClock, Pending, RecordedDecision, RequestId},
     clock::now_ms,
     error::RunError,
     journal::{Fence, RunWriter},
     json::JsonText,
-    store::{RunRecord, RunStatus, RunStore, StepKind, StepOutcome},
+    store::{Lease, RunRecord, RunStatus, RunStore, StepKind, StepOutcome},
 };
 
 /// Records a human decision on a paused run's pending calls (all of them, or the one the
@@ -44,7 +44,8 @@ pub async fn record_decision(store: &dyn RunStore, run_id: &str, decision: &Deci
     }
     let (lease, _) = lease::acquire(store, &lease::owner_id(None), run_id, lease::DEFAULT_LEASE_TTL, None).await?;
     let fence = Fence::new(&lease, CancellationToken::new());
-    let result = fence.settle(record_under(store, &fence, run_id, decision).await);
+    let at = DecidedAt::granted(&lease, lease::DEFAULT_LEASE_TTL);
+    let result = fence.settle(record_under(store, &fence, run_id, decision, at).await);
     if !fence.is_lost() {
         let _ = store.release_lease(&lease).await;
     }
@@ -55,12 +56,31 @@ pub async fn record_decision(store: &dyn RunStore, run_id: &str, decision: &Deci
     result
 }
 
+/// When a decision was taken, and by whose clock.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DecidedAt(i64, DecisionClock);
+
+impl DecidedAt {
+    /// The store's clock as it granted `lease` for `ttl`: a lease's expiry is stamped by the
+    /// store (the database server's clock for PostgreSQL), so clients with skewed clocks agree.
+    pub(super) fn granted(lease: &Lease, ttl: std::time::Duration) -> Self {
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        Self(lease.expires_at_ms.saturating_sub(ttl_ms), DecisionClock::Store)
+    }
+
+    /// This process's clock.
+    pub(super) fn process() -> Self {
+        Self(now_ms(), DecisionClock::Process)
+    }
+}
+
 /// [`record_decision`] under a lease the caller holds.
 pub(super) async fn record_under(
     store: &dyn RunStore,
     fence: &Fence,
     run_id: &str,
     decision: &Decision,
+    at: DecidedAt,
 ) -> Result<(), RunError> {
     let writer = RunWriter::new(store, fence);
     let record = writer.get_run().await?.ok_or_else(|| RunError::RunNotFound(run_id.to_owned()))?;
@@ -111,6 +131,10 @@ pub(super) async fn record_under(
         approved: decision.approved,
         by: decision.by.clone(),
         reason: decision.reason.clone(),
+        at_ms: Some(at.0),
+        clock: Some(at.1),
+        channel: Some(decision.channel.clone().unwrap_or_else(|| "api".to_owned())),
+        origin: decision.origin.clone(),
     })
     .unwrap_or_default();
     for p in undecided {

@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Decision, Inner, RunRequest,
-    decide::record_under,
+    decide::{DecidedAt, record_under},
     instance::Claim,
     lease::{self, Held},
     open::open,
@@ -46,6 +46,8 @@ pub(super) async fn run_leased(
     // The turn's `invoke_agent` span opens in `drive`, once the run's agent is known: its
     // OpenTelemetry name is fixed when the span starts (see `trace::agent_span`).
     let result = async {
+        // A lease granted here says the store's time; a claimed one was granted earlier.
+        let mut decided_at = DecidedAt::process();
         let (lease, granted, claim) = match claimed {
             Some(claimed) => claimed,
             None => {
@@ -54,6 +56,7 @@ pub(super) async fn run_leased(
                 let owner = rt.owner_id();
                 let (lease, granted) =
                     lease::acquire(rt.store.as_ref(), &owner, &run_id, rt.lease_ttl, req.wait_for_lease).await?;
+                decided_at = DecidedAt::granted(&lease, rt.lease_ttl);
                 (lease, granted, claim)
             }
         };
@@ -66,7 +69,7 @@ pub(super) async fn run_leased(
         }
         let fence = Arc::clone(held.fence());
         let result = match &decision {
-            Some(d) => record_under(rt.store.as_ref(), &fence, &run_id, d).await,
+            Some(d) => record_under(rt.store.as_ref(), &fence, &run_id, d, decided_at).await,
             None => Ok(()),
         };
         let result = match result {

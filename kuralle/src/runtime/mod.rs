@@ -231,17 +231,26 @@ pub struct Decision {
     pub(crate) by: String,
     pub(crate) reason: Option<String>,
     pub(crate) request_id: Option<String>,
+    pub(crate) channel: Option<String>,
+    pub(crate) origin: Option<String>,
 }
 
 impl Decision {
     /// Approve, decided by `by`.
     pub fn approve(by: impl Into<String>) -> Self {
-        Self { approved: true, by: by.into(), reason: None, request_id: None }
+        Self { approved: true, by: by.into(), reason: None, request_id: None, channel: None, origin: None }
     }
 
     /// Deny, decided by `by`, for `reason` (the model is told).
     pub fn deny(by: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self { approved: false, by: by.into(), reason: Some(reason.into()), request_id: None }
+        Self {
+            approved: false,
+            by: by.into(),
+            reason: Some(reason.into()),
+            request_id: None,
+            channel: None,
+            origin: None,
+        }
     }
 
     /// Applies the decision only to the pending call with this request id
@@ -249,6 +258,22 @@ impl Decision {
     #[must_use]
     pub fn for_request(mut self, request_id: impl Into<String>) -> Self {
         self.request_id = Some(request_id.into());
+        self
+    }
+
+    /// Records where the decision came from, for the audit trail: the `channel` (`cli`,
+    /// `console`, or `api`, the default) and an `origin` within it (a remote address, a
+    /// reverse proxy's user, a local user). The model is never told either, nor who decided.
+    ///
+    /// ```
+    /// use kuralle::Decision;
+    /// let d = Decision::approve("alice").via("console", "203.0.113.7");
+    /// # let _ = d;
+    /// ```
+    #[must_use]
+    pub fn via(mut self, channel: impl Into<String>, origin: impl Into<String>) -> Self {
+        self.channel = Some(channel.into());
+        self.origin = Some(origin.into()).filter(|o: &String| !o.is_empty());
         self
     }
 }
