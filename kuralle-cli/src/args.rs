@@ -26,7 +26,7 @@ pub struct Cli {
 /// Top-level commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Runs: list, show, approve, deny, export.
+    /// Runs: list, show, approve, deny, cancel, export.
     #[command(subcommand)]
     Runs(RunsCommand),
     /// Serve the web console (loopback only unless --allow-remote).
@@ -76,6 +76,12 @@ pub enum RunsCommand {
         #[arg(long, value_name = "TEXT")]
         reason: String,
     },
+    /// Cancel a running or paused run: a paused (or orphaned) run is closed at once; a run's
+    /// owner stops at its next step or lease renewal. Workers never resume it.
+    Cancel {
+        /// Run id.
+        id: String,
+    },
     /// Write a run and its journal as a versioned JSON file that
     /// `kuralle::testing::Replay::from_export` plays back as a test.
     Export {
@@ -119,6 +125,8 @@ pub enum StatusArg {
     Interrupted,
     /// Failed.
     Failed,
+    /// Cancelled by an operator.
+    Cancelled,
 }
 
 impl From<StatusArg> for RunStatus {
@@ -130,6 +138,7 @@ impl From<StatusArg> for RunStatus {
             StatusArg::MaxSteps => Self::MaxSteps,
             StatusArg::Interrupted => Self::Interrupted,
             StatusArg::Failed => Self::Failed,
+            StatusArg::Cancelled => Self::Cancelled,
         }
     }
 }

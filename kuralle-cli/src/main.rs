@@ -4,6 +4,7 @@
 //! kuralle runs list --store sqlite:runs.db --status paused
 //! kuralle runs show RUN --store sqlite:runs.db
 //! kuralle runs approve RUN REQUEST --by alice --store sqlite:runs.db
+//! kuralle runs cancel RUN --store sqlite:runs.db
 //! kuralle runs export RUN -o incident.json --store sqlite:runs.db
 //! kuralle console --store sqlite:runs.db
 //! ```
@@ -13,6 +14,7 @@ mod console;
 mod decide;
 mod error;
 mod export;
+mod lifecycle;
 mod store;
 mod text;
 mod time;
@@ -64,6 +66,14 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Runs(RunsCommand::Deny { id, request, by, reason }) => {
             let decided = decide::decide(store.as_ref(), &id, &request, &by, Some(&reason)).await?;
             report(&mut out, as_json, &decided)?;
+        }
+        Command::Runs(RunsCommand::Cancel { id }) => {
+            let cancelled = lifecycle::cancel(store.as_ref(), &id).await?;
+            if as_json {
+                json(&mut out, &cancelled)?;
+            } else {
+                writeln!(out, "cancelled run {id} (was {}); an owner stops at its next step", cancelled.was)?;
+            }
         }
         Command::Runs(RunsCommand::Export { id, output }) => {
             let export = kuralle::export::RunExport::from_store(store.as_ref(), &id).await.map_err(export::error)?;

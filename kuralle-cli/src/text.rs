@@ -30,6 +30,7 @@ impl Style {
         match status {
             RunStatus::Paused => self.paint("33", padded),
             RunStatus::Failed => self.paint("31", padded),
+            RunStatus::Cancelled => self.paint("35", padded),
             RunStatus::Finished => self.paint("32", padded),
             _ => padded.to_owned(),
         }

@@ -71,7 +71,7 @@ code, pre { font-family: ui-monospace, monospace; font-size: .82rem; }
 pre { margin: .3rem 0; white-space: pre-wrap; word-break: break-all; background: #f3f4f6; padding: .4rem; max-height: 24rem; overflow: auto; }
 details summary { cursor: pointer; color: #364152; }
 .badge { display: inline-block; padding: .05rem .5rem; border-radius: .7rem; font-size: .8rem; background: #e3e6ea; }
-.paused { background: #fde8b0; } .failed { background: #f8c9c4; } .finished { background: #c9ecd2; } .running { background: #cfe2fb; }
+.paused { background: #fde8b0; } .failed { background: #f8c9c4; } .finished { background: #c9ecd2; } .running { background: #cfe2fb; } .cancelled { background: #e5d4f5; }
 .filters a { margin-right: .6rem; } .filters a.on { font-weight: 700; } form.filters { margin-bottom: .8rem; }
 .notice { padding: .6rem .8rem; background: #e6f4ea; border: 1px solid #9fd3ad; margin: .8rem 0; }
 .error { padding: .6rem .8rem; background: #fdecea; border: 1px solid #f1a9a0; margin: .8rem 0; }

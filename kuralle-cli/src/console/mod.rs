@@ -21,7 +21,7 @@ use axum::{
 use kuralle::{RunStatus, RunStore};
 use serde::Deserialize;
 
-use crate::{args::ConsoleArgs, decide, error::CliError, view};
+use crate::{args::ConsoleArgs, decide, error::CliError, lifecycle, view};
 
 struct Console {
     store: Arc<dyn RunStore>,
@@ -64,6 +64,7 @@ fn router(state: Shared) -> Router {
         .route("/", get(list))
         .route("/runs/{id}", get(run_page))
         .route("/runs/{id}/decide", post(decide_form))
+        .route("/runs/{id}/cancel", post(cancel_form))
         .layer(middleware::from_fn_with_state(state.clone(), loopback_host))
         .with_state(state)
 }
@@ -114,7 +115,10 @@ fn refuse(status: StatusCode, title: &str, message: &str) -> Response {
 fn failure(e: &CliError) -> Response {
     let status = match e {
         CliError::UnknownRun(_) => StatusCode::NOT_FOUND,
-        CliError::NotPending { .. } | CliError::AlreadyDecided { .. } | CliError::Busy { .. } => StatusCode::CONFLICT,
+        CliError::NotPending { .. }
+        | CliError::AlreadyDecided { .. }
+        | CliError::Busy { .. }
+        | CliError::NotCancellable { .. } => StatusCode::CONFLICT,
         CliError::Store(s) if s.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
         CliError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::BAD_REQUEST,
@@ -197,6 +201,20 @@ async fn decide_form(
                 }
                 Err(_) => failure(&e),
             }
+        }
+        Err(e) => failure(&e),
+    }
+}
+
+/// The run page's Cancel button.
+async fn cancel_form(State(state): State<Shared>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    if let Err(message) = same_origin(&headers) {
+        return refuse(StatusCode::FORBIDDEN, "Refused", &message);
+    }
+    match lifecycle::cancel(state.store.as_ref(), &id).await {
+        Ok(c) => {
+            let notice = format!("cancelled (was {}); an owner stops at its next step", c.was);
+            Redirect::to(&format!("/runs/{}?notice={}", html::url(&id), html::url(&notice))).into_response()
         }
         Err(e) => failure(&e),
     }

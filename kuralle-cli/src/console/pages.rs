@@ -11,13 +11,14 @@ use crate::{
     view::{ListQuery, RunDetail, RunRow, StepView},
 };
 
-const STATUSES: [RunStatus; 6] = [
+const STATUSES: [RunStatus; 7] = [
     RunStatus::Paused,
     RunStatus::Running,
     RunStatus::Failed,
     RunStatus::Finished,
     RunStatus::MaxSteps,
     RunStatus::Interrupted,
+    RunStatus::Cancelled,
 ];
 
 fn badge(status: &str) -> String {
@@ -93,6 +94,14 @@ pub fn run(detail: &RunDetail, operator: &str, notice: Option<&str>, error: Opti
         updated = timestamp(detail.updated_at_ms),
         tokens = esc(&crate::view::tokens(&detail.usage)),
     );
+
+    if matches!(detail.status, RunStatus::Running | RunStatus::Paused) {
+        let _ = write!(
+            body,
+            r#"<form method="post" action="/runs/{href}/cancel" id="cancel"><button type="submit" class="deny">Cancel run</button> <span class="muted">a paused run closes now; a running one stops at its next step</span></form>"#,
+            href = esc(&url(&detail.run_id)),
+        );
+    }
 
     if !detail.pending.is_empty() {
         body.push_str("<h2>Pending approvals</h2>");

@@ -26,6 +26,20 @@ pub enum RunError {
         /// Comma-separated registered ids.
         available: String,
     },
+    /// [`Runtime::cancel`](crate::Runtime::cancel) or [`Runtime::retry`](crate::Runtime::retry)
+    /// was asked of a run whose status does not allow it (cancel: only `running` or
+    /// `paused`; retry: only `failed`). Nothing changed.
+    #[error("run `{run_id}` is {status}: {action} applies only to {allowed} runs")]
+    WrongStatus {
+        /// Run id.
+        run_id: String,
+        /// The run's status.
+        status: crate::store::RunStatus,
+        /// What was asked (`"cancel"`, `"retry"`).
+        action: &'static str,
+        /// The statuses it applies to.
+        allowed: &'static str,
+    },
     /// The run's unfinished turn has other input than the request.
     #[error("run `{0}` has an unfinished turn with other input; resume it first")]
     TurnInProgress(String),

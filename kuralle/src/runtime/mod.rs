@@ -396,6 +396,53 @@ impl Runtime {
         RunHandle::new(rx, task, interrupt)
     }
 
+    /// Cancels a `running` or `paused` run; returns the status it had.
+    ///
+    /// The store marks it [`Cancelled`](crate::RunStatus::Cancelled) and releases its lease in
+    /// one transaction ([`RunStore::cancel_run`]). A run nobody owns (paused, or its owner
+    /// died) is thereby closed. An owner in this runtime stops at once; an owner in another
+    /// process stops at its next journal write or lease renewal (at most a third of the lease
+    /// TTL later), which the store now rejects as fenced: either way its interruptible calls
+    /// are cancelled, nothing more is journaled, and its turn ends `Ok` with status
+    /// `Cancelled`. Workers never resume a cancelled run.
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, RunStatus, Runtime, Tool, testing::{ScriptedModel, Turn}};
+    /// # use kuralle::{Decision, RunRequest};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let runtime = Runtime::builder()
+    ///     .agent(AgentDef::new("support", "Be brief."))
+    ///     .model(ScriptedModel::new([Turn::text("Hello.")]))
+    ///     .build()?;
+    /// runtime.run(RunRequest::new("Hi").run_id("run-1")).await?;
+    /// // A finished run cannot be cancelled.
+    /// assert!(matches!(runtime.cancel("run-1").await, Err(kuralle::RunError::WrongStatus { .. })));
+    /// assert!(matches!(runtime.cancel("nope").await, Err(kuralle::RunError::RunNotFound(_))));
+    /// # Ok::<(), kuralle::RunError>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// [`RunError::RunNotFound`]; [`RunError::WrongStatus`] for a run that already ended;
+    /// [`RunError::Store`] when the store fails.
+    pub async fn cancel(&self, run_id: &str) -> Result<crate::RunStatus, RunError> {
+        use crate::RunStatus;
+        match self.inner.store.cancel_run(run_id).await? {
+            None => Err(RunError::RunNotFound(run_id.to_owned())),
+            Some(before @ (RunStatus::Running | RunStatus::Paused)) => {
+                self.inner.renewals.lose_run(run_id);
+                Ok(before)
+            }
+            Some(status) => Err(RunError::WrongStatus {
+                run_id: run_id.to_owned(),
+                status,
+                action: "cancel",
+                allowed: "running or paused",
+            }),
+        }
+    }
+
     /// The run's record, if it exists.
     ///
     /// # Errors

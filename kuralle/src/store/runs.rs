@@ -28,6 +28,10 @@ pub enum RunStatus {
     Interrupted,
     /// The last turn failed with an error that is not retryable.
     Failed,
+    /// An operator cancelled the run ([`RunStore::cancel_run`](super::RunStore::cancel_run),
+    /// [`Runtime::cancel`](crate::Runtime::cancel)): its owner, if any, stopped at its next
+    /// step, and no worker resumes it.
+    Cancelled,
 }
 
 impl RunStatus {
@@ -44,6 +48,7 @@ impl RunStatus {
             Self::MaxSteps => "max_steps",
             Self::Interrupted => "interrupted",
             Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
         }
     }
 
@@ -53,6 +58,7 @@ impl RunStatus {
     /// use kuralle::RunStatus;
     ///
     /// assert_eq!(RunStatus::parse("finished"), Some(RunStatus::Finished));
+    /// assert_eq!(RunStatus::parse("cancelled"), Some(RunStatus::Cancelled));
     /// assert_eq!(RunStatus::parse("done"), None);
     /// ```
     pub fn parse(s: &str) -> Option<Self> {
@@ -63,8 +69,20 @@ impl RunStatus {
             "max_steps" => Self::MaxSteps,
             "interrupted" => Self::Interrupted,
             "failed" => Self::Failed,
+            "cancelled" => Self::Cancelled,
             _ => return None,
         })
+    }
+}
+
+/// As stored: `"running"`, `"cancelled"`, ...
+///
+/// ```
+/// assert_eq!(kuralle::RunStatus::Cancelled.to_string(), "cancelled");
+/// ```
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
