@@ -285,3 +285,27 @@ async fn export_writes_a_run_that_replays_as_a_test() {
     assert_eq!(replay.played(), 2);
     replay.check().unwrap();
 }
+
+#[tokio::test]
+async fn cancel_closes_a_paused_run_through_the_store_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let store = store_arg(&db);
+
+    let done = ok_text(&["runs", "cancel", PAUSED, "--store", &store]);
+    assert!(done.contains("cancelled run") && done.contains("was paused"), "{done}");
+    assert_eq!(ids(&ok_json(&["runs", "list", "--store", &store, "--status", "cancelled", "--json"])), [PAUSED]);
+    let shown = ok_json(&["runs", "show", PAUSED, "--store", &store, "--json"]);
+    assert_eq!(shown["status"], "cancelled");
+    let again = fails(&["runs", "cancel", PAUSED, "--store", &store]);
+    assert!(again.contains("is cancelled: only a running or paused run can be cancelled"), "{again}");
+    let finished = fails(&["runs", "cancel", FINISHED, "--store", &store]);
+    assert!(finished.contains("is finished"), "{finished}");
+    assert!(fails(&["runs", "cancel", "nope", "--store", &store]).contains("no run `nope`"));
+    // The owner, back, does not run the cancelled run's pending call.
+    let runtime = owner(&db);
+    let out = runtime.resume(PAUSED).await.unwrap();
+    assert_eq!(out.status, RunStatus::Cancelled);
+    let steps = runtime.store().steps(PAUSED).await.unwrap();
+    assert!(steps.iter().all(|s| s.name != "wire" || s.status != kuralle::StepStatus::Finished));
+}

@@ -87,3 +87,28 @@ async fn the_console_refuses_what_it_must_and_serves_the_rest() {
     assert_eq!(status, 409);
     assert!(body.contains("already decided"), "{body}");
 }
+
+#[tokio::test]
+async fn the_cancel_button_closes_a_paused_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let (_console, base) = console(&db);
+
+    let (_, page) = http(&base, &format!("GET /runs/{PAUSED}"), &[], "").await;
+    assert!(page.contains(&format!("action=\"/runs/{PAUSED}/cancel\"")), "a paused run has a Cancel button");
+    let (_, finished) = http(&base, &format!("GET /runs/{FINISHED}"), &[], "").await;
+    assert!(!finished.contains("/cancel\""), "a finished run has none");
+
+    let cancel = format!("POST /runs/{PAUSED}/cancel");
+    assert_eq!(http(&base, &cancel, &[FORM, ("Origin", "http://evil.example")], "").await.0, 403);
+    assert_eq!(http(&base, &cancel, &[FORM, ("Origin", &base)], "").await.0, 303);
+    let store = SqliteStore::open(&db).unwrap();
+    assert_eq!(store.get_run(PAUSED).await.unwrap().unwrap().status, kuralle::RunStatus::Cancelled);
+    let (status, body) = http(&base, &cancel, &[FORM], "").await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("only a running or paused run"), "{body}");
+    let (_, page) = http(&base, &format!("GET /runs/{PAUSED}"), &[], "").await;
+    assert!(page.contains("badge cancelled"), "the status badge");
+    let (_, list) = http(&base, "GET /?status=cancelled", &[], "").await;
+    assert!(list.contains(PAUSED) && !list.contains(&format!(">{FINISHED}<")), "{list}");
+}
