@@ -159,3 +159,101 @@ async fn cancel_closes_a_paused_run_that_nobody_owns() {
     assert_eq!(ran.load(Ordering::SeqCst), 0, "a cancelled run's pending call never runs");
     assert_eq!(store.get_run("r1").await.unwrap().unwrap().status, RunStatus::Cancelled);
 }
+
+fn counting(name: &str, count: &Arc<AtomicUsize>) -> FnTool {
+    let count = count.clone();
+    FnTool::new(name, move |args, _| {
+        let count = count.clone();
+        async move {
+            count.fetch_add(1, Ordering::SeqCst);
+            Ok(json!({"done": args}))
+        }
+    })
+}
+
+fn two_calls_then(text: &str) -> ScriptedModel {
+    ScriptedModel::by_transcript([
+        Turn::tool_calls([("c1", "charge", r#"{"n":1}"#)]),
+        Turn::tool_calls([("c2", "charge", r#"{"n":2}"#)]),
+        Turn::text(text),
+    ])
+}
+
+#[tokio::test]
+async fn retry_continues_a_failed_run_from_its_journal() {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let count = Arc::new(AtomicUsize::new(0));
+    let agent = || AgentDef::new("shop", "Take payment.").tool(counting("charge", &count));
+    // A journal limit too small for the turn fails the run.
+    let small = Runtime::builder()
+        .agent(agent())
+        .model(two_calls_then("Paid."))
+        .store_arc(Arc::clone(&store))
+        .max_journal_entries(3)
+        .build()
+        .unwrap();
+    let failed = small.run(RunRequest::new("Pay twice").run_id("r1")).await.unwrap_err();
+    assert!(matches!(failed, RunError::StepLimit { .. }), "{failed}");
+    assert_eq!(store.get_run("r1").await.unwrap().unwrap().status, RunStatus::Failed);
+    let journaled = store.steps("r1").await.unwrap();
+    let ran = count.load(Ordering::SeqCst);
+    assert!(ran >= 1, "a call ran before the limit: {journaled:?}");
+
+    // Retried with a larger limit: the finished steps replay, the rest runs.
+    let model = two_calls_then("Paid.");
+    let roomy = Runtime::builder().agent(agent()).model(model.clone()).store_arc(Arc::clone(&store)).build().unwrap();
+    let out = roomy.retry("r1").await.unwrap();
+    assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Paid."));
+    assert_eq!(count.load(Ordering::SeqCst), 2, "each call ran once in all");
+    let finished_models = journaled.iter().filter(|s| s.kind == kuralle::StepKind::Model && s.status == StepStatus::Finished).count();
+    assert_eq!(model.requests().len(), 3 - finished_models, "journaled model responses are not asked for again");
+    let again = roomy.retry("r1").await.unwrap_err();
+    assert!(matches!(again, RunError::WrongStatus { status: RunStatus::Finished, .. }), "{again}");
+}
+
+#[tokio::test]
+async fn a_fork_replays_the_copied_steps_then_asks_its_new_model() {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let count = Arc::new(AtomicUsize::new(0));
+    let new_model = ScriptedModel::by_transcript([
+        Turn::text("unused: replayed"),
+        Turn::text("unused: replayed"),
+        Turn::text("Refunded instead."),
+    ]);
+    let runtime = Runtime::builder()
+        .agent(AgentDef::new("shop", "Take payment.").tool(counting("charge", &count)))
+        .agent(AgentDef::new("shop-v2", "Take payment, kindly.").tool(counting("charge", &count)).model(new_model.clone()))
+        .model(two_calls_then("Paid."))
+        .store_arc(Arc::clone(&store))
+        .build()
+        .unwrap();
+    runtime.run(RunRequest::new("Pay twice").run_id("r1")).await.unwrap();
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+    let original = store.steps("r1").await.unwrap();
+    let kinds: Vec<_> = original.iter().map(|s| s.kind.as_str()).collect();
+    assert_eq!(kinds, ["model", "tool", "model", "tool", "model"]);
+
+    // Fork before the last model step: both calls replay; the new agent's model answers.
+    let options = kuralle::ForkOptions::new().run_id("r1-fork").agent("shop-v2").instructions("Refund, never pay.");
+    let fork = runtime.fork("r1", 4, options).await.unwrap();
+    assert_eq!(fork, "r1-fork");
+    assert_eq!(store.steps("r1-fork").await.unwrap().len(), 4);
+    let out = runtime.resume(&fork).await.unwrap();
+    assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Refunded instead."));
+    assert_eq!(count.load(Ordering::SeqCst), 2, "no copied call ran again");
+    let asked = new_model.requests();
+    assert_eq!(asked.len(), 1, "only the step after the fork point asks a model");
+    assert_eq!(asked[0].system, "Refund, never pay.");
+    assert_eq!(asked[0].messages.iter().filter(|m| matches!(m, kuralle::Message::Tool { .. })).count(), 2);
+    // The original is untouched.
+    assert_eq!(store.steps("r1").await.unwrap(), original);
+
+    // A fork at step 2 runs the second call again (its result was not copied).
+    let refork = runtime.fork("r1", 2, kuralle::ForkOptions::new().run_id("r1-early")).await.unwrap();
+    runtime.resume(&refork).await.unwrap();
+    assert_eq!(count.load(Ordering::SeqCst), 3);
+    let too_far = runtime.fork("r1", 6, kuralle::ForkOptions::new()).await.unwrap_err();
+    assert!(matches!(too_far, RunError::ForkPoint { steps: 5, .. }), "{too_far}");
+    let taken = runtime.fork("r1", 1, kuralle::ForkOptions::new().run_id("r1-fork")).await.unwrap_err();
+    assert!(matches!(taken, RunError::Store(kuralle::StoreError::RunExists(_))), "{taken}");
+}

@@ -40,6 +40,16 @@ pub enum RunError {
         /// The statuses it applies to.
         allowed: &'static str,
     },
+    /// [`Runtime::fork`](crate::Runtime::fork) at an ordinal past the end of the run's journal.
+    #[error("run `{run_id}` has {steps} journal steps: cannot fork it at step {at}")]
+    ForkPoint {
+        /// Run id.
+        run_id: String,
+        /// The ordinal asked for.
+        at: u64,
+        /// How many steps the journal holds (the largest valid `at`).
+        steps: u64,
+    },
     /// The run's unfinished turn has other input than the request.
     #[error("run `{0}` has an unfinished turn with other input; resume it first")]
     TurnInProgress(String),

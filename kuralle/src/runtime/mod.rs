@@ -3,6 +3,7 @@
 mod close;
 mod decide;
 mod entry;
+mod fork;
 mod handle;
 mod instance;
 pub(crate) mod lease;
@@ -19,6 +20,7 @@ mod worker;
 use std::{fmt, sync::Arc, time::Duration};
 
 pub use decide::record_decision;
+pub use fork::{ForkOptions, fork_run};
 pub use handle::{InterruptHandle, RunHandle};
 pub use lease::DEFAULT_LEASE_TTL;
 pub use recover::{DEFAULT_RECOVER_CONCURRENCY, Recovered, RecoveredRun};
@@ -65,6 +67,8 @@ pub struct RunRequest {
     /// A worker's turn: an interrupt hands the run back (it stays runnable) instead of ending
     /// the turn `interrupted`.
     pub(crate) hand_back: bool,
+    /// `Runtime::retry`: reopen the failed turn (same epoch, so its journal replays).
+    pub(crate) retry: bool,
 }
 
 impl RunRequest {
@@ -441,6 +445,68 @@ impl Runtime {
                 allowed: "running or paused",
             }),
         }
+    }
+
+    /// Continues a [`Failed`](crate::RunStatus::Failed) run from its journal: the failed turn
+    /// opens again in its own epoch, so every step it finished replays (its tools are not
+    /// executed again, its model responses are not asked for again) and the rest runs. Use it
+    /// after fixing what failed it (a larger
+    /// [`max_journal_entries`](RuntimeBuilder::max_journal_entries), a configuration error).
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, RunError, RunRequest, Runtime, testing::{ScriptedModel, Turn}};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let runtime = Runtime::builder()
+    ///     .agent(AgentDef::new("support", "Be brief."))
+    ///     .model(ScriptedModel::new([Turn::text("Hello.")]))
+    ///     .build()?;
+    /// runtime.run(RunRequest::new("Hi").run_id("run-1")).await?;
+    /// // Only a failed run is retried.
+    /// assert!(matches!(runtime.retry("run-1").await, Err(RunError::WrongStatus { .. })));
+    /// # Ok::<(), RunError>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// The handle ends with [`RunError::WrongStatus`] for a run that did not fail, and with
+    /// [`RunError::Busy`] if another caller owns it.
+    pub fn retry(&self, run_id: impl Into<String>) -> RunHandle {
+        self.run(RunRequest { run_id: Some(run_id.into()), retry: true, ..RunRequest::default() })
+    }
+
+    /// Forks run `run_id` at journal ordinal `at`: a new run (its id is returned) whose journal
+    /// is a copy of the original's steps before `at`, in status `running` with no owner. Run
+    /// it with [`resume`](Self::resume), or let a worker claim it: the copied steps replay (no
+    /// tool runs again, no model is asked again) and the turn goes on from step `at`, with the
+    /// agent and instructions of `options` if given. See [`fork_run`] for the details.
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, ForkOptions, RunRequest, Runtime, testing::{ScriptedModel, Turn}};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let runtime = Runtime::builder()
+    ///     .agent(AgentDef::new("support", "Be brief."))
+    ///     .model(ScriptedModel::by_transcript([Turn::text("Hello.")]))
+    ///     .build()?;
+    /// runtime.run(RunRequest::new("Hi").run_id("run-1")).await?;
+    /// // Step 0 was the model's answer: fork before it, with other instructions.
+    /// let fork = runtime.fork("run-1", 0, ForkOptions::new().run_id("run-1b").instructions("Be verbose.")).await?;
+    /// let out = runtime.resume(&fork).await?;
+    /// assert_eq!(out.text, "Hello.");
+    /// # Ok::<(), kuralle::RunError>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// As [`fork_run`], and [`RunError::UnknownAgent`] for an agent this runtime lacks.
+    pub async fn fork(&self, run_id: &str, at: u64, options: ForkOptions) -> Result<String, RunError> {
+        if let Some(agent) = options.agent_id() {
+            open::agent(&self.inner, Some(agent))?;
+        }
+        let id = fork_run(self.inner.store.as_ref(), run_id, at, &options).await?;
+        self.inner.wake.notify_one();
+        let _ = self.inner.store.notify_runnable().await;
+        Ok(id)
     }
 
     /// The run's record, if it exists.

@@ -32,6 +32,17 @@ pub(super) struct RunState {
     /// export) hide what the runtime hides. Refreshed each time the run opens.
     #[serde(default, skip_serializing_if = "crate::Redactions::is_empty")]
     pub(super) redact: crate::Redactions,
+    /// The run's instructions when they differ from its agent's (a fork's override).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) instructions: Option<String>,
+    /// The run whose id keys this run's journal: set on a fork, to its original's (its copied
+    /// steps keep their keys, so they replay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) key_run: Option<String>,
+    /// For a turn that failed after its transcript was written back: how many messages came
+    /// before it, so `Runtime::retry` can open the turn again from its start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) turn_start: Option<usize>,
     /// The last finished turn's accepted typed output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) value: Option<serde_json::Value>,
