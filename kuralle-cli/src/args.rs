@@ -26,7 +26,7 @@ pub struct Cli {
 /// Top-level commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Runs: list, show, approve, deny, cancel, export.
+    /// Runs: list, show, approve, deny, cancel, retry, fork, export.
     #[command(subcommand)]
     Runs(RunsCommand),
     /// Serve the web console (loopback only unless --allow-remote).
@@ -81,6 +81,31 @@ pub enum RunsCommand {
     Cancel {
         /// Run id.
         id: String,
+    },
+    /// Make a failed run runnable again: a worker (or the owner's `resume`) continues it, and
+    /// the steps its failed turn finished replay from the journal.
+    Retry {
+        /// Run id.
+        id: String,
+    },
+    /// Fork a run at a journal step: a new run whose journal is a copy of the original's
+    /// steps before --at, left for a worker (or `resume`) to continue from there.
+    Fork {
+        /// Run id.
+        id: String,
+        /// The first step the fork does again (`runs show` lists the ordinals).
+        #[arg(long, value_name = "N")]
+        at: u64,
+        /// The fork's run id (default: a new UUID).
+        #[arg(long = "new-id", value_name = "ID")]
+        new_id: Option<String>,
+        /// Continue as this agent (its model and instructions); it must be registered where
+        /// the fork runs.
+        #[arg(long, value_name = "ID")]
+        agent: Option<String>,
+        /// Continue with these instructions instead of the agent's.
+        #[arg(long, value_name = "TEXT")]
+        instructions: Option<String>,
     },
     /// Write a run and its journal as a versioned JSON file that
     /// `kuralle::testing::Replay::from_export` plays back as a test.

@@ -5,6 +5,7 @@
 //! kuralle runs show RUN --store sqlite:runs.db
 //! kuralle runs approve RUN REQUEST --by alice --store sqlite:runs.db
 //! kuralle runs cancel RUN --store sqlite:runs.db
+//! kuralle runs fork RUN --at 3 --instructions "Refund instead." --store sqlite:runs.db
 //! kuralle runs export RUN -o incident.json --store sqlite:runs.db
 //! kuralle console --store sqlite:runs.db
 //! ```
@@ -73,6 +74,22 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 json(&mut out, &cancelled)?;
             } else {
                 writeln!(out, "cancelled run {id} (was {}); an owner stops at its next step", cancelled.was)?;
+            }
+        }
+        Command::Runs(RunsCommand::Retry { id }) => {
+            lifecycle::retry(store.as_ref(), &id).await?;
+            if as_json {
+                json(&mut out, &serde_json::json!({"run_id": id, "status": "running"}))?;
+            } else {
+                writeln!(out, "run {id} is runnable again; a worker (or the owner's resume) continues it from its journal")?;
+            }
+        }
+        Command::Runs(RunsCommand::Fork { id, at, new_id, agent, instructions }) => {
+            let fork = lifecycle::fork(store.as_ref(), &id, at, new_id, agent, instructions).await?;
+            if as_json {
+                json(&mut out, &serde_json::json!({"run_id": fork, "forked_from": id, "at": at}))?;
+            } else {
+                writeln!(out, "forked run {id} at step {at} as {fork}; a worker (or resume) continues it")?;
             }
         }
         Command::Runs(RunsCommand::Export { id, output }) => {

@@ -309,3 +309,50 @@ async fn cancel_closes_a_paused_run_through_the_store_only() {
     let steps = runtime.store().steps(PAUSED).await.unwrap();
     assert!(steps.iter().all(|s| s.name != "wire" || s.status != kuralle::StepStatus::Finished));
 }
+
+#[tokio::test]
+async fn retry_and_fork_through_the_store_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let store = store_arg(&db);
+
+    // A journal limit too small for the turn fails it.
+    let tight = kuralle::Runtime::builder()
+        .agent(payments())
+        .model(kuralle::testing::ScriptedModel::by_transcript([
+            kuralle::testing::Turn::tool_calls([("call_lookup", "lookup", r#"{"order":"A-17"}"#)]),
+            kuralle::testing::Turn::tool_calls([("call_lookup2", "lookup", r#"{"order":"A-18"}"#)]),
+            kuralle::testing::Turn::text("Both delivered."),
+        ]))
+        .store(kuralle::stores::SqliteStore::open(&db).unwrap())
+        .max_journal_entries(2)
+        .build()
+        .unwrap();
+    assert!(tight.run(kuralle::RunRequest::new("look up both").run_id("look-1")).await.is_err());
+    assert_eq!(ok_json(&["runs", "show", "look-1", "--store", &store, "--json"])["status"], "failed");
+
+    let done = ok_text(&["runs", "retry", "look-1", "--store", &store]);
+    assert!(done.contains("runnable again"), "{done}");
+    assert_eq!(ids(&ok_json(&["runs", "list", "--store", &store, "--status", "running", "--json"])), ["look-1"]);
+    let refused = fails(&["runs", "retry", FINISHED, "--store", &store]);
+    assert!(refused.contains("is finished: retry applies only to failed runs"), "{refused}");
+
+    // A fork of the finished chat before its answer, with other instructions.
+    let forked = ok_json(&[
+        "runs", "fork", FINISHED, "--at", "0", "--new-id", "chat-2", "--instructions", "Be terse.", "--store", &store,
+        "--json",
+    ]);
+    assert_eq!(forked["run_id"], "chat-2");
+    let model = kuralle::testing::ScriptedModel::new([kuralle::testing::Turn::text("Hi.")]);
+    let support = kuralle::Runtime::builder()
+        .agent(kuralle::AgentDef::new("support", "Chat."))
+        .model(model.clone())
+        .store(kuralle::stores::SqliteStore::open(&db).unwrap())
+        .build()
+        .unwrap();
+    let out = support.resume("chat-2").await.unwrap();
+    assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Hi."));
+    assert_eq!(model.requests()[0].system, "Be terse.");
+    let far = fails(&["runs", "fork", PAUSED, "--at", "9", "--store", &store]);
+    assert!(far.contains("cannot fork it at step 9"), "{far}");
+}
