@@ -44,9 +44,15 @@ pub enum RunsCommand {
         /// Only runs of this agent.
         #[arg(long = "agent", value_name = "ID")]
         agent: Option<String>,
+        /// Only runs whose id starts with this.
+        #[arg(long, value_name = "ID")]
+        prefix: Option<String>,
         /// At most this many runs.
         #[arg(long, value_name = "N")]
         limit: Option<usize>,
+        /// Skip this many matching runs first (with --limit: paging).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        offset: usize,
     },
     /// A run's journal step by step, and the approvals it waits for.
     Show {

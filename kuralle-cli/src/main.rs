@@ -51,8 +51,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     let as_json = cli.json;
     let mut out = std::io::stdout().lock();
     match cli.command {
-        Command::Runs(RunsCommand::List { status, agent, limit }) => {
-            let query = ListQuery { status: status.map(Into::into), agent, limit };
+        Command::Runs(RunsCommand::List { status, agent, prefix, limit, offset }) => {
+            let query = ListQuery { status: status.map(Into::into), agent, prefix, offset, limit };
             let rows = view::list(store.as_ref(), &query).await?;
             if as_json { json(&mut out, &rows)? } else { write!(out, "{}", text::runs(&rows, style))? }
         }

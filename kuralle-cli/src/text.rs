@@ -107,6 +107,12 @@ pub fn run(detail: &RunDetail, style: Style) -> String {
         timestamp(detail.updated_at_ms),
         view::tokens(&detail.usage),
     );
+    if !detail.conversation.is_empty() {
+        for u in &detail.conversation {
+            out.push_str(&format!("{:<10} {}\n", format!("{}:", u.role), view::clip(&u.text, 100)));
+        }
+        out.push('\n');
+    }
     if detail.steps.is_empty() {
         out.push_str("no steps journaled\n");
     } else {

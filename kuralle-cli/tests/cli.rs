@@ -356,3 +356,37 @@ async fn retry_and_fork_through_the_store_only() {
     let far = fails(&["runs", "fork", PAUSED, "--at", "9", "--store", &store]);
     assert!(far.contains("cannot fork it at step 9"), "{far}");
 }
+
+#[tokio::test]
+async fn list_searches_by_id_prefix_and_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let store = store_arg(&db);
+
+    assert_eq!(ids(&ok_json(&["runs", "list", "--store", &store, "--prefix", "pay-", "--json"])), [PAUSED]);
+    assert!(ids(&ok_json(&["runs", "list", "--store", &store, "--prefix", "zzz", "--json"])).is_empty());
+    let first = ids(&ok_json(&["runs", "list", "--store", &store, "--limit", "1", "--json"]))[0].to_owned();
+    let second = ok_json(&["runs", "list", "--store", &store, "--limit", "1", "--offset", "1", "--json"]);
+    assert_eq!(ids(&second).len(), 1);
+    assert_ne!(ids(&second)[0], first, "the second page starts after the first");
+    assert!(ids(&ok_json(&["runs", "list", "--store", &store, "--offset", "2", "--json"])).is_empty());
+}
+
+#[tokio::test]
+async fn show_prints_the_conversation() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let store = store_arg(&db);
+    let run = ok_json(&["runs", "show", FINISHED, "--store", &store, "--json"]);
+    let said: Vec<(&str, &str)> = run["conversation"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| (u["role"].as_str().unwrap(), u["text"].as_str().unwrap()))
+        .collect();
+    assert_eq!(said, [("user", "hi"), ("assistant", "Hello!")]);
+    let paused = ok_json(&["runs", "show", PAUSED, "--store", &store, "--json"]);
+    assert_eq!(paused["conversation"][0]["text"], "wire 900 for A-17", "the open turn's input");
+    let text = ok_text(&["runs", "show", FINISHED, "--store", &store]);
+    assert!(text.contains("user:      hi") && text.contains("assistant: Hello!"), "{text}");
+}

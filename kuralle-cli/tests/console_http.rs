@@ -112,3 +112,40 @@ async fn the_cancel_button_closes_a_paused_run() {
     let (_, list) = http(&base, "GET /?status=cancelled", &[], "").await;
     assert!(list.contains(PAUSED) && !list.contains(&format!(">{FINISHED}<")), "{list}");
 }
+
+#[tokio::test]
+async fn the_list_searches_by_run_id_and_pages_and_the_run_page_shows_the_conversation() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    {
+        // 60 more runs, written as a runtime would (under a lease).
+        let store = SqliteStore::open(&db).unwrap();
+        for i in 0..60 {
+            let id = format!("bulk-{i:02}");
+            let lease = store.acquire_lease(&id, "seed", std::time::Duration::from_secs(60)).await.unwrap();
+            store.create_run(kuralle::RunRecord::new(&id, "support"), lease.token).await.unwrap();
+            store.release_lease(&lease).await.unwrap();
+        }
+    }
+    let (_console, base) = console(&db);
+
+    let (status, first) = http(&base, "GET /", &[], "").await;
+    assert_eq!(status, 200);
+    assert_eq!(first.matches("<tr><td><a href=\"/runs/").count(), 50, "one page");
+    assert!(first.contains("rel=\"next\"") && !first.contains("rel=\"prev\""), "a next page link only");
+    let (_, second) = http(&base, "GET /?page=2", &[], "").await;
+    assert_eq!(second.matches("<tr><td><a href=\"/runs/").count(), 12);
+    assert!(second.contains("rel=\"prev\"") && !second.contains("rel=\"next\""));
+
+    let (_, found) = http(&base, "GET /?q=bulk-0", &[], "").await;
+    assert_eq!(found.matches("<tr><td><a href=\"/runs/").count(), 10, "bulk-00 to bulk-09");
+    assert!(found.contains("value=\"bulk-0\""), "the search stays in the form");
+    let (_, paused) = http(&base, "GET /?q=pay&status=paused", &[], "").await;
+    assert!(paused.contains(&format!(">{PAUSED}<")) && !paused.contains("bulk-"), "{paused}");
+
+    let (_, page) = http(&base, &format!("GET /runs/{FINISHED}"), &[], "").await;
+    let conversation = page.split("id=\"conversation\"").nth(1).unwrap().split("</section>").next().unwrap();
+    assert!(conversation.contains("class=\"say user\"") && conversation.contains(">hi<"), "{conversation}");
+    assert!(conversation.contains("class=\"say assistant\"") && conversation.contains(">Hello!<"), "{conversation}");
+    assert!(page.contains("<section class=\"timeline\">"), "beside the timeline");
+}

@@ -83,6 +83,9 @@ button.approve { background: #1f8a4c; color: #fff; } button.deny { background: #
 .bar { position: relative; height: .7rem; background: #f0f1f4; min-width: 8rem; }
 .bar span { position: absolute; top: 0; bottom: 0; background: #5b8def; min-width: 2px; }
 .muted { color: #6b7683; }
+.columns { display: flex; gap: 1.2rem; align-items: flex-start; } .columns .conversation { flex: 0 0 28%; min-width: 16rem; } .columns .timeline { flex: 1; overflow-x: auto; }
+.say { margin: .4rem 0; padding: .4rem .6rem; border-radius: .4rem; background: #f3f4f6; } .say.user { background: #e8f0fe; } .say.reasoning { background: #fff8e1; font-style: italic; }
+.say .who { font-size: .75rem; text-transform: uppercase; color: #6b7683; } .say .text { white-space: pre-wrap; }
 dl.meta { display: grid; grid-template-columns: max-content auto; gap: .2rem 1rem; }
 dl.meta dt { color: #6b7683; } dl.meta dd { margin: 0; }
 "#;

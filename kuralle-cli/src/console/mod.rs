@@ -130,7 +130,14 @@ fn failure(e: &CliError) -> Response {
 struct ListParams {
     status: Option<String>,
     agent: Option<String>,
+    /// A run id prefix.
+    q: Option<String>,
+    /// 1-based.
+    page: Option<usize>,
 }
+
+/// Runs per page of the list.
+const PAGE: usize = 50;
 
 async fn list(State(state): State<Shared>, Query(params): Query<ListParams>) -> Response {
     let status = match params.status.as_deref().filter(|s| !s.is_empty()) {
@@ -140,9 +147,22 @@ async fn list(State(state): State<Shared>, Query(params): Query<ListParams>) -> 
             None => return refuse(StatusCode::BAD_REQUEST, "Bad filter", &format!("unknown status `{s}`")),
         },
     };
-    let query = view::ListQuery { status, agent: params.agent.filter(|a| !a.trim().is_empty()), limit: Some(500) };
+    let page = params.page.unwrap_or(1).max(1);
+    let mut query = view::ListQuery {
+        status,
+        agent: params.agent.filter(|a| !a.trim().is_empty()),
+        prefix: params.q.map(|q| q.trim().to_owned()).filter(|q| !q.is_empty()),
+        offset: (page - 1).saturating_mul(PAGE),
+        // One more than a page says whether there is a next one.
+        limit: Some(PAGE + 1),
+    };
     match view::list(state.store.as_ref(), &query).await {
-        Ok(rows) => Html(pages::runs(&rows, &query)).into_response(),
+        Ok(mut rows) => {
+            let more = rows.len() > PAGE;
+            rows.truncate(PAGE);
+            query.limit = Some(PAGE);
+            Html(pages::runs(&rows, &query, page, more)).into_response()
+        }
         Err(e) => failure(&e),
     }
 }

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use kuralle::{RunStatus, StepStatus};
 use serde_json::Value;
 
-use super::html::{esc, page, url};
+use super::html::{esc, page as page_html, url};
 use crate::{
     time::{duration, timestamp},
     view::{ListQuery, RunDetail, RunRow, StepView},
@@ -25,16 +25,35 @@ fn badge(status: &str) -> String {
     format!(r#"<span class="badge {s}">{s}</span>"#, s = esc(status))
 }
 
-/// The runs list with its status filters.
-pub fn runs(rows: &[RunRow], query: &ListQuery) -> String {
+/// The query string of the list with `query`'s filters, at `page`.
+fn list_href(query: &ListQuery, status: Option<RunStatus>, page: usize) -> String {
+    let mut params = Vec::new();
+    if let Some(s) = status {
+        params.push(format!("status={}", s.as_str()));
+    }
+    if let Some(a) = &query.agent {
+        params.push(format!("agent={}", url(a)));
+    }
+    if let Some(q) = &query.prefix {
+        params.push(format!("q={}", url(q)));
+    }
+    if page > 1 {
+        params.push(format!("page={page}"));
+    }
+    format!("/?{}", params.join("&"))
+}
+
+/// The runs list with its status filters, id search and paging (`page` is 1-based; `more`
+/// says whether a next page exists).
+pub fn runs(rows: &[RunRow], query: &ListQuery, page: usize, more: bool) -> String {
     let mut body = String::from("<h1>Runs</h1>\n<p class=\"filters\">status: ");
-    let agent_q = query.agent.as_deref().map(|a| format!("&agent={}", url(a))).unwrap_or_default();
     let on = |yes: bool| if yes { " class=\"on\"" } else { "" };
-    let _ = write!(body, r#"<a href="/?{}"{}>all</a>"#, agent_q.trim_start_matches('&'), on(query.status.is_none()));
+    let _ = write!(body, r#"<a href="{}"{}>all</a>"#, esc(&list_href(query, None, 1)), on(query.status.is_none()));
     for s in STATUSES {
         let _ = write!(
             body,
-            r#"<a href="/?status={st}{agent_q}"{cls}>{st}</a>"#,
+            r#"<a href="{href}"{cls}>{st}</a>"#,
+            href = esc(&list_href(query, Some(s), 1)),
             st = s.as_str(),
             cls = on(query.status == Some(s))
         );
@@ -42,36 +61,51 @@ pub fn runs(rows: &[RunRow], query: &ListQuery) -> String {
     body.push_str("</p>\n");
     let _ = write!(
         body,
-        r#"<form method="get" action="/" class="filters">{status}<label>agent <input type="text" name="agent" value="{agent}"></label> <button type="submit">filter</button></form>"#,
+        r#"<form method="get" action="/" class="filters">{status}<label>run id <input type="search" name="q" value="{q}" placeholder="prefix"></label> <label>agent <input type="text" name="agent" value="{agent}"></label> <button type="submit">filter</button></form>"#,
         status = query
             .status
             .map(|s| format!(r#"<input type="hidden" name="status" value="{}">"#, s.as_str()))
             .unwrap_or_default(),
+        q = esc(query.prefix.as_deref().unwrap_or_default()),
         agent = esc(query.agent.as_deref().unwrap_or_default()),
     );
     if rows.is_empty() {
         body.push_str("<p class=\"muted\">No runs match.</p>");
-        return page("Runs", &body);
-    }
-    body.push_str(
-        "<table id=\"runs\"><thead><tr><th>run</th><th>agent</th><th>status</th><th>steps</th><th>updated</th><th>pending approvals</th></tr></thead><tbody>\n",
-    );
-    for r in rows {
-        let _ = writeln!(
-            body,
-            r#"<tr><td><a href="/runs/{href}">{id}</a></td><td>{agent}</td><td>{status}</td><td>{steps}</td><td>{updated}</td><td>{pending}</td></tr>"#,
-            href = url(&r.run_id),
-            id = esc(&r.run_id),
-            agent = esc(&r.agent_id),
-            status = badge(r.status.as_str()),
-            steps = r.steps,
-            updated = timestamp(r.updated_at_ms),
-            pending =
-                if r.pending_approvals > 0 { format!("<strong>{}</strong>", r.pending_approvals) } else { "0".into() },
+    } else {
+        body.push_str(
+            "<table id=\"runs\"><thead><tr><th>run</th><th>agent</th><th>status</th><th>steps</th><th>updated</th><th>pending approvals</th></tr></thead><tbody>\n",
         );
+        for r in rows {
+            let _ = writeln!(
+                body,
+                r#"<tr><td><a href="/runs/{href}">{id}</a></td><td>{agent}</td><td>{status}</td><td>{steps}</td><td>{updated}</td><td>{pending}</td></tr>"#,
+                href = url(&r.run_id),
+                id = esc(&r.run_id),
+                agent = esc(&r.agent_id),
+                status = badge(r.status.as_str()),
+                steps = r.steps,
+                updated = timestamp(r.updated_at_ms),
+                pending = if r.pending_approvals > 0 {
+                    format!("<strong>{}</strong>", r.pending_approvals)
+                } else {
+                    "0".into()
+                },
+            );
+        }
+        body.push_str("</tbody></table>");
     }
-    body.push_str("</tbody></table>");
-    page("Runs", &body)
+    if page > 1 || more {
+        body.push_str("<p class=\"pager\" id=\"pager\">");
+        if page > 1 {
+            let _ = write!(body, r#"<a href="{}" rel="prev">&larr; newer</a> "#, esc(&list_href(query, query.status, page - 1)));
+        }
+        let _ = write!(body, "page {page}");
+        if more {
+            let _ = write!(body, r#" <a href="{}" rel="next">older &rarr;</a>"#, esc(&list_href(query, query.status, page + 1)));
+        }
+        body.push_str("</p>");
+    }
+    page_html("Runs", &body)
 }
 
 /// A run: its record, pending approvals with decision forms, and the timeline of steps.
@@ -139,7 +173,20 @@ pub fn run(detail: &RunDetail, operator: &str, notice: Option<&str>, error: Opti
         );
     }
 
-    body.push_str("<h2>Timeline</h2>");
+    body.push_str("<div class=\"columns\"><section class=\"conversation\" id=\"conversation\"><h2>Conversation</h2>");
+    if detail.conversation.is_empty() {
+        body.push_str("<p class=\"muted\">Nothing said yet.</p>");
+    }
+    for u in &detail.conversation {
+        let step = u.ordinal.map(|o| format!(r#" <span class="muted">step {o}</span>"#)).unwrap_or_default();
+        let _ = write!(
+            body,
+            r#"<div class="say {role}"><div class="who">{role}{step}</div><div class="text">{text}</div></div>"#,
+            role = esc(u.role),
+            text = esc(&u.text),
+        );
+    }
+    body.push_str("</section><section class=\"timeline\"><h2>Timeline</h2>");
     if detail.steps.is_empty() {
         body.push_str("<p class=\"muted\">No steps journaled.</p>");
     } else {
@@ -148,7 +195,8 @@ pub fn run(detail: &RunDetail, operator: &str, notice: Option<&str>, error: Opti
             r#"<p class="muted">replay: <em>replays</em> = journaled, a resumed run is answered from the journal; <em>re-runs</em> = started but not finished, a resumed run executes it again; <em>live</em> = a <code>replay = false</code> tool, executed every time.</p>"#,
         );
     }
-    page(&format!("Run {}", detail.run_id), &body)
+    body.push_str("</section></div>");
+    page_html(&format!("Run {}", detail.run_id), &body)
 }
 
 fn timeline(body: &mut String, steps: &[StepView]) {
@@ -197,7 +245,7 @@ fn details(summary: &str, value: &Value) -> String {
 
 /// An error page.
 pub fn error(title: &str, message: &str) -> String {
-    page(
+    page_html(
         title,
         &format!(
             r#"<p><a href="/">&larr; all runs</a></p><h1>{}</h1><div class="error" id="error">{}</div>"#,

@@ -26,7 +26,7 @@ pub use handle::{InterruptHandle, RunHandle};
 pub use lease::DEFAULT_LEASE_TTL;
 pub use retry::record_retry;
 pub use recover::{DEFAULT_RECOVER_CONCURRENCY, Recovered, RecoveredRun};
-pub(crate) use state::recorded_inputs;
+pub(crate) use state::{key_run, recorded_conversation, recorded_inputs};
 use tokio_util::sync::CancellationToken;
 pub use worker::{ServeReport, WorkerOptions};
 
