@@ -81,7 +81,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
             if as_json {
                 json(&mut out, &serde_json::json!({"run_id": id, "status": "running"}))?;
             } else {
-                writeln!(out, "run {id} is runnable again; a worker (or the owner's resume) continues it from its journal")?;
+                writeln!(
+                    out,
+                    "run {id} is runnable again; a worker (or the owner's resume) continues it from its journal"
+                )?;
             }
         }
         Command::Runs(RunsCommand::Fork { id, at, new_id, agent, instructions }) => {

@@ -339,7 +339,17 @@ async fn retry_and_fork_through_the_store_only() {
 
     // A fork of the finished chat before its answer, with other instructions.
     let forked = ok_json(&[
-        "runs", "fork", FINISHED, "--at", "0", "--new-id", "chat-2", "--instructions", "Be terse.", "--store", &store,
+        "runs",
+        "fork",
+        FINISHED,
+        "--at",
+        "0",
+        "--new-id",
+        "chat-2",
+        "--instructions",
+        "Be terse.",
+        "--store",
+        &store,
         "--json",
     ]);
     assert_eq!(forked["run_id"], "chat-2");

@@ -254,9 +254,9 @@ pub fn conversation(record: &RunRecord, steps: &[StepRecord]) -> Vec<Utterance> 
     }
     if let Some(input) = open_input {
         lines.push(Utterance { role: "user", text: input, ordinal: None });
-        let turn = steps.iter().filter(|s| {
-            s.epoch == record.epoch && s.kind == StepKind::Model && s.status == StepStatus::Finished
-        });
+        let turn = steps
+            .iter()
+            .filter(|s| s.epoch == record.epoch && s.kind == StepKind::Model && s.status == StepStatus::Finished);
         for step in turn {
             let parts = step.result.as_ref().and_then(|r| r.decode::<Parts>().ok()).map(|p| p.parts);
             said(&mut lines, &parts.unwrap_or_default(), Some(step.ordinal));

@@ -229,9 +229,9 @@ pub use output::{AgentOutput, DEFAULT_OUTPUT_RETRIES, OUTPUT_TOOL_NAME, OutputEr
 pub use policy::{Policy, Verdict};
 pub use redact::{REDACTED, Redaction, Redactions, Secret};
 pub use runtime::{
-    DEFAULT_EVENT_BUFFER, DEFAULT_LEASE_TTL, DEFAULT_MAX_JOURNAL_ENTRIES, DEFAULT_RECOVER_CONCURRENCY, Decision, ForkOptions,
-    InterruptHandle, Recovered, RecoveredRun, ResumeRequest, RunHandle, RunRequest, Runtime, RuntimeBuilder,
-    ServeReport, WorkerOptions, fork_run, record_decision, record_retry,
+    DEFAULT_EVENT_BUFFER, DEFAULT_LEASE_TTL, DEFAULT_MAX_JOURNAL_ENTRIES, DEFAULT_RECOVER_CONCURRENCY, Decision,
+    ForkOptions, InterruptHandle, Recovered, RecoveredRun, ResumeRequest, RunHandle, RunRequest, Runtime,
+    RuntimeBuilder, ServeReport, WorkerOptions, fork_run, record_decision, record_retry,
 };
 #[allow(deprecated)]
 pub use runtime::{DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN};

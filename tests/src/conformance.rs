@@ -961,7 +961,12 @@ pub async fn cancel_closes_running_and_paused_runs_and_fences_their_owner<S: Run
 
     // A paused run holds no lease: it is closed directly.
     store.create_run(run("paused", RunStatus::Paused, 20)).await.unwrap();
-    let paused_lease = Lease { run_id: "paused".into(), owner: "conformance".into(), token: store.fence("paused").await, expires_at_ms: 0 };
+    let paused_lease = Lease {
+        run_id: "paused".into(),
+        owner: "conformance".into(),
+        token: store.fence("paused").await,
+        expires_at_ms: 0,
+    };
     store.store.release_lease(&paused_lease).await.unwrap();
     assert_eq!(store.store.cancel_run("paused").await.unwrap(), Some(RunStatus::Paused));
     assert_eq!(store.get_run("paused").await.unwrap().unwrap().status, RunStatus::Cancelled);

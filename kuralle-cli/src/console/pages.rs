@@ -97,11 +97,19 @@ pub fn runs(rows: &[RunRow], query: &ListQuery, page: usize, more: bool) -> Stri
     if page > 1 || more {
         body.push_str("<p class=\"pager\" id=\"pager\">");
         if page > 1 {
-            let _ = write!(body, r#"<a href="{}" rel="prev">&larr; newer</a> "#, esc(&list_href(query, query.status, page - 1)));
+            let _ = write!(
+                body,
+                r#"<a href="{}" rel="prev">&larr; newer</a> "#,
+                esc(&list_href(query, query.status, page - 1))
+            );
         }
         let _ = write!(body, "page {page}");
         if more {
-            let _ = write!(body, r#" <a href="{}" rel="next">older &rarr;</a>"#, esc(&list_href(query, query.status, page + 1)));
+            let _ = write!(
+                body,
+                r#" <a href="{}" rel="next">older &rarr;</a>"#,
+                esc(&list_href(query, query.status, page + 1))
+            );
         }
         body.push_str("</p>");
     }

@@ -171,12 +171,8 @@ pub async fn fork_run(store: &dyn RunStore, run_id: &str, at: u64, options: &For
 /// The transcript before turn `epoch` and its input: turn `e` starts at the transcript's
 /// `e`-th user message; a turn not in the transcript yet is the run's current one.
 fn turn_start(state: &RunState, epoch: u64) -> (crate::transcript::Transcript, Option<String>) {
-    let users: Vec<usize> = state
-        .messages
-        .iter()
-        .enumerate()
-        .filter_map(|(i, m)| matches!(m, Message::User { .. }).then_some(i))
-        .collect();
+    let users: Vec<usize> =
+        state.messages.iter().enumerate().filter_map(|(i, m)| matches!(m, Message::User { .. }).then_some(i)).collect();
     match usize::try_from(epoch).ok().and_then(|e| users.get(e)) {
         Some(&i) => {
             let input = match state.messages.get(i) {
@@ -188,4 +184,3 @@ fn turn_start(state: &RunState, epoch: u64) -> (crate::transcript::Transcript, O
         None => (state.messages.clone(), state.turn_input.clone()),
     }
 }
-

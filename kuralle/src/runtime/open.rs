@@ -93,7 +93,11 @@ pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) ->
 }
 
 /// `Runtime::retry`: the failed turn opens again in its own epoch, so its journal replays.
-pub(super) async fn reopen_failed(writer: RunWriter<'_>, mut record: RunRecord, mut state: RunState) -> Result<Opened, RunError> {
+pub(super) async fn reopen_failed(
+    writer: RunWriter<'_>,
+    mut record: RunRecord,
+    mut state: RunState,
+) -> Result<Opened, RunError> {
     if record.status != RunStatus::Failed {
         return Err(RunError::WrongStatus {
             run_id: record.run_id,

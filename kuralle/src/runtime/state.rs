@@ -80,7 +80,9 @@ pub(crate) fn recorded_inputs(record: &RunRecord) -> Result<Vec<String>, RunErro
             _ => None,
         })
         .collect();
-    if !closed(record) && let Some(input) = state.turn_input {
+    if !closed(record)
+        && let Some(input) = state.turn_input
+    {
         inputs.push(input);
     }
     Ok(inputs)

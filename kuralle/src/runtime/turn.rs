@@ -105,9 +105,15 @@ async fn drive(
 
         // A fork's journal keeps its original's keys.
         let key_run = state.key_run.as_deref().unwrap_or(run_id);
-        let journal =
-            Journal::open(Arc::clone(&rt.store), Arc::clone(fence), run_id, key_run, record.epoch, rt.max_journal_entries)
-                .await?;
+        let journal = Journal::open(
+            Arc::clone(&rt.store),
+            Arc::clone(fence),
+            run_id,
+            key_run,
+            record.epoch,
+            rt.max_journal_entries,
+        )
+        .await?;
         let ctx = Arc::new(TurnCtx {
             journal,
             tools: super::output::tools(&agent),

@@ -171,10 +171,12 @@ pub(super) fn cancel_run(conn: &Connection, errors: Mapper, run_id: &str) -> Res
     if !matches!(before, RunStatus::Running | RunStatus::Paused) {
         return Ok(Some(before));
     }
-    conn.prepare_cached("UPDATE runs SET status = 'cancelled', version = version + 1, updated_at = ?2 WHERE run_id = ?1")
-        .and_then(|mut stmt| stmt.execute(params![run_id, crate::clock::now_ms()]))
-        .and_then(|_| conn.prepare_cached("UPDATE leases SET released = 1 WHERE run_id = ?1 AND released = 0"))
-        .and_then(|mut stmt| stmt.execute([run_id]))
-        .map_err(|e| errors.map(e))?;
+    conn.prepare_cached(
+        "UPDATE runs SET status = 'cancelled', version = version + 1, updated_at = ?2 WHERE run_id = ?1",
+    )
+    .and_then(|mut stmt| stmt.execute(params![run_id, crate::clock::now_ms()]))
+    .and_then(|_| conn.prepare_cached("UPDATE leases SET released = 1 WHERE run_id = ?1 AND released = 0"))
+    .and_then(|mut stmt| stmt.execute([run_id]))
+    .map_err(|e| errors.map(e))?;
     Ok(Some(before))
 }
