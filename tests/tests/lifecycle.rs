@@ -260,3 +260,52 @@ async fn a_fork_replays_the_copied_steps_then_asks_its_new_model() {
     let taken = runtime.fork("r1", 1, kuralle::ForkOptions::new().run_id("r1-fork")).await.unwrap_err();
     assert!(matches!(taken, RunError::Store(kuralle::StoreError::RunExists(_))), "{taken}");
 }
+
+/// Workers skip a cancelled run, and pick up a retried or forked one (both are left
+/// `running` with no owner).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_skip_cancelled_runs_and_serve_forks() {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let count = Arc::new(AtomicUsize::new(0));
+    let runtime = Runtime::builder()
+        .agent(AgentDef::new("shop", "Take payment.").tool(counting("charge", &count)))
+        .model(two_calls_then("Paid."))
+        .store_arc(Arc::clone(&store))
+        .build()
+        .unwrap();
+    let kept = runtime.submit(RunRequest::new("Pay twice").run_id("kept")).await.unwrap();
+    let dropped = runtime.submit(RunRequest::new("Pay twice").run_id("dropped")).await.unwrap();
+    assert_eq!(runtime.cancel(&dropped).await.unwrap(), RunStatus::Running);
+
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = runtime.clone();
+    let options = kuralle::WorkerOptions { poll_interval: Duration::from_millis(10), ..Default::default() };
+    let serving = tokio::spawn(async move {
+        worker
+            .serve_with(
+                async {
+                    let _ = stopped.await;
+                },
+                options,
+            )
+            .await
+    });
+    let until_finished = |id: String| {
+        let store = Arc::clone(&store);
+        async move {
+            while store.get_run(&id).await.unwrap().unwrap().status != RunStatus::Finished {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    until_finished(kept.clone()).await;
+    // A fork after the first call: a worker replays it and makes only the second.
+    let fork = runtime.fork(&kept, 2, kuralle::ForkOptions::new()).await.unwrap();
+    until_finished(fork).await;
+    stop.send(()).unwrap();
+    let report = serving.await.unwrap().unwrap();
+    assert_eq!((report.claimed, report.completed), (2, 2), "{report:?}");
+    assert_eq!(count.load(Ordering::SeqCst), 3, "two calls for `kept`, one more for its fork");
+    assert!(store.steps(&dropped).await.unwrap().is_empty(), "the cancelled run never ran");
+    assert_eq!(store.get_run(&dropped).await.unwrap().unwrap().status, RunStatus::Cancelled);
+}
