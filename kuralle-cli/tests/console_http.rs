@@ -149,3 +149,52 @@ async fn the_list_searches_by_run_id_and_pages_and_the_run_page_shows_the_conver
     assert!(conversation.contains("class=\"say assistant\"") && conversation.contains(">Hello!<"), "{conversation}");
     assert!(page.contains("<section class=\"timeline\">"), "beside the timeline");
 }
+
+#[tokio::test]
+async fn fork_and_retry_from_the_run_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let (_console, base) = console(&db);
+
+    let (_, page) = http(&base, &format!("GET /runs/{FINISHED}"), &[], "").await;
+    assert!(page.contains(&format!("action=\"/runs/{FINISHED}/fork\"")), "a fork form");
+    assert!(!page.contains("/retry\""), "no Retry on a finished run");
+    let fork = format!("POST /runs/{FINISHED}/fork");
+    assert_eq!(http(&base, &fork, &[FORM, ("Origin", "http://evil.example")], "at=0").await.0, 403);
+    let (status, body) = http(&base, &fork, &[FORM], "at=9").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("cannot fork it at step 9"), "{body}");
+    let raw = {
+        let addr = base.trim_start_matches("http://");
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let body = "at=0&instructions=Be+terse.";
+        let req = format!(
+            "POST /runs/{FINISHED}/fork HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(req.as_bytes()).await.unwrap();
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).await.unwrap();
+        raw
+    };
+    assert!(raw.starts_with("HTTP/1.1 303"), "{raw}");
+    let location = raw.lines().find_map(|l| l.strip_prefix("location: ")).unwrap();
+    let fork_id = location.trim_start_matches("/runs/").split('?').next().unwrap().to_owned();
+    let store = SqliteStore::open(&db).unwrap();
+    let forked = store.get_run(&fork_id).await.unwrap().unwrap();
+    assert_eq!((forked.status, forked.agent_id.as_str()), (kuralle::RunStatus::Running, "support"));
+    assert!(forked.state.to_value()["instructions"] == "Be terse.", "the override is kept in the run");
+
+    // Retry: only a failed run has the button; the post makes it runnable.
+    let (status, body) = http(&base, &format!("POST /runs/{FINISHED}/retry"), &[FORM], "").await;
+    assert_eq!(status, 409, "{body}");
+    let lease = store.acquire_lease(FINISHED, "test", std::time::Duration::from_secs(60)).await.unwrap();
+    let mut record = store.get_run(FINISHED).await.unwrap().unwrap();
+    record.status = kuralle::RunStatus::Failed;
+    store.put_run(record, lease.token).await.unwrap();
+    store.release_lease(&lease).await.unwrap();
+    let (_, page) = http(&base, &format!("GET /runs/{FINISHED}"), &[], "").await;
+    assert!(page.contains(&format!("action=\"/runs/{FINISHED}/retry\"")), "a failed run has Retry");
+    assert_eq!(http(&base, &format!("POST /runs/{FINISHED}/retry"), &[FORM], "").await.0, 303);
+    assert_eq!(store.get_run(FINISHED).await.unwrap().unwrap().status, kuralle::RunStatus::Running);
+}

@@ -65,6 +65,8 @@ fn router(state: Shared) -> Router {
         .route("/runs/{id}", get(run_page))
         .route("/runs/{id}/decide", post(decide_form))
         .route("/runs/{id}/cancel", post(cancel_form))
+        .route("/runs/{id}/retry", post(retry_form))
+        .route("/runs/{id}/fork", post(fork_form))
         .layer(middleware::from_fn_with_state(state.clone(), loopback_host))
         .with_state(state)
 }
@@ -118,7 +120,8 @@ fn failure(e: &CliError) -> Response {
         CliError::NotPending { .. }
         | CliError::AlreadyDecided { .. }
         | CliError::Busy { .. }
-        | CliError::NotCancellable { .. } => StatusCode::CONFLICT,
+        | CliError::NotCancellable { .. }
+        | CliError::Run(kuralle::RunError::WrongStatus { .. }) => StatusCode::CONFLICT,
         CliError::Store(s) if s.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
         CliError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::BAD_REQUEST,
@@ -235,6 +238,46 @@ async fn cancel_form(State(state): State<Shared>, Path(id): Path<String>, header
         Ok(c) => {
             let notice = format!("cancelled (was {}); an owner stops at its next step", c.was);
             Redirect::to(&format!("/runs/{}?notice={}", html::url(&id), html::url(&notice))).into_response()
+        }
+        Err(e) => failure(&e),
+    }
+}
+
+/// The run page's Retry button (a failed run).
+async fn retry_form(State(state): State<Shared>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    if let Err(message) = same_origin(&headers) {
+        return refuse(StatusCode::FORBIDDEN, "Refused", &message);
+    }
+    match lifecycle::retry(state.store.as_ref(), &id).await {
+        Ok(()) => {
+            let notice = "runnable again; a worker (or the owner's resume) continues it from its journal";
+            Redirect::to(&format!("/runs/{}?notice={}", html::url(&id), html::url(notice))).into_response()
+        }
+        Err(e) => failure(&e),
+    }
+}
+
+#[derive(Deserialize)]
+struct ForkForm {
+    at: u64,
+    instructions: Option<String>,
+}
+
+/// The run page's Fork form: a new run with the journal before step `at`; shows the fork.
+async fn fork_form(
+    State(state): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Form(form): Form<ForkForm>,
+) -> Response {
+    if let Err(message) = same_origin(&headers) {
+        return refuse(StatusCode::FORBIDDEN, "Refused", &message);
+    }
+    let instructions = form.instructions.map(|i| i.trim().to_owned()).filter(|i| !i.is_empty());
+    match lifecycle::fork(state.store.as_ref(), &id, form.at, None, None, instructions).await {
+        Ok(fork) => {
+            let notice = format!("forked from {id} at step {}; a worker (or resume) continues it", form.at);
+            Redirect::to(&format!("/runs/{}?notice={}", html::url(&fork), html::url(&notice))).into_response()
         }
         Err(e) => failure(&e),
     }

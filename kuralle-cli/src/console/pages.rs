@@ -144,6 +144,13 @@ pub fn run(detail: &RunDetail, operator: &str, notice: Option<&str>, error: Opti
             href = esc(&url(&detail.run_id)),
         );
     }
+    if detail.status == RunStatus::Failed {
+        let _ = write!(
+            body,
+            r#"<form method="post" action="/runs/{href}/retry" id="retry"><button type="submit" class="approve">Retry run</button> <span class="muted">the failed turn goes on from its journal (finished steps replay)</span></form>"#,
+            href = esc(&url(&detail.run_id)),
+        );
+    }
 
     if !detail.pending.is_empty() {
         body.push_str("<h2>Pending approvals</h2>");
@@ -195,6 +202,14 @@ pub fn run(detail: &RunDetail, operator: &str, notice: Option<&str>, error: Opti
         );
     }
     body.push_str("</section><section class=\"timeline\"><h2>Timeline</h2>");
+    if !detail.steps.is_empty() {
+        let _ = write!(
+            body,
+            r#"<form method="post" action="/runs/{href}/fork" id="fork" class="filters"><label>fork at step <input type="number" name="at" min="0" max="{max}" value="{max}" required></label> <label>instructions <input type="text" name="instructions" placeholder="the agent's"></label> <button type="submit">Fork</button> <span class="muted">a new run: steps before this one replay, the rest runs again</span></form>"#,
+            href = esc(&url(&detail.run_id)),
+            max = detail.steps.len(),
+        );
+    }
     if detail.steps.is_empty() {
         body.push_str("<p class=\"muted\">No steps journaled.</p>");
     } else {
