@@ -309,3 +309,38 @@ async fn workers_skip_cancelled_runs_and_serve_forks() {
     assert!(store.steps(&dropped).await.unwrap().is_empty(), "the cancelled run never ran");
     assert_eq!(store.get_run(&dropped).await.unwrap().unwrap().status, RunStatus::Cancelled);
 }
+
+/// The SQLite case on PostgreSQL: an operator's connection cancels, the owner's outcome write
+/// is fenced. Skipped with a notice without `DATABASE_URL`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_on_postgres_stops_at_its_next_write() {
+    let Some((store, guard)) = kuralle_tests::postgres::store("lifecycle cancel").await else { return };
+    let options = kuralle::stores::PostgresOptions { schema: guard.schema.clone(), ..Default::default() };
+    let operator = kuralle::stores::PostgresStore::connect_with(&guard.url, options).await.unwrap();
+    let (count, gate) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
+    let tool = {
+        let (count, gate) = (count.clone(), gate.clone());
+        FnTool::new("charge", move |_, _| {
+            let (count, gate) = (count.clone(), gate.clone());
+            async move {
+                count.fetch_add(1, Ordering::SeqCst);
+                gate.notified().await;
+                Ok(json!("charged"))
+            }
+        })
+        .uninterruptible()
+    };
+    let owner = shop(Arc::new(store), tool, HOUR);
+    let handle = owner.run(RunRequest::new("Pay").run_id("r1"));
+    until(&count, 1).await;
+
+    assert_eq!(operator.cancel_run("r1").await.unwrap(), Some(RunStatus::Running));
+    gate.notify_one();
+    let out = handle.await.expect("a cancelled turn ends Ok");
+    assert_eq!(out.status, RunStatus::Cancelled);
+    let journal = operator.steps("r1").await.unwrap();
+    assert_eq!(journal.len(), 2, "no second model step: {journal:?}");
+    assert_eq!(journal[1].status, StepStatus::Running, "the fenced outcome was not written");
+    drop(owner);
+    drop(guard);
+}
