@@ -26,7 +26,7 @@ pub struct Cli {
 /// Top-level commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Runs: list, show, approve, deny, export.
+    /// Runs: list, show, approve, deny, cancel, retry, fork, export.
     #[command(subcommand)]
     Runs(RunsCommand),
     /// Serve the web console (beyond loopback only with authentication).
@@ -44,9 +44,15 @@ pub enum RunsCommand {
         /// Only runs of this agent.
         #[arg(long = "agent", value_name = "ID")]
         agent: Option<String>,
+        /// Only runs whose id starts with this.
+        #[arg(long, value_name = "ID")]
+        prefix: Option<String>,
         /// At most this many runs.
         #[arg(long, value_name = "N")]
         limit: Option<usize>,
+        /// Skip this many matching runs first (with --limit: paging).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        offset: usize,
     },
     /// A run's journal step by step, and the approvals it waits for.
     Show {
@@ -75,6 +81,37 @@ pub enum RunsCommand {
         /// Why (the model is told).
         #[arg(long, value_name = "TEXT")]
         reason: String,
+    },
+    /// Cancel a running or paused run: a paused (or orphaned) run is closed at once; a run's
+    /// owner stops at its next step or lease renewal. Workers never resume it.
+    Cancel {
+        /// Run id.
+        id: String,
+    },
+    /// Make a failed run runnable again: a worker (or the owner's `resume`) continues it, and
+    /// the steps its failed turn finished replay from the journal.
+    Retry {
+        /// Run id.
+        id: String,
+    },
+    /// Fork a run at a journal step: a new run whose journal is a copy of the original's
+    /// steps before --at, left for a worker (or `resume`) to continue from there.
+    Fork {
+        /// Run id.
+        id: String,
+        /// The first step the fork does again (`runs show` lists the ordinals).
+        #[arg(long, value_name = "N")]
+        at: u64,
+        /// The fork's run id (default: a new UUID).
+        #[arg(long = "new-id", value_name = "ID")]
+        new_id: Option<String>,
+        /// Continue as this agent (its model and instructions); it must be registered where
+        /// the fork runs.
+        #[arg(long, value_name = "ID")]
+        agent: Option<String>,
+        /// Continue with these instructions instead of the agent's.
+        #[arg(long, value_name = "TEXT")]
+        instructions: Option<String>,
     },
     /// Write a run and its journal as a versioned JSON file that
     /// `kuralle::testing::Replay::from_export` plays back as a test.
@@ -131,6 +168,8 @@ pub enum StatusArg {
     Failed,
     /// Stopped by one of its run limits.
     LimitExceeded,
+    /// Cancelled by an operator.
+    Cancelled,
 }
 
 impl From<StatusArg> for RunStatus {
@@ -143,6 +182,7 @@ impl From<StatusArg> for RunStatus {
             StatusArg::Interrupted => Self::Interrupted,
             StatusArg::Failed => Self::Failed,
             StatusArg::LimitExceeded => Self::LimitExceeded,
+            StatusArg::Cancelled => Self::Cancelled,
         }
     }
 }

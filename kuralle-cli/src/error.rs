@@ -52,6 +52,14 @@ pub enum CliError {
         /// What was decided and by whom (" (approved by NAME)").
         by: String,
     },
+    /// The run already ended: only a running or paused run can be cancelled.
+    #[error("run `{run_id}` is {status}: only a running or paused run can be cancelled")]
+    NotCancellable {
+        /// Run id.
+        run_id: String,
+        /// Its status.
+        status: kuralle::RunStatus,
+    },
     /// The store failed.
     #[error("store error: {0}")]
     Store(#[from] StoreError),

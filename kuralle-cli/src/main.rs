@@ -4,6 +4,8 @@
 //! kuralle runs list --store sqlite:runs.db --status paused
 //! kuralle runs show RUN --store sqlite:runs.db
 //! kuralle runs approve RUN REQUEST --by alice --store sqlite:runs.db
+//! kuralle runs cancel RUN --store sqlite:runs.db
+//! kuralle runs fork RUN --at 3 --instructions "Refund instead." --store sqlite:runs.db
 //! kuralle runs export RUN -o incident.json --store sqlite:runs.db
 //! kuralle console --store sqlite:runs.db
 //! ```
@@ -14,6 +16,7 @@ mod console;
 mod decide;
 mod error;
 mod export;
+mod lifecycle;
 mod store;
 mod text;
 mod time;
@@ -50,8 +53,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     let as_json = cli.json;
     let mut out = std::io::stdout().lock();
     match cli.command {
-        Command::Runs(RunsCommand::List { status, agent, limit }) => {
-            let query = ListQuery { status: status.map(Into::into), agent, limit };
+        Command::Runs(RunsCommand::List { status, agent, prefix, limit, offset }) => {
+            let query = ListQuery { status: status.map(Into::into), agent, prefix, offset, limit };
             let rows = view::list(store.as_ref(), &query).await?;
             if as_json { json(&mut out, &rows)? } else { write!(out, "{}", text::runs(&rows, style))? }
         }
@@ -66,6 +69,33 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Runs(RunsCommand::Deny { id, request, by, reason }) => {
             let decided = decide::decide(store.as_ref(), &id, &request, &by, Some(&reason), decide::Via::cli()).await?;
             report(&mut out, as_json, &decided)?;
+        }
+        Command::Runs(RunsCommand::Cancel { id }) => {
+            let cancelled = lifecycle::cancel(store.as_ref(), &id).await?;
+            if as_json {
+                json(&mut out, &cancelled)?;
+            } else {
+                writeln!(out, "cancelled run {id} (was {}); an owner stops at its next step", cancelled.was)?;
+            }
+        }
+        Command::Runs(RunsCommand::Retry { id }) => {
+            lifecycle::retry(store.as_ref(), &id).await?;
+            if as_json {
+                json(&mut out, &serde_json::json!({"run_id": id, "status": "running"}))?;
+            } else {
+                writeln!(
+                    out,
+                    "run {id} is runnable again; a worker (or the owner's resume) continues it from its journal"
+                )?;
+            }
+        }
+        Command::Runs(RunsCommand::Fork { id, at, new_id, agent, instructions }) => {
+            let fork = lifecycle::fork(store.as_ref(), &id, at, new_id, agent, instructions).await?;
+            if as_json {
+                json(&mut out, &serde_json::json!({"run_id": fork, "forked_from": id, "at": at}))?;
+            } else {
+                writeln!(out, "forked run {id} at step {at} as {fork}; a worker (or resume) continues it")?;
+            }
         }
         Command::Runs(RunsCommand::Export { id, output }) => {
             let export = kuralle::export::RunExport::from_store(store.as_ref(), &id).await.map_err(export::error)?;

@@ -31,6 +31,7 @@ impl Style {
         match status {
             RunStatus::Paused => self.paint("33", padded),
             RunStatus::Failed | RunStatus::LimitExceeded => self.paint("31", padded),
+            RunStatus::Cancelled => self.paint("35", padded),
             RunStatus::Finished => self.paint("32", padded),
             _ => padded.to_owned(),
         }
@@ -111,6 +112,12 @@ pub fn run(detail: &RunDetail, style: Style) -> String {
         view::tokens(&detail.usage),
         detail.cost_usd.map(|c| format!("cost     {}\n", view::dollars(c))).unwrap_or_default(),
     );
+    if !detail.conversation.is_empty() {
+        for u in &detail.conversation {
+            out.push_str(&format!("{:<10} {}\n", format!("{}:", u.role), view::clip(&u.text, 100)));
+        }
+        out.push('\n');
+    }
     if detail.steps.is_empty() {
         out.push_str("no steps journaled\n");
     } else {

@@ -3,7 +3,7 @@
 
 use kuralle::{
     PendingApproval, Redactions, RunFilter, RunStatus, RunStore, StepKind, StepRecord, StepStatus, Usage,
-    inspect::{RecordedDecision, pending_approvals, recorded_decisions, step_calls},
+    inspect::{RecordedDecision, Utterance, conversation, key_run, pending_approvals, recorded_decisions, step_calls},
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -34,24 +34,29 @@ pub struct ListQuery {
     pub status: Option<RunStatus>,
     /// Only this agent.
     pub agent: Option<String>,
+    /// Only runs whose id starts with this.
+    pub prefix: Option<String>,
+    /// Skip this many matching runs first (paging).
+    pub offset: usize,
     /// At most this many, most recently updated first.
     pub limit: Option<usize>,
 }
 
 /// Runs matching `query`, most recently updated first.
 pub async fn list(store: &dyn RunStore, query: &ListQuery) -> Result<Vec<RunRow>, CliError> {
-    // The store filters by status and limit; the agent filter is applied here, so the limit
-    // can only go to the store when there is no agent filter.
-    let limit = if query.agent.is_some() { None } else { query.limit };
+    // The store filters by status and limit; the agent and id filters and the offset are
+    // applied here, so the limit goes to the store only when nothing else filters.
+    let filtered = query.agent.is_some() || query.prefix.is_some();
+    let limit = if filtered { None } else { query.limit.map(|l| l.saturating_add(query.offset)) };
     let summaries = store.list_runs(RunFilter { status: query.status, limit }).await?;
+    let matching = summaries.into_iter().filter(|s| {
+        query.agent.as_ref().is_none_or(|a| *a == s.agent_id)
+            && query.prefix.as_ref().is_none_or(|p| s.run_id.starts_with(p.as_str()))
+    });
+    let page = matching.skip(query.offset).take(query.limit.unwrap_or(usize::MAX));
     let mut rows = Vec::new();
-    for s in summaries {
-        if query.agent.as_ref().is_some_and(|a| *a != s.agent_id) {
-            continue;
-        }
-        if query.limit.is_some_and(|l| rows.len() >= l) {
-            break;
-        }
+    // Only the page's runs are read whole.
+    for s in page {
         let Some(record) = store.get_run(&s.run_id).await? else { continue }; // deleted since listed
         let journal = store.steps(&s.run_id).await?;
         let undecided = pending_approvals(&record).len() - recorded_decisions(&record, &journal).len();
@@ -95,6 +100,8 @@ pub struct RunDetail {
     pub pending: Vec<PendingView>,
     /// Every decision in the journal, in order: who, when, from where, why.
     pub decisions: Vec<DecisionView>,
+    /// What was said: user inputs, the model's text and kept reasoning summaries.
+    pub conversation: Vec<Utterance>,
 }
 
 /// A journaled decision with its audit trail.
@@ -287,7 +294,8 @@ pub async fn show(store: &dyn RunStore, run_id: &str) -> Result<RunDetail, CliEr
     let redact = Redactions::of(&record);
     redact.record(&mut record);
     steps.iter_mut().for_each(|s| redact.step(s));
-    let mut calls = step_calls(run_id, &steps);
+    let mut calls = step_calls(&key_run(&record), &steps);
+    let conversation = conversation(&record, &steps);
     let mut decided = recorded_decisions(&record, &steps);
     let pending = pending_approvals(&record)
         .into_iter()
@@ -321,6 +329,7 @@ pub async fn show(store: &dyn RunStore, run_id: &str) -> Result<RunDetail, CliEr
         steps,
         pending,
         decisions,
+        conversation,
     })
 }
 

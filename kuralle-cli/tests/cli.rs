@@ -385,3 +385,118 @@ async fn untrusted_text_cannot_drive_the_terminal_or_hide_and_pending_arguments_
     let args = text.split("arguments of approval-").nth(1).unwrap_or_else(|| panic!("{text}"));
     assert!(args.contains(&body) && args.contains("bob<U+202E>@evil"), "whole: {args}");
 }
+
+#[tokio::test]
+async fn cancel_closes_a_paused_run_through_the_store_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let store = store_arg(&db);
+
+    let done = ok_text(&["runs", "cancel", PAUSED, "--store", &store]);
+    assert!(done.contains("cancelled run") && done.contains("was paused"), "{done}");
+    assert_eq!(ids(&ok_json(&["runs", "list", "--store", &store, "--status", "cancelled", "--json"])), [PAUSED]);
+    let shown = ok_json(&["runs", "show", PAUSED, "--store", &store, "--json"]);
+    assert_eq!(shown["status"], "cancelled");
+    let again = fails(&["runs", "cancel", PAUSED, "--store", &store]);
+    assert!(again.contains("is cancelled: only a running or paused run can be cancelled"), "{again}");
+    let finished = fails(&["runs", "cancel", FINISHED, "--store", &store]);
+    assert!(finished.contains("is finished"), "{finished}");
+    assert!(fails(&["runs", "cancel", "nope", "--store", &store]).contains("no run `nope`"));
+    // The owner, back, does not run the cancelled run's pending call.
+    let runtime = owner(&db);
+    let out = runtime.resume(PAUSED).await.unwrap();
+    assert_eq!(out.status, RunStatus::Cancelled);
+    let steps = runtime.store().steps(PAUSED).await.unwrap();
+    assert!(steps.iter().all(|s| s.name != "wire" || s.status != kuralle::StepStatus::Finished));
+}
+
+#[tokio::test]
+async fn retry_and_fork_through_the_store_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let store = store_arg(&db);
+
+    // A journal limit too small for the turn fails it.
+    let tight = kuralle::Runtime::builder()
+        .agent(payments())
+        .model(kuralle::testing::ScriptedModel::by_transcript([
+            kuralle::testing::Turn::tool_calls([("call_lookup", "lookup", r#"{"order":"A-17"}"#)]),
+            kuralle::testing::Turn::tool_calls([("call_lookup2", "lookup", r#"{"order":"A-18"}"#)]),
+            kuralle::testing::Turn::text("Both delivered."),
+        ]))
+        .store(kuralle::stores::SqliteStore::open(&db).unwrap())
+        .max_journal_entries(2)
+        .build()
+        .unwrap();
+    assert!(tight.run(kuralle::RunRequest::new("look up both").run_id("look-1")).await.is_err());
+    assert_eq!(ok_json(&["runs", "show", "look-1", "--store", &store, "--json"])["status"], "failed");
+
+    let done = ok_text(&["runs", "retry", "look-1", "--store", &store]);
+    assert!(done.contains("runnable again"), "{done}");
+    assert_eq!(ids(&ok_json(&["runs", "list", "--store", &store, "--status", "running", "--json"])), ["look-1"]);
+    let refused = fails(&["runs", "retry", FINISHED, "--store", &store]);
+    assert!(refused.contains("is finished: retry applies only to failed runs"), "{refused}");
+
+    // A fork of the finished chat before its answer, with other instructions.
+    let forked = ok_json(&[
+        "runs",
+        "fork",
+        FINISHED,
+        "--at",
+        "0",
+        "--new-id",
+        "chat-2",
+        "--instructions",
+        "Be terse.",
+        "--store",
+        &store,
+        "--json",
+    ]);
+    assert_eq!(forked["run_id"], "chat-2");
+    let model = kuralle::testing::ScriptedModel::new([kuralle::testing::Turn::text("Hi.")]);
+    let support = kuralle::Runtime::builder()
+        .agent(kuralle::AgentDef::new("support", "Chat."))
+        .model(model.clone())
+        .store(kuralle::stores::SqliteStore::open(&db).unwrap())
+        .build()
+        .unwrap();
+    let out = support.resume("chat-2").await.unwrap();
+    assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Hi."));
+    assert_eq!(model.requests()[0].system, "Be terse.");
+    let far = fails(&["runs", "fork", PAUSED, "--at", "9", "--store", &store]);
+    assert!(far.contains("cannot fork it at step 9"), "{far}");
+}
+
+#[tokio::test]
+async fn list_searches_by_id_prefix_and_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let store = store_arg(&db);
+
+    assert_eq!(ids(&ok_json(&["runs", "list", "--store", &store, "--prefix", "pay-", "--json"])), [PAUSED]);
+    assert!(ids(&ok_json(&["runs", "list", "--store", &store, "--prefix", "zzz", "--json"])).is_empty());
+    let first = ids(&ok_json(&["runs", "list", "--store", &store, "--limit", "1", "--json"]))[0].to_owned();
+    let second = ok_json(&["runs", "list", "--store", &store, "--limit", "1", "--offset", "1", "--json"]);
+    assert_eq!(ids(&second).len(), 1);
+    assert_ne!(ids(&second)[0], first, "the second page starts after the first");
+    assert!(ids(&ok_json(&["runs", "list", "--store", &store, "--offset", "2", "--json"])).is_empty());
+}
+
+#[tokio::test]
+async fn show_prints_the_conversation() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let store = store_arg(&db);
+    let run = ok_json(&["runs", "show", FINISHED, "--store", &store, "--json"]);
+    let said: Vec<(&str, &str)> = run["conversation"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| (u["role"].as_str().unwrap(), u["text"].as_str().unwrap()))
+        .collect();
+    assert_eq!(said, [("user", "hi"), ("assistant", "Hello!")]);
+    let paused = ok_json(&["runs", "show", PAUSED, "--store", &store, "--json"]);
+    assert_eq!(paused["conversation"][0]["text"], "wire 900 for A-17", "the open turn's input");
+    let text = ok_text(&["runs", "show", FINISHED, "--store", &store]);
+    assert!(text.contains("user:      hi") && text.contains("assistant: Hello!"), "{text}");
+}

@@ -312,3 +312,117 @@ async fn a_large_run_is_paged_and_its_large_values_folded() {
     assert_hardened(&whole);
     assert_eq!(http(&base, "GET /runs/big-1/steps/0/nothing", &[], "").await.status, 404);
 }
+
+#[tokio::test]
+async fn the_cancel_button_closes_a_paused_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let (_console, base) = console(&db);
+
+    let page = http(&base, &format!("GET /runs/{PAUSED}"), &[], "").await;
+    assert!(page.body.contains(&format!("action=\"/runs/{PAUSED}/cancel\"")), "a paused run has a Cancel button");
+    let (cookie, csrf) = (page.cookie(), page.field("csrf"));
+    let finished = http(&base, &format!("GET /runs/{FINISHED}"), &[], "").await;
+    assert!(!finished.body.contains("/cancel\""), "a finished run has none");
+
+    let cancel = format!("POST /runs/{PAUSED}/cancel");
+    let form = format!("csrf={csrf}");
+    let evil = [FORM, ("Cookie", cookie.as_str()), ("Origin", "http://evil.example")];
+    assert_eq!(http(&base, &cancel, &evil, &form).await.status, 403);
+    let session = [FORM, ("Cookie", cookie.as_str())];
+    assert_eq!(http(&base, &cancel, &session, "").await.status, 403, "no form token");
+    let r = http(&base, &cancel, &session, &form).await;
+    assert_eq!(r.status, 303);
+    assert_eq!(r.header("location"), Some(&*format!("/runs/{PAUSED}?done=cancelled")));
+    let store = SqliteStore::open(&db).unwrap();
+    assert_eq!(store.get_run(PAUSED).await.unwrap().unwrap().status, kuralle::RunStatus::Cancelled);
+    let r = http(&base, &cancel, &session, &form).await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("only a running or paused run"), "{}", r.body);
+    let page = http(&base, &format!("GET /runs/{PAUSED}?done=cancelled"), &[("Cookie", &cookie)], "").await;
+    assert!(page.body.contains("badge cancelled"), "the status badge");
+    assert!(page.body.contains("Cancelled. An owner"), "the fixed notice");
+    let list = http(&base, "GET /?status=cancelled", &[], "").await.body;
+    assert!(list.contains(PAUSED) && !list.contains(&format!(">{FINISHED}<")), "{list}");
+}
+
+#[tokio::test]
+async fn the_list_searches_by_run_id_and_pages_and_the_run_page_shows_the_conversation() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    {
+        // 60 more runs, written as a runtime would (under a lease).
+        let store = SqliteStore::open(&db).unwrap();
+        for i in 0..60 {
+            let id = format!("bulk-{i:02}");
+            let lease = store.acquire_lease(&id, "seed", std::time::Duration::from_secs(60)).await.unwrap();
+            store.create_run(kuralle::RunRecord::new(&id, "support"), lease.token).await.unwrap();
+            store.release_lease(&lease).await.unwrap();
+        }
+    }
+    let (_console, base) = console(&db);
+
+    let first = http(&base, "GET /", &[], "").await;
+    assert_eq!(first.status, 200);
+    let first = first.body;
+    assert_eq!(first.matches("<tr><td><a href=\"/runs/").count(), 50, "one page");
+    assert!(first.contains("rel=\"next\"") && !first.contains("rel=\"prev\""), "a next page link only");
+    let second = http(&base, "GET /?page=2", &[], "").await.body;
+    assert_eq!(second.matches("<tr><td><a href=\"/runs/").count(), 12);
+    assert!(second.contains("rel=\"prev\"") && !second.contains("rel=\"next\""));
+
+    let found = http(&base, "GET /?q=bulk-0", &[], "").await.body;
+    assert_eq!(found.matches("<tr><td><a href=\"/runs/").count(), 10, "bulk-00 to bulk-09");
+    assert!(found.contains("value=\"bulk-0\""), "the search stays in the form");
+    let paused = http(&base, "GET /?q=pay&status=paused", &[], "").await.body;
+    assert!(paused.contains(&format!(">{PAUSED}<")) && !paused.contains("bulk-"), "{paused}");
+
+    let page = http(&base, &format!("GET /runs/{FINISHED}"), &[], "").await.body;
+    let conversation = page.split("id=\"conversation\"").nth(1).unwrap().split("</section>").next().unwrap();
+    assert!(conversation.contains("class=\"say user\"") && conversation.contains(">hi<"), "{conversation}");
+    assert!(conversation.contains("class=\"say assistant\"") && conversation.contains(">Hello!<"), "{conversation}");
+    assert!(page.contains("<section class=\"timeline\">"), "beside the timeline");
+}
+
+#[tokio::test]
+async fn fork_and_retry_from_the_run_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seed(dir.path()).await;
+    let (_console, base) = console(&db);
+
+    let page = http(&base, &format!("GET /runs/{FINISHED}"), &[], "").await;
+    assert!(page.body.contains(&format!("action=\"/runs/{FINISHED}/fork\"")), "a fork form");
+    assert!(!page.body.contains("/retry\""), "no Retry on a finished run");
+    let (cookie, csrf) = (page.cookie(), page.field("csrf"));
+    let session = [FORM, ("Cookie", cookie.as_str())];
+    let fork = format!("POST /runs/{FINISHED}/fork");
+    let evil = [FORM, ("Cookie", cookie.as_str()), ("Origin", "http://evil.example")];
+    assert_eq!(http(&base, &fork, &evil, &format!("at=0&csrf={csrf}")).await.status, 403);
+    assert_eq!(http(&base, &fork, &session, "at=0").await.status, 403, "no form token");
+    let r = http(&base, &fork, &session, &format!("at=9&csrf={csrf}")).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("cannot fork it at step 9"), "{}", r.body);
+    let r = http(&base, &fork, &session, &format!("at=0&instructions=Be+terse.&csrf={csrf}")).await;
+    assert_eq!(r.status, 303, "{}", r.body);
+    let location = r.header("location").unwrap();
+    assert!(location.ends_with("?done=forked"), "{location}");
+    let fork_id = location.trim_start_matches("/runs/").split('?').next().unwrap().to_owned();
+    let store = SqliteStore::open(&db).unwrap();
+    let forked = store.get_run(&fork_id).await.unwrap().unwrap();
+    assert_eq!((forked.status, forked.agent_id.as_str()), (kuralle::RunStatus::Running, "support"));
+    assert!(forked.state.to_value()["instructions"] == "Be terse.", "the override is kept in the run");
+
+    // Retry: only a failed run has the button; the post makes it runnable.
+    let retry = format!("POST /runs/{FINISHED}/retry");
+    let r = http(&base, &retry, &session, &format!("csrf={csrf}")).await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    let lease = store.acquire_lease(FINISHED, "test", std::time::Duration::from_secs(60)).await.unwrap();
+    let mut record = store.get_run(FINISHED).await.unwrap().unwrap();
+    record.status = kuralle::RunStatus::Failed;
+    store.put_run(record, lease.token).await.unwrap();
+    store.release_lease(&lease).await.unwrap();
+    let page = http(&base, &format!("GET /runs/{FINISHED}"), &[("Cookie", &cookie)], "").await.body;
+    assert!(page.contains(&format!("action=\"/runs/{FINISHED}/retry\"")), "a failed run has Retry");
+    assert_eq!(http(&base, &retry, &session, &format!("csrf={csrf}")).await.status, 303);
+    assert_eq!(store.get_run(FINISHED).await.unwrap().unwrap().status, kuralle::RunStatus::Running);
+}

@@ -11,7 +11,7 @@ use crate::{
     approval::{Pending, PendingApproval},
     input::text::parse_args,
     journal::{approval_key, effect_key, tool_key},
-    model::ToolCallRequest,
+    model::{Message, Part, ToolCallRequest},
     store::{RunRecord, StepKind, StepRecord, StepStatus},
 };
 
@@ -205,4 +205,97 @@ pub fn step_calls(run_id: &str, steps: &[StepRecord]) -> HashMap<u64, StepCall> 
         }
     }
     calls
+}
+
+/// One line of a run's conversation, as [`conversation`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Utterance {
+    /// `user` (an input), `assistant` (the model's text) or `reasoning` (the model's
+    /// reasoning summary, or its reasoning text when the provider gave no summary; only where
+    /// the provider returned and the run kept it).
+    pub role: &'static str,
+    /// The text.
+    pub text: String,
+    /// The journal step it came from, for the current turn's model responses (the earlier
+    /// turns are read from the run's transcript, which keeps no ordinals).
+    pub ordinal: Option<u64>,
+}
+
+/// A run's conversation in order: user inputs, the model's text and its kept reasoning
+/// summaries; tool calls and results are the journal's (see [`step_calls`]). Closed turns come
+/// from the run's transcript; a turn still open (paused, running, cancelled, failed) from its
+/// input and the model responses journaled so far.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use kuralle::{AgentDef, Runtime, inspect, testing::{ScriptedModel, Turn}};
+///
+/// let runtime = Runtime::builder()
+///     .agent(AgentDef::new("support", "Be brief."))
+///     .model(ScriptedModel::new([Turn::text("Hello.")]))
+///     .build()
+///     .unwrap();
+/// let run_id = runtime.run("Hi").await.unwrap().run_id;
+/// let record = runtime.get_run(&run_id).await.unwrap().unwrap();
+/// let lines = inspect::conversation(&record, &runtime.journal(&run_id).await.unwrap());
+/// let said: Vec<_> = lines.iter().map(|u| (u.role, u.text.as_str())).collect();
+/// assert_eq!(said, [("user", "Hi"), ("assistant", "Hello.")]);
+/// # });
+/// ```
+pub fn conversation(record: &RunRecord, steps: &[StepRecord]) -> Vec<Utterance> {
+    let Ok((transcript, open_input)) = crate::runtime::recorded_conversation(record) else { return Vec::new() };
+    let mut lines = Vec::new();
+    for message in &transcript {
+        match message {
+            Message::User { content } => lines.push(Utterance { role: "user", text: content.clone(), ordinal: None }),
+            Message::Assistant { parts, .. } => said(&mut lines, parts, None),
+            Message::Tool { .. } => {}
+        }
+    }
+    if let Some(input) = open_input {
+        lines.push(Utterance { role: "user", text: input, ordinal: None });
+        let turn = steps
+            .iter()
+            .filter(|s| s.epoch == record.epoch && s.kind == StepKind::Model && s.status == StepStatus::Finished);
+        for step in turn {
+            let parts = step.result.as_ref().and_then(|r| r.decode::<Parts>().ok()).map(|p| p.parts);
+            said(&mut lines, &parts.unwrap_or_default(), Some(step.ordinal));
+        }
+    }
+    lines
+}
+
+/// The run id a run's journal keys are made from, for [`step_calls`]: the run's own, or for a
+/// fork ([`Runtime::fork`](crate::Runtime::fork)) its original's.
+///
+/// ```
+/// let record = kuralle::RunRecord::new("run-1", "support");
+/// assert_eq!(kuralle::inspect::key_run(&record), "run-1");
+/// ```
+pub fn key_run(record: &RunRecord) -> String {
+    crate::runtime::key_run(record)
+}
+
+/// A journaled model response's parts.
+#[derive(Deserialize)]
+struct Parts {
+    #[serde(default)]
+    parts: Vec<Part>,
+}
+
+fn said(lines: &mut Vec<Utterance>, parts: &[Part], ordinal: Option<u64>) {
+    for part in parts {
+        match part {
+            Part::Text { text, .. } if !text.is_empty() => {
+                lines.push(Utterance { role: "assistant", text: text.clone(), ordinal });
+            }
+            Part::Reasoning { text, summary, .. } => {
+                let kept = if summary.is_empty() { text.clone() } else { summary.join("\n") };
+                if !kept.is_empty() {
+                    lines.push(Utterance { role: "reasoning", text: kept, ordinal });
+                }
+            }
+            _ => {}
+        }
+    }
 }

@@ -232,8 +232,8 @@ pub use policy::{Policy, Verdict};
 pub use redact::{REDACTED, Redaction, Redactions, Secret};
 pub use runtime::{
     DEFAULT_EVENT_BUFFER, DEFAULT_LEASE_TTL, DEFAULT_MAX_JOURNAL_ENTRIES, DEFAULT_RECOVER_CONCURRENCY, Decision,
-    InterruptHandle, Recovered, RecoveredRun, ResumeRequest, RunHandle, RunRequest, Runtime, RuntimeBuilder,
-    ServeReport, WorkerOptions, record_decision,
+    ForkOptions, InterruptHandle, Recovered, RecoveredRun, ResumeRequest, RunHandle, RunRequest, Runtime,
+    RuntimeBuilder, ServeReport, WorkerOptions, fork_run, record_decision, record_retry,
 };
 #[allow(deprecated)]
 pub use runtime::{DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN};

@@ -137,6 +137,16 @@ impl Transcript {
         self.len += 1;
     }
 
+    /// The first `n` messages (all of them when there are fewer), as a new transcript: a
+    /// retried or forked turn starts from the transcript before it.
+    pub(crate) fn prefix(&self, n: usize) -> Self {
+        let mut prefix = Self::new();
+        for message in self.iter().take(n) {
+            prefix.push(message.clone());
+        }
+        prefix
+    }
+
     /// Whether `self` is `earlier` with zero or more messages appended (the same log, not a
     /// copy), so a reader that has seen `earlier` only needs the messages after it.
     pub(crate) fn extends(&self, earlier: &Self) -> bool {

@@ -152,6 +152,7 @@ macro_rules! with_conformance_cases {
             lease_release_gives_a_higher_token,
             queue_claims_each_runnable_run_once,
             instance_lock_takes_back_only_its_own_leases,
+            cancel_closes_running_and_paused_runs_and_fences_their_owner,
         );
     };
 }
@@ -939,4 +940,49 @@ pub async fn instance_lock_takes_back_only_its_own_leases<S: RunStore>(store: S)
 /// the text back with other spacing or key order).
 fn tree(text: &Option<kuralle::JsonText>) -> Option<Value> {
     text.as_ref().map(kuralle::JsonText::to_value)
+}
+
+/// `cancel_run`: a running run becomes `cancelled` (version bumped) and its owner's next
+/// write and renewal are fenced; a paused run with no lease is closed the same way; a run that
+/// ended is left as it was; an unknown run is `None`. A cancelled run is never claimed.
+pub async fn cancel_closes_running_and_paused_runs_and_fences_their_owner<S: RunStore>(store: S) {
+    let store = Owned::new(store);
+    store.create_run(run("running", RunStatus::Running, 10)).await.unwrap();
+    let fence = store.fence("running").await;
+    assert_eq!(store.store.cancel_run("running").await.unwrap(), Some(RunStatus::Running));
+    let cancelled = store.get_run("running").await.unwrap().unwrap();
+    assert_eq!((cancelled.status, cancelled.version), (RunStatus::Cancelled, 1));
+    let late = store.store.append_steps("running", fence, vec![step("k")]).await;
+    assert!(matches!(late, Err(StoreError::Fenced { .. })), "{late:?}");
+    let lease = Lease { run_id: "running".into(), owner: "conformance".into(), token: fence, expires_at_ms: 0 };
+    let renewed = store.store.renew_lease(&lease, Duration::from_secs(60)).await;
+    assert!(matches!(renewed, Err(StoreError::Fenced { .. })), "{renewed:?}");
+    assert!(store.steps("running").await.unwrap().is_empty());
+
+    // A paused run holds no lease: it is closed directly.
+    store.create_run(run("paused", RunStatus::Paused, 20)).await.unwrap();
+    let paused_lease = Lease {
+        run_id: "paused".into(),
+        owner: "conformance".into(),
+        token: store.fence("paused").await,
+        expires_at_ms: 0,
+    };
+    store.store.release_lease(&paused_lease).await.unwrap();
+    assert_eq!(store.store.cancel_run("paused").await.unwrap(), Some(RunStatus::Paused));
+    assert_eq!(store.get_run("paused").await.unwrap().unwrap().status, RunStatus::Cancelled);
+
+    // Ended runs stay as they were.
+    store.create_run(run("done", RunStatus::Finished, 30)).await.unwrap();
+    assert_eq!(store.store.cancel_run("done").await.unwrap(), Some(RunStatus::Finished));
+    let done = store.get_run("done").await.unwrap().unwrap();
+    assert_eq!((done.status, done.version), (RunStatus::Finished, 0));
+    assert_eq!(store.store.cancel_run("running").await.unwrap(), Some(RunStatus::Cancelled));
+    assert_eq!(store.store.cancel_run("unknown").await.unwrap(), None);
+
+    let listed = store.list_runs(RunFilter { status: Some(RunStatus::Cancelled), limit: None }).await.unwrap();
+    let mut ids: Vec<&str> = listed.iter().map(|r| r.run_id.as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["paused", "running"]);
+    let claimed = store.store.claim_runnable("worker", Duration::from_secs(60), 10).await.unwrap();
+    assert!(claimed.is_empty(), "a cancelled run is not runnable: {claimed:?}");
 }

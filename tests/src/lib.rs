@@ -357,6 +357,9 @@ impl kuralle::RunStore for FlakyStore {
             Ok(runs)
         })
     }
+    fn cancel_run<'a>(&'a self, run_id: &'a str) -> kuralle::StoreFuture<'a, Option<kuralle::RunStatus>> {
+        self.inner.cancel_run(run_id)
+    }
     fn delete_run<'a>(&'a self, run_id: &'a str) -> kuralle::StoreFuture<'a, bool> {
         self.inner.delete_run(run_id)
     }

@@ -77,7 +77,7 @@ code, pre { font-family: ui-monospace, monospace; font-size: .82rem; }
 pre { margin: .3rem 0; white-space: pre-wrap; word-break: break-all; background: #f3f4f6; padding: .4rem; max-height: 24rem; overflow: auto; }
 details summary { cursor: pointer; color: #364152; }
 .badge { display: inline-block; padding: .05rem .5rem; border-radius: .7rem; font-size: .8rem; background: #e3e6ea; }
-.paused { background: #fde8b0; } .failed, .limit_exceeded { background: #f8c9c4; } .finished { background: #c9ecd2; } .running { background: #cfe2fb; }
+.paused { background: #fde8b0; } .failed, .limit_exceeded { background: #f8c9c4; } .finished { background: #c9ecd2; } .running { background: #cfe2fb; } .cancelled { background: #e5d4f5; }
 .filters a { margin-right: .6rem; } .filters a.on { font-weight: 700; } form.filters { margin-bottom: .8rem; }
 .notice { padding: .6rem .8rem; background: #e6f4ea; border: 1px solid #9fd3ad; margin: .8rem 0; }
 .error { padding: .6rem .8rem; background: #fdecea; border: 1px solid #f1a9a0; margin: .8rem 0; }
@@ -91,6 +91,9 @@ button.approve { background: #1f8a4c; color: #fff; } button.deny { background: #
 .bar { position: relative; height: .7rem; background: #f0f1f4; min-width: 8rem; }
 .bar span { position: absolute; top: 0; bottom: 0; background: #5b8def; min-width: 2px; }
 .muted { color: #6b7683; }
+.columns { display: flex; gap: 1.2rem; align-items: flex-start; } .columns .conversation { flex: 0 0 28%; min-width: 16rem; } .columns .timeline { flex: 1; overflow-x: auto; }
+.say { margin: .4rem 0; padding: .4rem .6rem; border-radius: .4rem; background: #f3f4f6; } .say.user { background: #e8f0fe; } .say.reasoning { background: #fff8e1; font-style: italic; }
+.say .who { font-size: .75rem; text-transform: uppercase; color: #6b7683; } .say .text { white-space: pre-wrap; }
 dl.meta { display: grid; grid-template-columns: max-content auto; gap: .2rem 1rem; }
 dl.meta dt { color: #6b7683; } dl.meta dd { margin: 0; }
 "#;

@@ -25,7 +25,7 @@ use kuralle::{RunStatus, RunStore};
 use serde::Deserialize;
 
 use self::auth::{Auth, Caller, Refusal};
-use crate::{args::ConsoleArgs, decide, error::CliError, view};
+use crate::{args::ConsoleArgs, decide, error::CliError, lifecycle, view};
 
 struct Console {
     store: Arc<dyn RunStore>,
@@ -78,6 +78,9 @@ fn router(state: Shared) -> Router {
         .route("/", get(list))
         .route("/runs/{id}", get(run_page))
         .route("/runs/{id}/decide", post(decide_form))
+        .route("/runs/{id}/cancel", post(cancel_form))
+        .route("/runs/{id}/retry", post(retry_form))
+        .route("/runs/{id}/fork", post(fork_form))
         .route("/runs/{id}/steps/{ordinal}/{part}", get(step_value))
         .route("/logout", post(logout))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate));
@@ -146,7 +149,11 @@ fn refuse(status: StatusCode, title: &str, message: &str) -> Response {
 fn failure(e: &CliError) -> Response {
     let status = match e {
         CliError::UnknownRun(_) => StatusCode::NOT_FOUND,
-        CliError::NotPending { .. } | CliError::AlreadyDecided { .. } | CliError::Busy { .. } => StatusCode::CONFLICT,
+        CliError::NotPending { .. }
+        | CliError::AlreadyDecided { .. }
+        | CliError::Busy { .. }
+        | CliError::NotCancellable { .. }
+        | CliError::Run(kuralle::RunError::WrongStatus { .. }) => StatusCode::CONFLICT,
         CliError::Store(s) if s.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
         CliError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::BAD_REQUEST,
@@ -213,7 +220,14 @@ async fn logout(
 struct ListParams {
     status: Option<String>,
     agent: Option<String>,
+    /// A run id prefix.
+    q: Option<String>,
+    /// 1-based.
+    page: Option<usize>,
 }
+
+/// Runs per page of the list.
+const PAGE: usize = 50;
 
 async fn list(State(state): State<Shared>, Query(params): Query<ListParams>) -> Response {
     let status = match params.status.as_deref().filter(|s| !s.is_empty()) {
@@ -223,9 +237,22 @@ async fn list(State(state): State<Shared>, Query(params): Query<ListParams>) -> 
             None => return refuse(StatusCode::BAD_REQUEST, "Bad filter", &format!("unknown status `{s}`")),
         },
     };
-    let query = view::ListQuery { status, agent: params.agent.filter(|a| !a.trim().is_empty()), limit: Some(500) };
+    let page = params.page.unwrap_or(1).max(1);
+    let mut query = view::ListQuery {
+        status,
+        agent: params.agent.filter(|a| !a.trim().is_empty()),
+        prefix: params.q.map(|q| q.trim().to_owned()).filter(|q| !q.is_empty()),
+        offset: (page - 1).saturating_mul(PAGE),
+        // One more than a page says whether there is a next one.
+        limit: Some(PAGE + 1),
+    };
     match view::list(state.store.as_ref(), &query).await {
-        Ok(rows) => Html(pages::runs(&rows, &query)).into_response(),
+        Ok(mut rows) => {
+            let more = rows.len() > PAGE;
+            rows.truncate(PAGE);
+            query.limit = Some(PAGE);
+            Html(pages::runs(&rows, &query, page, more)).into_response()
+        }
         Err(e) => failure(&e),
     }
 }
@@ -246,6 +273,9 @@ async fn run_page(
     let notice = match params.done.as_deref() {
         Some("approved") => Some("Approved. The run's owner (or a worker) resumes it."),
         Some("denied") => Some("Denied. The run's owner (or a worker) resumes it; the model is told the reason."),
+        Some("cancelled") => Some("Cancelled. An owner still running it stops at its next step."),
+        Some("retried") => Some("Runnable again: a worker (or the owner's resume) continues it from its journal."),
+        Some("forked") => Some("Forked: this run continues from the copied journal, on a worker or a resume."),
         _ => None,
     };
     match view::show(state.store.as_ref(), &id).await {
@@ -316,6 +346,66 @@ async fn decide_form(
                 Err(_) => failure(&e),
             }
         }
+        Err(e) => failure(&e),
+    }
+}
+
+/// The run page's Cancel button.
+async fn cancel_form(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Form(form): Form<CsrfForm>,
+) -> Response {
+    if let Err(message) = guard::same_origin(&headers).and_then(|()| guard::csrf(&caller, &form.csrf)) {
+        return refuse(StatusCode::FORBIDDEN, "Refused", &message);
+    }
+    match lifecycle::cancel(state.store.as_ref(), &id).await {
+        Ok(_) => Redirect::to(&format!("/runs/{}?done=cancelled", html::url(&id))).into_response(),
+        Err(e) => failure(&e),
+    }
+}
+
+/// The run page's Retry button (a failed run).
+async fn retry_form(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Form(form): Form<CsrfForm>,
+) -> Response {
+    if let Err(message) = guard::same_origin(&headers).and_then(|()| guard::csrf(&caller, &form.csrf)) {
+        return refuse(StatusCode::FORBIDDEN, "Refused", &message);
+    }
+    match lifecycle::retry(state.store.as_ref(), &id).await {
+        Ok(()) => Redirect::to(&format!("/runs/{}?done=retried", html::url(&id))).into_response(),
+        Err(e) => failure(&e),
+    }
+}
+
+#[derive(Deserialize)]
+struct ForkForm {
+    at: u64,
+    instructions: Option<String>,
+    #[serde(default)]
+    csrf: String,
+}
+
+/// The run page's Fork form: a new run with the journal before step `at`; shows the fork.
+async fn fork_form(
+    State(state): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Form(form): Form<ForkForm>,
+) -> Response {
+    if let Err(message) = guard::same_origin(&headers).and_then(|()| guard::csrf(&caller, &form.csrf)) {
+        return refuse(StatusCode::FORBIDDEN, "Refused", &message);
+    }
+    let instructions = form.instructions.map(|i| i.trim().to_owned()).filter(|i| !i.is_empty());
+    match lifecycle::fork(state.store.as_ref(), &id, form.at, None, None, instructions).await {
+        Ok(fork) => Redirect::to(&format!("/runs/{}?done=forked", html::url(&fork))).into_response(),
         Err(e) => failure(&e),
     }
 }

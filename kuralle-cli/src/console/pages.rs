@@ -7,14 +7,14 @@ use serde_json::Value;
 
 use super::{
     auth::Caller,
-    html::{attr, esc, page, url},
+    html::{attr, esc, page as page_html, url},
 };
 use crate::{
     time::{duration, timestamp},
     view::{ListQuery, RunDetail, RunRow, StepView},
 };
 
-const STATUSES: [RunStatus; 7] = [
+const STATUSES: [RunStatus; 8] = [
     RunStatus::Paused,
     RunStatus::Running,
     RunStatus::Failed,
@@ -22,22 +22,42 @@ const STATUSES: [RunStatus; 7] = [
     RunStatus::MaxSteps,
     RunStatus::Interrupted,
     RunStatus::LimitExceeded,
+    RunStatus::Cancelled,
 ];
 
 fn badge(status: &str) -> String {
     format!(r#"<span class="badge {s}">{s}</span>"#, s = esc(status))
 }
 
-/// The runs list with its status filters.
-pub fn runs(rows: &[RunRow], query: &ListQuery) -> String {
+/// The query string of the list with `query`'s filters, at `page`.
+fn list_href(query: &ListQuery, status: Option<RunStatus>, page: usize) -> String {
+    let mut params = Vec::new();
+    if let Some(s) = status {
+        params.push(format!("status={}", s.as_str()));
+    }
+    if let Some(a) = &query.agent {
+        params.push(format!("agent={}", url(a)));
+    }
+    if let Some(q) = &query.prefix {
+        params.push(format!("q={}", url(q)));
+    }
+    if page > 1 {
+        params.push(format!("page={page}"));
+    }
+    format!("/?{}", params.join("&"))
+}
+
+/// The runs list with its status filters, id search and paging (`page` is 1-based; `more`
+/// says whether a next page exists).
+pub fn runs(rows: &[RunRow], query: &ListQuery, page: usize, more: bool) -> String {
     let mut body = String::from("<h1>Runs</h1>\n<p class=\"filters\">status: ");
-    let agent_q = query.agent.as_deref().map(|a| format!("&agent={}", url(a))).unwrap_or_default();
     let on = |yes: bool| if yes { " class=\"on\"" } else { "" };
-    let _ = write!(body, r#"<a href="/?{}"{}>all</a>"#, agent_q.trim_start_matches('&'), on(query.status.is_none()));
+    let _ = write!(body, r#"<a href="{}"{}>all</a>"#, esc(&list_href(query, None, 1)), on(query.status.is_none()));
     for s in STATUSES {
         let _ = write!(
             body,
-            r#"<a href="/?status={st}{agent_q}"{cls}>{st}</a>"#,
+            r#"<a href="{href}"{cls}>{st}</a>"#,
+            href = esc(&list_href(query, Some(s), 1)),
             st = s.as_str(),
             cls = on(query.status == Some(s))
         );
@@ -45,36 +65,59 @@ pub fn runs(rows: &[RunRow], query: &ListQuery) -> String {
     body.push_str("</p>\n");
     let _ = write!(
         body,
-        r#"<form method="get" action="/" class="filters">{status}<label>agent <input type="text" name="agent" value="{agent}"></label> <button type="submit">filter</button></form>"#,
+        r#"<form method="get" action="/" class="filters">{status}<label>run id <input type="search" name="q" value="{q}" placeholder="prefix"></label> <label>agent <input type="text" name="agent" value="{agent}"></label> <button type="submit">filter</button></form>"#,
         status = query
             .status
             .map(|s| format!(r#"<input type="hidden" name="status" value="{}">"#, s.as_str()))
             .unwrap_or_default(),
+        q = attr(query.prefix.as_deref().unwrap_or_default()),
         agent = attr(query.agent.as_deref().unwrap_or_default()),
     );
     if rows.is_empty() {
         body.push_str("<p class=\"muted\">No runs match.</p>");
-        return page("Runs", &body);
-    }
-    body.push_str(
-        "<table id=\"runs\"><thead><tr><th>run</th><th>agent</th><th>status</th><th>steps</th><th>updated</th><th>pending approvals</th></tr></thead><tbody>\n",
-    );
-    for r in rows {
-        let _ = writeln!(
-            body,
-            r#"<tr><td><a href="/runs/{href}">{id}</a></td><td>{agent}</td><td>{status}</td><td>{steps}</td><td>{updated}</td><td>{pending}</td></tr>"#,
-            href = url(&r.run_id),
-            id = esc(&r.run_id),
-            agent = esc(&r.agent_id),
-            status = badge(r.status.as_str()),
-            steps = r.steps,
-            updated = timestamp(r.updated_at_ms),
-            pending =
-                if r.pending_approvals > 0 { format!("<strong>{}</strong>", r.pending_approvals) } else { "0".into() },
+    } else {
+        body.push_str(
+            "<table id=\"runs\"><thead><tr><th>run</th><th>agent</th><th>status</th><th>steps</th><th>updated</th><th>pending approvals</th></tr></thead><tbody>\n",
         );
+        for r in rows {
+            let _ = writeln!(
+                body,
+                r#"<tr><td><a href="/runs/{href}">{id}</a></td><td>{agent}</td><td>{status}</td><td>{steps}</td><td>{updated}</td><td>{pending}</td></tr>"#,
+                href = url(&r.run_id),
+                id = esc(&r.run_id),
+                agent = esc(&r.agent_id),
+                status = badge(r.status.as_str()),
+                steps = r.steps,
+                updated = timestamp(r.updated_at_ms),
+                pending = if r.pending_approvals > 0 {
+                    format!("<strong>{}</strong>", r.pending_approvals)
+                } else {
+                    "0".into()
+                },
+            );
+        }
+        body.push_str("</tbody></table>");
     }
-    body.push_str("</tbody></table>");
-    page("Runs", &body)
+    if page > 1 || more {
+        body.push_str("<p class=\"pager\" id=\"pager\">");
+        if page > 1 {
+            let _ = write!(
+                body,
+                r#"<a href="{}" rel="prev">&larr; newer</a> "#,
+                esc(&list_href(query, query.status, page - 1))
+            );
+        }
+        let _ = write!(body, "page {page}");
+        if more {
+            let _ = write!(
+                body,
+                r#" <a href="{}" rel="next">older &rarr;</a>"#,
+                esc(&list_href(query, query.status, page + 1))
+            );
+        }
+        body.push_str("</p>");
+    }
+    page_html("Runs", &body)
 }
 
 /// A run: its record, pending approvals with decision forms, and the timeline of steps.
@@ -126,6 +169,21 @@ pub fn run(
             .map(|c| format!(r#"<dt>cost</dt><dd id="cost">{}</dd>"#, esc(&crate::view::dollars(c))))
             .unwrap_or_default(),
     );
+
+    if matches!(detail.status, RunStatus::Running | RunStatus::Paused) {
+        let _ = write!(
+            body,
+            r#"<form method="post" action="/runs/{href}/cancel" id="cancel">{csrf}<button type="submit" class="deny">Cancel run</button> <span class="muted">a paused run closes now; a running one stops at its next step</span></form>"#,
+            href = esc(&url(&detail.run_id)),
+        );
+    }
+    if detail.status == RunStatus::Failed {
+        let _ = write!(
+            body,
+            r#"<form method="post" action="/runs/{href}/retry" id="retry">{csrf}<button type="submit" class="approve">Retry run</button> <span class="muted">the failed turn goes on from its journal (finished steps replay)</span></form>"#,
+            href = esc(&url(&detail.run_id)),
+        );
+    }
 
     if !detail.pending.is_empty() {
         body.push_str("<h2>Pending approvals</h2>");
@@ -196,7 +254,29 @@ pub fn run(
         body.push_str("</tbody></table>");
     }
 
-    body.push_str("<h2>Timeline</h2>");
+    body.push_str("<div class=\"columns\"><section class=\"conversation\" id=\"conversation\"><h2>Conversation</h2>");
+    if detail.conversation.is_empty() {
+        body.push_str("<p class=\"muted\">Nothing said yet.</p>");
+    }
+    for u in &detail.conversation {
+        let step = u.ordinal.map(|o| format!(r#" <span class="muted">step {o}</span>"#)).unwrap_or_default();
+        let _ = write!(
+            body,
+            r#"<div class="say {role}"><div class="who">{role}{step}</div><div class="text">{text}</div></div>"#,
+            role = esc(u.role),
+            text = esc(&u.text),
+        );
+    }
+    body.push_str("</section><section class=\"timeline\"><h2>Timeline</h2>");
+    if !detail.steps.is_empty() {
+        let _ = write!(
+            body,
+            r#"<form method="post" action="/runs/{href}/fork" id="fork" class="filters">{csrf}<label>fork at step <input type="number" name="at" min="0" max="{max}" value="{max}" required></label> <label>instructions <input type="text" name="instructions" placeholder="the agent's"></label> <button type="submit">Fork</button> <span class="muted">a new run: steps before this one replay, the rest runs again</span></form>"#,
+            href = esc(&url(&detail.run_id)),
+            max = detail.steps.len(),
+            csrf = csrf,
+        );
+    }
     if detail.steps.is_empty() {
         body.push_str("<p class=\"muted\">No steps journaled.</p>");
     } else {
@@ -231,7 +311,8 @@ pub fn run(
             r#"<p class="muted">replay: <em>replays</em> = journaled, a resumed run is answered from the journal; <em>re-runs</em> = started but not finished, a resumed run executes it again; <em>live</em> = a <code>replay = false</code> tool, executed every time.</p>"#,
         );
     }
-    page(&format!("Run {}", detail.run_id), &body)
+    body.push_str("</section></div>");
+    page_html(&format!("Run {}", detail.run_id), &body)
 }
 
 fn timeline(body: &mut String, run_id: &str, steps: &[StepView]) {
@@ -303,7 +384,7 @@ fn details(summary: &str, value: &Value, href: &str) -> String {
 pub fn value(run_id: &str, ordinal: u64, part: &str, value: &Value) -> String {
     let full = serde_json::to_string_pretty(value).unwrap_or_default();
     let from = (ordinal / STEPS_PER_PAGE as u64) * STEPS_PER_PAGE as u64;
-    page(
+    page_html(
         &format!("Run {run_id} step {ordinal} {part}"),
         &format!(
             r#"<p><a href="/runs/{href}?from={from}">&larr; run {id}</a></p><h1>Step {ordinal}: {part}</h1><pre id="value" class="args">{value}</pre>"#,
@@ -327,12 +408,12 @@ pub fn login(has_tokens: bool, error: Option<&str>) -> String {
     } else {
         body.push_str(r#"<p class="muted">This console is reached through an authenticating proxy.</p>"#);
     }
-    page("Log in", &body)
+    page_html("Log in", &body)
 }
 
 /// An error page.
 pub fn error(title: &str, message: &str) -> String {
-    page(
+    page_html(
         title,
         &format!(
             r#"<p><a href="/">&larr; all runs</a></p><h1>{}</h1><div class="error" id="error">{}</div>"#,

@@ -161,7 +161,7 @@ pub(crate) fn plan(turn: &TurnCtx, p: &Head, check: Check) -> Plan {
     let user_key = call.idempotency_key();
     let reused = user_key.is_some();
     let key = match user_key {
-        Some(user_key) => override_key(j.run_id(), j.epoch(), tool.name(), &user_key),
+        Some(user_key) => override_key(j.key_run(), j.epoch(), tool.name(), &user_key),
         None => match args.given() {
             Some(value) => j.tool_key(&p.callsite, tool.name(), value),
             // The same key as of the parsed `Value`, without building it.
@@ -205,7 +205,7 @@ pub(crate) fn plan(turn: &TurnCtx, p: &Head, check: Check) -> Plan {
             Ok(value) => value,
             Err(e) => return Plan::Done(Err(e), false),
         };
-        let decision_key = approval_key(j.run_id(), j.epoch(), &key, tool.name(), args);
+        let decision_key = approval_key(j.key_run(), j.epoch(), &key, tool.name(), args);
         match j.lookup(&decision_key) {
             Lookup::Finished(v) => match serde_json::from_value::<RecordedDecision>(v) {
                 Ok(d) if d.approved => {}

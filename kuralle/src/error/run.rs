@@ -26,6 +26,30 @@ pub enum RunError {
         /// Comma-separated registered ids.
         available: String,
     },
+    /// [`Runtime::cancel`](crate::Runtime::cancel) or [`Runtime::retry`](crate::Runtime::retry)
+    /// was asked of a run whose status does not allow it (cancel: only `running` or
+    /// `paused`; retry: only `failed`). Nothing changed.
+    #[error("run `{run_id}` is {status}: {action} applies only to {allowed} runs")]
+    WrongStatus {
+        /// Run id.
+        run_id: String,
+        /// The run's status.
+        status: crate::store::RunStatus,
+        /// What was asked (`"cancel"`, `"retry"`).
+        action: &'static str,
+        /// The statuses it applies to.
+        allowed: &'static str,
+    },
+    /// [`Runtime::fork`](crate::Runtime::fork) at an ordinal past the end of the run's journal.
+    #[error("run `{run_id}` has {steps} journal steps: cannot fork it at step {at}")]
+    ForkPoint {
+        /// Run id.
+        run_id: String,
+        /// The ordinal asked for.
+        at: u64,
+        /// How many steps the journal holds (the largest valid `at`).
+        steps: u64,
+    },
     /// The run's unfinished turn has other input than the request.
     #[error("run `{0}` has an unfinished turn with other input; resume it first")]
     TurnInProgress(String),

@@ -44,8 +44,11 @@ pub(crate) struct Journal {
     /// The turn's lease: every write carries its token; a fenced write stops the turn.
     fence: Arc<Fence>,
     run_id: String,
+    /// The run whose ids key this journal: the run itself, or the run a fork was copied from
+    /// (its copied keys must match).
+    key_run: String,
     epoch: u64,
-    /// `"<run>#<epoch>"`, the key namespace.
+    /// `"<key run>#<epoch>"`, the key namespace.
     namespace: String,
     limit: u64,
     state: Mutex<State>,
@@ -109,6 +112,7 @@ impl Journal {
         store: Arc<dyn RunStore>,
         fence: Arc<Fence>,
         run_id: &str,
+        key_run: &str,
         epoch: u64,
         limit: u64,
         usage: bool,
@@ -125,8 +129,9 @@ impl Journal {
             store,
             fence,
             run_id: run_id.to_owned(),
+            key_run: key_run.to_owned(),
             epoch,
-            namespace: format!("{run_id}#{epoch}"),
+            namespace: format!("{key_run}#{epoch}"),
             limit,
             state: Mutex::new(State { by_key, len, deferred: None, spent }),
         })
@@ -143,7 +148,7 @@ impl Journal {
         let lease = store.acquire_lease(run_id, "standalone", TTL).await?;
         let fence = Fence::new(&lease, tokio_util::sync::CancellationToken::new());
         store.create_run(crate::store::RunRecord::new(run_id, "standalone"), fence.token()).await?;
-        Self::open(store, fence, run_id, 0, DEFAULT_MAX_JOURNAL_ENTRIES, false).await
+        Self::open(store, fence, run_id, run_id, 0, DEFAULT_MAX_JOURNAL_ENTRIES, false).await
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -159,6 +164,11 @@ impl Journal {
 
     pub(crate) fn run_id(&self) -> &str {
         &self.run_id
+    }
+
+    /// The run id in this journal's keys (see [`Journal::open`]).
+    pub(crate) fn key_run(&self) -> &str {
+        &self.key_run
     }
 
     pub(crate) fn epoch(&self) -> u64 {

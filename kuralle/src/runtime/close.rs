@@ -36,6 +36,8 @@ pub(super) async fn close(
     closing: Closing,
 ) -> Result<RunOutput, RunError> {
     let Closing { transcript, status, text, usage, pending, value } = closing;
+    // A failed turn's transcript is kept for display; a retry starts the turn again here.
+    state.turn_start = (status == RunStatus::Failed).then_some(state.messages.len());
     state.messages = transcript;
     state.output = text;
     state.usage = usage;

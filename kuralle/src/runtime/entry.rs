@@ -17,6 +17,7 @@ use crate::{
     error::RunError,
     event::{Event, EventSender, RunOutput},
     journal::{Fence, RunWriter},
+    store::RunStatus,
 };
 
 /// One turn under the run's lease: taken before anything is read, renewed while the turn
@@ -81,10 +82,32 @@ pub(super) async fn run_leased(
         result
     }
     .await;
-    if let Err(e) = &result {
-        events.send(Event::Error { message: e.to_string() }).await;
+    let result = match result {
+        Err(RunError::LeaseLost { .. }) => cancelled(&rt, &run_id).await.map_or(result, Ok),
+        other => other,
+    };
+    match &result {
+        Err(e) => events.send(Event::Error { message: e.to_string() }).await,
+        Ok(out) if out.status == RunStatus::Cancelled => {
+            events.send(Event::Done { run_id: run_id.clone(), usage: out.usage }).await;
+        }
+        Ok(_) => {}
     }
     result
+}
+
+/// The output of a turn that lost its lease because the run was cancelled (`cancel_run`
+/// released it), or `None` when another owner took it. Read only after a lost lease, so the
+/// hot path has no extra read.
+async fn cancelled(rt: &Inner, run_id: &str) -> Option<RunOutput> {
+    let record = rt.store.get_run(run_id).await.ok()??;
+    (record.status == RunStatus::Cancelled).then(|| RunOutput {
+        run_id: run_id.to_owned(),
+        text: String::new(),
+        status: RunStatus::Cancelled,
+        usage: crate::model::Usage::default(),
+        value: None,
+    })
 }
 
 /// Records the request's turn without running it (`Runtime::submit`): a new run, or a new

@@ -3,6 +3,7 @@
 mod close;
 mod decide;
 mod entry;
+mod fork;
 mod handle;
 mod instance;
 pub(crate) mod lease;
@@ -12,6 +13,7 @@ mod output;
 mod recover;
 mod renewals;
 pub(crate) mod response;
+mod retry;
 mod state;
 mod step;
 mod turn;
@@ -20,10 +22,12 @@ mod worker;
 use std::{fmt, sync::Arc, time::Duration};
 
 pub use decide::record_decision;
+pub use fork::{ForkOptions, fork_run};
 pub use handle::{InterruptHandle, RunHandle};
 pub use lease::DEFAULT_LEASE_TTL;
 pub use recover::{DEFAULT_RECOVER_CONCURRENCY, Recovered, RecoveredRun};
-pub(crate) use state::recorded_inputs;
+pub use retry::record_retry;
+pub(crate) use state::{key_run, recorded_conversation, recorded_inputs};
 use tokio_util::sync::CancellationToken;
 pub use worker::{ServeReport, WorkerOptions};
 
@@ -68,6 +72,8 @@ pub struct RunRequest {
     /// A worker's turn: an interrupt hands the run back (it stays runnable) instead of ending
     /// the turn `interrupted`.
     pub(crate) hand_back: bool,
+    /// `Runtime::retry`: reopen the failed turn (same epoch, so its journal replays).
+    pub(crate) retry: bool,
 }
 
 impl RunRequest {
@@ -442,6 +448,115 @@ impl Runtime {
         let token = interrupt.clone();
         let task = tokio::spawn(async move { entry::run(inner, request, tx, token, Some(decision)).await });
         RunHandle::new(rx, task, interrupt)
+    }
+
+    /// Cancels a `running` or `paused` run; returns the status it had.
+    ///
+    /// The store marks it [`Cancelled`](crate::RunStatus::Cancelled) and releases its lease in
+    /// one transaction ([`RunStore::cancel_run`]). A run nobody owns (paused, or its owner
+    /// died) is thereby closed. An owner in this runtime stops at once; an owner in another
+    /// process stops at its next journal write or lease renewal (at most a third of the lease
+    /// TTL later), which the store now rejects as fenced: either way its interruptible calls
+    /// are cancelled, nothing more is journaled, and its turn ends `Ok` with status
+    /// `Cancelled`. Workers never resume a cancelled run.
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, RunStatus, Runtime, Tool, testing::{ScriptedModel, Turn}};
+    /// # use kuralle::{Decision, RunRequest};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let runtime = Runtime::builder()
+    ///     .agent(AgentDef::new("support", "Be brief."))
+    ///     .model(ScriptedModel::new([Turn::text("Hello.")]))
+    ///     .build()?;
+    /// runtime.run(RunRequest::new("Hi").run_id("run-1")).await?;
+    /// // A finished run cannot be cancelled.
+    /// assert!(matches!(runtime.cancel("run-1").await, Err(kuralle::RunError::WrongStatus { .. })));
+    /// assert!(matches!(runtime.cancel("nope").await, Err(kuralle::RunError::RunNotFound(_))));
+    /// # Ok::<(), kuralle::RunError>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// [`RunError::RunNotFound`]; [`RunError::WrongStatus`] for a run that already ended;
+    /// [`RunError::Store`] when the store fails.
+    pub async fn cancel(&self, run_id: &str) -> Result<crate::RunStatus, RunError> {
+        use crate::RunStatus;
+        match self.inner.store.cancel_run(run_id).await? {
+            None => Err(RunError::RunNotFound(run_id.to_owned())),
+            Some(before @ (RunStatus::Running | RunStatus::Paused)) => {
+                self.inner.renewals.lose_run(run_id);
+                Ok(before)
+            }
+            Some(status) => Err(RunError::WrongStatus {
+                run_id: run_id.to_owned(),
+                status,
+                action: "cancel",
+                allowed: "running or paused",
+            }),
+        }
+    }
+
+    /// Continues a [`Failed`](crate::RunStatus::Failed) run from its journal: the failed turn
+    /// opens again in its own epoch, so every step it finished replays (its tools are not
+    /// executed again, its model responses are not asked for again) and the rest runs. Use it
+    /// after fixing what failed it (a larger
+    /// [`max_journal_entries`](RuntimeBuilder::max_journal_entries), a configuration error).
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, RunError, RunRequest, Runtime, testing::{ScriptedModel, Turn}};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let runtime = Runtime::builder()
+    ///     .agent(AgentDef::new("support", "Be brief."))
+    ///     .model(ScriptedModel::new([Turn::text("Hello.")]))
+    ///     .build()?;
+    /// runtime.run(RunRequest::new("Hi").run_id("run-1")).await?;
+    /// // Only a failed run is retried.
+    /// assert!(matches!(runtime.retry("run-1").await, Err(RunError::WrongStatus { .. })));
+    /// # Ok::<(), RunError>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// The handle ends with [`RunError::WrongStatus`] for a run that did not fail, and with
+    /// [`RunError::Busy`] if another caller owns it.
+    pub fn retry(&self, run_id: impl Into<String>) -> RunHandle {
+        self.run(RunRequest { run_id: Some(run_id.into()), retry: true, ..RunRequest::default() })
+    }
+
+    /// Forks run `run_id` at journal ordinal `at`: a new run (its id is returned) whose journal
+    /// is a copy of the original's steps before `at`, in status `running` with no owner. Run
+    /// it with [`resume`](Self::resume), or let a worker claim it: the copied steps replay (no
+    /// tool runs again, no model is asked again) and the turn goes on from step `at`, with the
+    /// agent and instructions of `options` if given. See [`fork_run`] for the details.
+    ///
+    /// ```
+    /// use kuralle::{AgentDef, ForkOptions, RunRequest, Runtime, testing::{ScriptedModel, Turn}};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let runtime = Runtime::builder()
+    ///     .agent(AgentDef::new("support", "Be brief."))
+    ///     .model(ScriptedModel::by_transcript([Turn::text("Hello.")]))
+    ///     .build()?;
+    /// runtime.run(RunRequest::new("Hi").run_id("run-1")).await?;
+    /// // Step 0 was the model's answer: fork before it, with other instructions.
+    /// let fork = runtime.fork("run-1", 0, ForkOptions::new().run_id("run-1b").instructions("Be verbose.")).await?;
+    /// let out = runtime.resume(&fork).await?;
+    /// assert_eq!(out.text, "Hello.");
+    /// # Ok::<(), kuralle::RunError>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// As [`fork_run`], and [`RunError::UnknownAgent`] for an agent this runtime lacks.
+    pub async fn fork(&self, run_id: &str, at: u64, options: ForkOptions) -> Result<String, RunError> {
+        if let Some(agent) = options.agent_id() {
+            open::agent(&self.inner, Some(agent))?;
+        }
+        let id = fork_run(self.inner.store.as_ref(), run_id, at, &options).await?;
+        self.inner.wake.notify_one();
+        let _ = self.inner.store.notify_runnable().await;
+        Ok(id)
     }
 
     /// The run's record, if it exists.

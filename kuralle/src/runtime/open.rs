@@ -65,6 +65,9 @@ pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) ->
     if let Ok(agent) = agent(rt, Some(&record.agent_id)) {
         state.redact = redactions(agent);
     }
+    if req.retry {
+        return reopen_failed(writer, record, state).await;
+    }
     let unfinished = matches!(record.status, RunStatus::Running | RunStatus::Paused);
     let seen = req.idempotency_key.as_ref().is_some_and(|k| state.inbound_keys.contains(k));
     match &req.input {
@@ -98,6 +101,30 @@ pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) ->
             record.version = writer.put_run(record.clone()).await?;
         }
     }
+    Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) })
+}
+
+/// `Runtime::retry`: the failed turn opens again in its own epoch, so its journal replays.
+pub(super) async fn reopen_failed(
+    writer: RunWriter<'_>,
+    mut record: RunRecord,
+    mut state: RunState,
+) -> Result<Opened, RunError> {
+    if record.status != RunStatus::Failed {
+        return Err(RunError::WrongStatus {
+            run_id: record.run_id,
+            status: record.status,
+            action: "retry",
+            allowed: "failed",
+        });
+    }
+    if let Some(start) = state.turn_start.take() {
+        state.messages = state.messages.prefix(start);
+    }
+    record.status = RunStatus::Running;
+    record.state = JsonText::serialize_from(&state).unwrap_or_default();
+    record.updated_at_ms = now_ms();
+    record.version = writer.put_run(record.clone()).await?;
     Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) })
 }
 

@@ -180,6 +180,22 @@ impl Renewals {
         }
     }
 
+    /// Loses the fences of the leases held on `run_id` (the run was cancelled here, so its
+    /// turn stops now instead of at its next write or renewal) and stops renewing them.
+    pub(crate) fn lose_run(&self, run_id: &str) {
+        let mut lost = Vec::new();
+        self.state().held.retain(|_, entry| {
+            if entry.lease.run_id == run_id {
+                lost.push(Arc::clone(&entry.fence));
+                return false;
+            }
+            true
+        });
+        for fence in lost {
+            fence.lose();
+        }
+    }
+
     fn ensure_task(self: &Arc<Self>, state: &mut State) {
         if state.task.as_ref().is_none_or(JoinHandle::is_finished) {
             state.task = Some(tokio::spawn(keep(Arc::downgrade(self), Arc::clone(&self.wake))));

@@ -33,6 +33,17 @@ pub(super) struct RunState {
     /// export) hide what the runtime hides. Refreshed each time the run opens.
     #[serde(default, skip_serializing_if = "crate::Redactions::is_empty")]
     pub(super) redact: crate::Redactions,
+    /// The run's instructions when they differ from its agent's (a fork's override).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) instructions: Option<String>,
+    /// The run whose id keys this run's journal: set on a fork, to its original's (its copied
+    /// steps keep their keys, so they replay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) key_run: Option<String>,
+    /// For a turn that failed after its transcript was written back: how many messages came
+    /// before it, so `Runtime::retry` can open the turn again from its start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) turn_start: Option<usize>,
     /// The last finished turn's accepted typed output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) value: Option<serde_json::Value>,
@@ -62,7 +73,10 @@ pub(super) fn output_of(record: &RunRecord, state: &RunState) -> RunOutput {
 /// its transcript, then the input of a turn that has not closed (paused, running or failed:
 /// its transcript was not written back).
 pub(crate) fn recorded_inputs(record: &RunRecord) -> Result<Vec<String>, RunError> {
-    let state = decode_state(record)?;
+    let mut state = decode_state(record)?;
+    if let Some(start) = state.turn_start.take() {
+        state.messages = state.messages.prefix(start);
+    }
     let mut inputs: Vec<String> = state
         .messages
         .iter()
@@ -71,12 +85,33 @@ pub(crate) fn recorded_inputs(record: &RunRecord) -> Result<Vec<String>, RunErro
             _ => None,
         })
         .collect();
-    let closed = matches!(
-        record.status,
-        crate::store::RunStatus::Finished | crate::store::RunStatus::MaxSteps | crate::store::RunStatus::Interrupted
-    );
-    if !closed && let Some(input) = state.turn_input {
+    if !closed(record)
+        && let Some(input) = state.turn_input
+    {
         inputs.push(input);
     }
     Ok(inputs)
+}
+
+/// Whether the run's last turn closed with its transcript written back.
+fn closed(record: &RunRecord) -> bool {
+    matches!(
+        record.status,
+        crate::store::RunStatus::Finished | crate::store::RunStatus::MaxSteps | crate::store::RunStatus::Interrupted
+    )
+}
+
+/// The stored conversation of a run: its transcript, and for a turn whose transcript was not
+/// written back (paused, running, cancelled, failed) that turn's input, separately.
+pub(crate) fn recorded_conversation(record: &RunRecord) -> Result<(Transcript, Option<String>), RunError> {
+    let state = decode_state(record)?;
+    if state.turn_start.is_some() || closed(record) {
+        return Ok((state.messages, None));
+    }
+    Ok((state.messages, state.turn_input))
+}
+
+/// The run whose id keys the run's journal (a fork's original; else the run itself).
+pub(crate) fn key_run(record: &RunRecord) -> String {
+    decode_state(record).ok().and_then(|s| s.key_run).unwrap_or_else(|| record.run_id.clone())
 }

@@ -116,10 +116,13 @@ async fn drive(
     let result = async {
         events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
 
+        // A fork's journal keeps its original's keys.
+        let key_run = state.key_run.as_deref().unwrap_or(run_id);
         let journal = Journal::open(
             Arc::clone(&rt.store),
             Arc::clone(fence),
             run_id,
+            key_run,
             record.epoch,
             rt.max_journal_entries,
             limits.counts_usage(),
@@ -177,8 +180,9 @@ async fn steps(
     }
     let specs: Arc<[ToolSpec]> = ctx.tools.specs().into();
     let mut typed = agent.output.as_ref().map(Typed::new);
-    let system =
-        typed.as_ref().map_or_else(|| agent.instructions.clone(), |t| t.output.instructions(&agent.instructions));
+    // A fork may run with other instructions than its agent's.
+    let instructions = state.instructions.as_ref().unwrap_or(&agent.instructions);
+    let system = typed.as_ref().map_or_else(|| instructions.clone(), |t| t.output.instructions(instructions));
     let output_spec = typed.as_ref().map(|t| t.output.spec(!agent.tools.is_empty()));
     let mut value = None;
     let mut failure = None;

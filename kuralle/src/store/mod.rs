@@ -226,6 +226,35 @@ pub trait RunStore: Send + Sync + 'static {
         })
     }
 
+    /// Cancels the run if it is [`Running`](RunStatus::Running) or
+    /// [`Paused`](RunStatus::Paused): in one transaction its status becomes
+    /// [`Cancelled`](RunStatus::Cancelled) (its version is bumped) and its lease, if any, is
+    /// released. Returns the status the run had before (`None`: no such run); a run in any
+    /// other status is left as it was. Administrative: takes no fence.
+    ///
+    /// Releasing the lease is how an owner in another process learns of it, without a read
+    /// per step: its next write (the next step's intent or outcome) or its next lease renewal
+    /// (every third of the TTL) is [`StoreError::Fenced`], so it stops, cancels its
+    /// interruptible calls and writes nothing more.
+    ///
+    /// ```
+    /// use kuralle::{RunStatus, RunStore, StoreError, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(kuralle::RunRecord::new("run-1", "support"), lease.token).await?;
+    /// assert_eq!(store.cancel_run("run-1").await?, Some(RunStatus::Running));
+    /// assert_eq!(store.get_run("run-1").await?.map(|r| r.status), Some(RunStatus::Cancelled));
+    /// // The owner's next write is fenced.
+    /// let late = store.append_steps("run-1", lease.token, vec![kuralle::NewStep::new("a", kuralle::StepKind::Tool, "charge")]).await;
+    /// assert!(matches!(late, Err(StoreError::Fenced { .. })));
+    /// assert_eq!(store.cancel_run("run-1").await?, Some(RunStatus::Cancelled), "already ended: unchanged");
+    /// assert_eq!(store.cancel_run("run-2").await?, None);
+    /// # Ok::<(), StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    fn cancel_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunStatus>>;
+
     /// The run's journal in ordinal order (empty for an unknown run).
     ///
     /// ```

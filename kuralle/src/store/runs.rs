@@ -31,6 +31,10 @@ pub enum RunStatus {
     /// The run was stopped before a model request or tool batch that would have passed one
     /// of its [`RunLimits`](crate::RunLimits).
     LimitExceeded,
+    /// An operator cancelled the run ([`RunStore::cancel_run`](super::RunStore::cancel_run),
+    /// [`Runtime::cancel`](crate::Runtime::cancel)): its owner, if any, stopped at its next
+    /// step, and no worker resumes it.
+    Cancelled,
 }
 
 impl RunStatus {
@@ -48,6 +52,7 @@ impl RunStatus {
             Self::Interrupted => "interrupted",
             Self::Failed => "failed",
             Self::LimitExceeded => "limit_exceeded",
+            Self::Cancelled => "cancelled",
         }
     }
 
@@ -57,6 +62,7 @@ impl RunStatus {
     /// use kuralle::RunStatus;
     ///
     /// assert_eq!(RunStatus::parse("finished"), Some(RunStatus::Finished));
+    /// assert_eq!(RunStatus::parse("cancelled"), Some(RunStatus::Cancelled));
     /// assert_eq!(RunStatus::parse("done"), None);
     /// ```
     pub fn parse(s: &str) -> Option<Self> {
@@ -68,8 +74,20 @@ impl RunStatus {
             "interrupted" => Self::Interrupted,
             "failed" => Self::Failed,
             "limit_exceeded" => Self::LimitExceeded,
+            "cancelled" => Self::Cancelled,
             _ => return None,
         })
+    }
+}
+
+/// As stored: `"running"`, `"cancelled"`, ...
+///
+/// ```
+/// assert_eq!(kuralle::RunStatus::Cancelled.to_string(), "cancelled");
+/// ```
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

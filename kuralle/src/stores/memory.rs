@@ -10,7 +10,7 @@ use super::{DEFAULT_MAX_VALUE_BYTES, check_len};
 use crate::clock::now_ms;
 use crate::keymap::KeyMap;
 use crate::store::{
-    FinishedWithIntents, InstanceLock, Lease, NewStep, Registered, Registry, RunFilter, RunRecord, RunStore,
+    FinishedWithIntents, InstanceLock, Lease, NewStep, Registered, Registry, RunFilter, RunRecord, RunStatus, RunStore,
     RunSummary, StepOutcome, StepRecord, StepStatus, StoreError, StoreFuture, owner_prefix,
 };
 
@@ -294,6 +294,23 @@ impl MemoryStore {
         Ok(())
     }
 
+    /// [`RunStore::cancel_run`] under one lock.
+    fn cancel_now(&self, run_id: &str) -> Option<RunStatus> {
+        let mut state = self.lock();
+        let entry = state.runs.get_mut(run_id)?;
+        let before = entry.record.status;
+        if !matches!(before, RunStatus::Running | RunStatus::Paused) {
+            return Some(before);
+        }
+        entry.record.status = RunStatus::Cancelled;
+        entry.record.version += 1;
+        entry.record.updated_at_ms = now_ms();
+        if let Some(row) = state.leases.get_mut(run_id) {
+            row.released = true;
+        }
+        Some(before)
+    }
+
     /// Ends every unreleased lease whose owner starts with `prefix`; returns their run ids.
     fn take_back_now(&self, prefix: &str) -> Vec<String> {
         let mut state = self.lock();
@@ -445,6 +462,10 @@ impl RunStore for MemoryStore {
         finished_at_ms: i64,
     ) -> StoreFuture<'a, ()> {
         Box::pin(async move { self.finish_step_now(run_id, fence, ordinal, outcome, finished_at_ms) })
+    }
+
+    fn cancel_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunStatus>> {
+        Box::pin(async move { Ok(self.cancel_now(run_id)) })
     }
 
     fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>> {

@@ -155,6 +155,9 @@ impl RunStore for HookStore {
     fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>> {
         self.inner.list_runs(filter)
     }
+    fn cancel_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<kuralle::RunStatus>> {
+        self.inner.cancel_run(run_id)
+    }
     fn delete_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, bool> {
         self.inner.delete_run(run_id)
     }

@@ -274,6 +274,10 @@ impl crate::store::RunStore for PostgresStore {
         Box::pin(async move { self.finish_fenced(run_id, Some(fence), ordinal, &outcome, finished_at_ms).await })
     }
 
+    fn cancel_run<'a>(&'a self, run_id: &'a str) -> crate::store::StoreFuture<'a, Option<crate::store::RunStatus>> {
+        Box::pin(self.cancel_run_row(run_id))
+    }
+
     fn steps<'a>(&'a self, run_id: &'a str) -> crate::store::StoreFuture<'a, Vec<crate::store::StepRecord>> {
         Box::pin(self.step_rows(run_id))
     }

@@ -118,6 +118,25 @@ impl PostgresStore {
         .await
     }
 
+    pub(super) async fn cancel_run_row(&self, run_id: &str) -> Result<Option<RunStatus>, StoreError> {
+        let now = crate::clock::now_ms();
+        let (before, cancelled) = retrying(|| async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(&self.inner.sql.cancel_run).await.map_err(Fail::write)?;
+            let row = client.query_one(&stmt, &[&run_id, &now]).await.map_err(Fail::write)?;
+            let before: Option<String> = get(&row, 0)?;
+            let cancelled: bool = get(&row, 1)?;
+            Ok((before.as_deref().map(parse_status).transpose()?, cancelled))
+        })
+        .await?;
+        if cancelled || before.is_none() {
+            return Ok(before);
+        }
+        // Not cancelled: either it had ended, or a writer ended it after the statement's
+        // snapshot was taken; say what it is now.
+        Ok(self.get_run_row(run_id).await?.map(|r| r.status))
+    }
+
     pub(super) async fn delete_run_row(&self, run_id: &str) -> Result<bool, StoreError> {
         retrying(|| async {
             let client = self.client().await?;

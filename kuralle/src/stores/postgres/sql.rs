@@ -42,6 +42,7 @@ pub(super) struct Sql {
     pub claim_leased: String,
     pub claim_unleased: String,
     pub take_back: String,
+    pub cancel_run: String,
     pub record_instance: String,
     pub instance_holder: String,
 }
@@ -203,6 +204,23 @@ impl Sql {
             )),
             // An exact prefix test (`LIKE` would read `%` and `_` in an instance id as
             // wildcards); both sides count characters.
+            // The lease row is locked first, as every fenced write does (lease rows before run
+            // rows: no deadlock); the run is cancelled only from `running` or `paused`, and its
+            // lease released with it. Returns the status before and whether it was cancelled.
+            cancel_run: bind(
+                "WITH l AS (SELECT run_id FROM {s}.kuralle_leases WHERE run_id = $1 FOR UPDATE),
+                prev AS (SELECT status FROM {s}.kuralle_runs WHERE run_id = $1),
+                upd AS (
+                    UPDATE {s}.kuralle_runs SET status = 'cancelled', version = version + 1, updated_at = $2
+                    WHERE run_id = $1 AND status IN ('running', 'paused') AND (SELECT count(*) FROM l) >= 0
+                    RETURNING run_id
+                ),
+                rel AS (
+                    UPDATE {s}.kuralle_leases SET released = true
+                    WHERE run_id IN (SELECT run_id FROM upd) AND NOT released RETURNING 1
+                )
+                SELECT (SELECT status FROM prev), EXISTS (SELECT 1 FROM upd), (SELECT count(*) FROM rel)",
+            ),
             take_back: bind(
                 "UPDATE {s}.kuralle_leases SET released = true
                  WHERE NOT released AND left(owner, length($1)) = $1

@@ -433,6 +433,12 @@ impl RunStore for SqliteStore {
         }))
     }
 
+    fn cancel_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<crate::store::RunStatus>> {
+        let run_id = run_id.to_owned();
+        let errors = self.inner.errors;
+        Box::pin(self.write(move |conn| runs::cancel_run(conn, errors, &run_id)))
+    }
+
     fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>> {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;

@@ -4,7 +4,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::codec::{parse_run_status, to_u64};
 use super::errors::Mapper;
-use crate::store::{RunFilter, RunRecord, RunSummary, StoreError};
+use crate::store::{RunFilter, RunRecord, RunStatus, RunSummary, StoreError};
 
 /// The run's stored version, `None` when the run does not exist.
 pub(super) fn stored_version(conn: &Connection, run_id: &str, errors: Mapper) -> Result<Option<u64>, StoreError> {
@@ -157,4 +157,26 @@ pub(super) fn delete_run(conn: &Connection, errors: Mapper, run_id: &str) -> Res
         .and_then(|mut stmt| stmt.execute([run_id]))
         .map_err(|e| errors.map(e))?;
     Ok(deleted > 0)
+}
+
+/// [`RunStore::cancel_run`](crate::RunStore::cancel_run): the status before, and, for a
+/// running or paused run, the status set to `cancelled` and the lease released, in the
+/// caller's one transaction.
+pub(super) fn cancel_run(conn: &Connection, errors: Mapper, run_id: &str) -> Result<Option<RunStatus>, StoreError> {
+    let before: Option<String> = conn
+        .prepare_cached("SELECT status FROM runs WHERE run_id = ?1")
+        .and_then(|mut stmt| stmt.query_row([run_id], |row| row.get(0)).optional())
+        .map_err(|e| errors.map(e))?;
+    let Some(before) = before.as_deref().map(parse_run_status).transpose()? else { return Ok(None) };
+    if !matches!(before, RunStatus::Running | RunStatus::Paused) {
+        return Ok(Some(before));
+    }
+    conn.prepare_cached(
+        "UPDATE runs SET status = 'cancelled', version = version + 1, updated_at = ?2 WHERE run_id = ?1",
+    )
+    .and_then(|mut stmt| stmt.execute(params![run_id, crate::clock::now_ms()]))
+    .and_then(|_| conn.prepare_cached("UPDATE leases SET released = 1 WHERE run_id = ?1 AND released = 0"))
+    .and_then(|mut stmt| stmt.execute([run_id]))
+    .map_err(|e| errors.map(e))?;
+    Ok(Some(before))
 }
