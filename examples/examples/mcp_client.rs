@@ -15,12 +15,20 @@
 use std::error::Error;
 
 use futures::StreamExt;
-use kuralle::{Tool, ToolContext, ToolEvent, mcp::McpClient};
+use kuralle::{
+    Tool, ToolContext, ToolEvent,
+    mcp::{McpClient, McpClientOptions},
+};
 use serde_json::{Value, json};
 
 async fn connect(target: &str) -> Result<McpClient, Box<dyn Error>> {
     if target.starts_with("http://") || target.starts_with("https://") {
-        return Ok(McpClient::http(target).await?);
+        // A server beyond loopback wants its bearer token.
+        let mut options = McpClientOptions::new();
+        if let Ok(token) = std::env::var("MCP_TOKEN") {
+            options = options.bearer_token(token);
+        }
+        return Ok(McpClient::http_with(target, options).await?);
     }
     let mut words = target.split_whitespace();
     let program = words.next().ok_or("an empty command")?;

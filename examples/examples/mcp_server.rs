@@ -4,7 +4,11 @@
 //! ```text
 //! cargo run -p kuralle-examples --example mcp_server                         # stdio
 //! cargo run -p kuralle-examples --example mcp_server -- --http 127.0.0.1:3001  # http://127.0.0.1:3001/mcp
+//! MCP_TOKEN=… cargo run -p kuralle-examples --example mcp_server -- --http 0.0.0.0:3001  # beyond loopback
 //! ```
+//!
+//! Beyond loopback the server needs a bearer token (`MCP_TOKEN`); clients send it as
+//! `Authorization: Bearer …` (`mcp_client` reads the same variable).
 
 // Sampling and logging are deprecated only by the 2026 protocol draft; the conformance suite
 // (and every released protocol version) exercises them.
@@ -280,7 +284,10 @@ fn tools() -> ToolSet {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
-    let server = McpServer::new(tools()).named("kuralle-mcp-server", env!("CARGO_PKG_VERSION"));
+    let mut server = McpServer::new(tools()).named("kuralle-mcp-server", env!("CARGO_PKG_VERSION"));
+    if let Ok(token) = std::env::var("MCP_TOKEN") {
+        server = server.bearer_token(token);
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
         [] => server.serve_stdio().await?,

@@ -13,7 +13,9 @@ use rmcp::{
         ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestMetaObject, ServerResult,
     },
     service::{NotificationContext, PeerRequestOptions, RunningService},
-    transport::{StreamableHttpClientTransport, TokioChildProcess},
+    transport::{
+        StreamableHttpClientTransport, TokioChildProcess, streamable_http_client::StreamableHttpClientTransportConfig,
+    },
 };
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
@@ -178,7 +180,11 @@ impl McpClient {
     /// See [`http`](Self::http).
     pub async fn http_with(url: impl Into<String>, options: McpClientOptions) -> Result<Self, McpError> {
         let url: String = url.into();
-        let transport = StreamableHttpClientTransport::from_uri(url);
+        let mut config = StreamableHttpClientTransportConfig::with_uri(url);
+        if let Some(token) = &options.bearer_token {
+            config = config.auth_header(token.expose().clone());
+        }
+        let transport = StreamableHttpClientTransport::from_config(config);
         let served = tokio::time::timeout(options.connect_timeout, Handler::default().serve(transport)).await;
         Self::connect(served, options)
     }

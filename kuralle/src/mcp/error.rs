@@ -29,6 +29,16 @@ pub enum McpError {
     /// Serving failed (the transport broke, or the listener could not accept).
     #[error("MCP server failed: {0}")]
     Serve(String),
+    /// A streamable HTTP server was asked to listen beyond loopback without bearer tokens
+    /// ([`McpServer::bearer_token`](super::McpServer::bearer_token)): anyone who could reach
+    /// it could call its tools.
+    #[error(
+        "refusing to serve MCP on {addr} without credentials: give the server a bearer token, or listen on loopback"
+    )]
+    NoCredentials {
+        /// The listener's address.
+        addr: std::net::SocketAddr,
+    },
     /// Reading or writing the network.
     #[error(transparent)]
     Io(#[from] std::io::Error),

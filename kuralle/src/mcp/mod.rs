@@ -26,6 +26,7 @@
 //! # Ok(()) }
 //! ```
 
+mod auth;
 mod client;
 mod content;
 mod error;

@@ -30,6 +30,8 @@ pub struct McpClientOptions {
     pub(crate) max_list_pages: usize,
     pub(crate) max_tools: usize,
     pub(crate) max_list_bytes: usize,
+    // A `Secret`, so the options' `Debug` never prints it.
+    pub(crate) bearer_token: Option<crate::Secret<String>>,
 }
 
 impl Default for McpClientOptions {
@@ -41,6 +43,7 @@ impl Default for McpClientOptions {
             max_list_pages: 64,
             max_tools: 512,
             max_list_bytes: 8 << 20,
+            bearer_token: None,
         }
     }
 }
@@ -49,6 +52,19 @@ impl McpClientOptions {
     /// The defaults.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Sends `Authorization: Bearer <token>` with every streamable HTTP request (a server
+    /// with [`McpServer::bearer_token`](super::McpServer::bearer_token) requires it).
+    ///
+    /// ```
+    /// let options = kuralle::mcp::McpClientOptions::new().bearer_token("s3cret-token-for-ci");
+    /// # let _ = options;
+    /// ```
+    #[must_use]
+    pub fn bearer_token(mut self, token: impl Into<String>) -> Self {
+        self.bearer_token = Some(crate::Secret::new(token.into()));
+        self
     }
 
     /// The longest wait to start or reach the server and finish the handshake (default 30 s).

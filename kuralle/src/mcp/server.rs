@@ -66,6 +66,7 @@ struct Shared {
     info: Implementation,
     instructions: Option<String>,
     allowed_hosts: Option<Vec<String>>,
+    tokens: super::auth::Tokens,
 }
 
 impl std::fmt::Debug for McpServer {
@@ -84,6 +85,7 @@ impl McpServer {
                 info: Implementation::new("kuralle", env!("CARGO_PKG_VERSION")),
                 instructions: None,
                 allowed_hosts: None,
+                tokens: super::auth::Tokens::default(),
             }),
             log_level: Arc::new(Mutex::new(LoggingLevel::Info)),
         }
@@ -142,6 +144,29 @@ impl McpServer {
         self
     }
 
+    /// Accepts `token` as `Authorization: Bearer <token>` on streamable HTTP; call it once
+    /// per token (one per client, so one can be revoked alone). With a token set, every
+    /// request to [`router`](Self::router) or [`serve_http`](Self::serve_http) without an
+    /// accepted one gets 401 and never reaches a tool; without one, `serve_http` serves
+    /// loopback only. [`http_service`](Self::http_service) is the bare endpoint: an
+    /// application that mounts it itself authenticates in front of it.
+    ///
+    /// ```
+    /// use kuralle::{ToolSet, mcp::McpServer};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let public = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+    /// let refused = McpServer::new(ToolSet::new()).serve_http(public, async {}).await;
+    /// assert!(matches!(refused, Err(kuralle::mcp::McpError::NoCredentials { .. })));
+    /// # });
+    /// let server = McpServer::new(ToolSet::new()).bearer_token(std::env::var("MCP_TOKEN").unwrap_or_default());
+    /// # let _ = server;
+    /// ```
+    #[must_use]
+    pub fn bearer_token(mut self, token: impl Into<String>) -> Self {
+        self.shared_mut().tokens.push(token.into());
+        self
+    }
+
     /// The `tools/list` entries: name, description, `inputSchema`, `outputSchema` when the
     /// tool has one (wrapped as `{"result": …}` when its root is not an object, as MCP
     /// requires), and annotations only for what the tool declared.
@@ -169,20 +194,31 @@ impl McpServer {
         StreamableHttpService::new(move || Ok(self.for_session()), LocalSessionManager::default().into(), config)
     }
 
-    /// An axum router with the streamable HTTP endpoint at `/mcp`.
+    /// An axum router with the streamable HTTP endpoint at `/mcp`, behind the bearer tokens
+    /// when the server has any ([`bearer_token`](Self::bearer_token)).
     pub fn router(self) -> axum::Router {
-        axum::Router::new().nest_service("/mcp", self.http_service())
+        let tokens = self.shared.tokens.clone();
+        let router = axum::Router::new().nest_service("/mcp", self.http_service());
+        if tokens.is_empty() {
+            return router;
+        }
+        router.layer(axum::middleware::from_fn(move |request, next| tokens.clone().require(request, next)))
     }
 
     /// Serves streamable HTTP at `http://<listener address>/mcp` until `shutdown` completes.
     ///
     /// # Errors
-    /// [`McpError::Io`] when the listener fails.
+    /// [`McpError::NoCredentials`] for a listener beyond loopback when the server has no
+    /// [`bearer_token`](Self::bearer_token); [`McpError::Io`] when the listener fails.
     pub async fn serve_http(
         self,
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), McpError> {
+        let addr = listener.local_addr()?;
+        if !addr.ip().is_loopback() && self.shared.tokens.is_empty() {
+            return Err(McpError::NoCredentials { addr });
+        }
         axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await?;
         Ok(())
     }
