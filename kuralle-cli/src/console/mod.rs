@@ -205,8 +205,8 @@ async fn logout(
     headers: HeaderMap,
     Form(form): Form<CsrfForm>,
 ) -> Response {
-    if let Err(message) = guard::same_origin(&headers).and_then(|()| guard::csrf(&caller, &form.csrf)) {
-        return refuse(StatusCode::FORBIDDEN, "Refused", &message);
+    if let Some(refused) = refuse_post(&headers, &caller, &form.csrf) {
+        return refused;
     }
     if let Some(id) = auth::session_id(&headers) {
         state.auth.end_session(&id);
@@ -303,6 +303,12 @@ async fn step_value(State(state): State<Shared>, Path((id, ordinal, part)): Path
     }
 }
 
+/// A post from another site, or without the session's form token, refused (`None`: go on).
+fn refuse_post(headers: &HeaderMap, caller: &Caller, csrf: &str) -> Option<Response> {
+    let checked = guard::same_origin(headers).and_then(|()| guard::csrf(caller, csrf));
+    checked.err().map(|message| refuse(StatusCode::FORBIDDEN, "Refused", &message))
+}
+
 #[derive(Deserialize)]
 struct DecideForm {
     request_id: String,
@@ -319,8 +325,8 @@ async fn decide_form(
     headers: HeaderMap,
     Form(form): Form<DecideForm>,
 ) -> Response {
-    if let Err(message) = guard::same_origin(&headers).and_then(|()| guard::csrf(&caller, &form.csrf)) {
-        return refuse(StatusCode::FORBIDDEN, "Refused", &message);
+    if let Some(refused) = refuse_post(&headers, &caller, &form.csrf) {
+        return refused;
     }
     let reason = match form.decision.as_str() {
         "approve" => None,
@@ -358,8 +364,8 @@ async fn cancel_form(
     headers: HeaderMap,
     Form(form): Form<CsrfForm>,
 ) -> Response {
-    if let Err(message) = guard::same_origin(&headers).and_then(|()| guard::csrf(&caller, &form.csrf)) {
-        return refuse(StatusCode::FORBIDDEN, "Refused", &message);
+    if let Some(refused) = refuse_post(&headers, &caller, &form.csrf) {
+        return refused;
     }
     match lifecycle::cancel(state.store.as_ref(), &id).await {
         Ok(_) => Redirect::to(&format!("/runs/{}?done=cancelled", html::url(&id))).into_response(),
@@ -375,8 +381,8 @@ async fn retry_form(
     headers: HeaderMap,
     Form(form): Form<CsrfForm>,
 ) -> Response {
-    if let Err(message) = guard::same_origin(&headers).and_then(|()| guard::csrf(&caller, &form.csrf)) {
-        return refuse(StatusCode::FORBIDDEN, "Refused", &message);
+    if let Some(refused) = refuse_post(&headers, &caller, &form.csrf) {
+        return refused;
     }
     match lifecycle::retry(state.store.as_ref(), &id).await {
         Ok(()) => Redirect::to(&format!("/runs/{}?done=retried", html::url(&id))).into_response(),
@@ -400,8 +406,8 @@ async fn fork_form(
     headers: HeaderMap,
     Form(form): Form<ForkForm>,
 ) -> Response {
-    if let Err(message) = guard::same_origin(&headers).and_then(|()| guard::csrf(&caller, &form.csrf)) {
-        return refuse(StatusCode::FORBIDDEN, "Refused", &message);
+    if let Some(refused) = refuse_post(&headers, &caller, &form.csrf) {
+        return refused;
     }
     let instructions = form.instructions.map(|i| i.trim().to_owned()).filter(|i| !i.is_empty());
     match lifecycle::fork(state.store.as_ref(), &id, form.at, None, None, instructions).await {
