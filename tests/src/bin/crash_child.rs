@@ -73,7 +73,10 @@ async fn effect(tool: &str, ctx: &ToolContext, what: &str) {
     let rerun = steps.iter().any(|s| s.key == key && s.status != StepStatus::Running);
     let path = std::env::var("EFFECTS").expect("EFFECTS");
     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("effects file");
-    writeln!(f, "{tool}\t{key}\t{what}\t{}\t{}", std::process::id(), u8::from(rerun)).expect("write effect");
+    // One write call: `writeln!` on a `File` writes piece by piece, and a SIGKILL between two
+    // pieces left a torn line that the next process's line then ran into.
+    let line = format!("{tool}\t{key}\t{what}\t{}\t{}\n", std::process::id(), u8::from(rerun));
+    f.write_all(line.as_bytes()).expect("write effect");
     f.sync_data().expect("fsync effect");
 }
 
