@@ -15,6 +15,13 @@
 //! - answer → next request, p50 and p99: from the moment the answer's events are handed over
 //!   (the sleep has ended and the stream was polled) to the next request: the runtime's own
 //!   part of the above, without the wait for the timer and for the stream to be polled;
+//! - first request p50 / last: when runs made their first model request, from the moment they
+//!   were all started (a run's start: its run row and lease, before any model call);
+//! - CPU per run: the process's CPU time (every thread) while the runs ran, over N; against
+//!   2 cores × wall it tells whether the configuration is CPU-bound;
+//! - idle timer lateness, p50 and p99: how late 100 sleeps of the model's latency end on the
+//!   same runtime before the runs start; the part of the added latency per turn that is
+//!   tokio's millisecond timer, there at any load;
 //! - journal writes per second: step records written (an intent, a response journaled finished,
 //!   a step's outcome) over the wall time, and the store's write calls per run;
 //! - peak RSS per in-flight run: (VmHWM at the end − VmHWM before the runs start) / N;
@@ -72,6 +79,8 @@ struct Marks {
     answered: Vec<AtomicU64>,
     /// Per run: nanoseconds since `start` of its latest request.
     requested: Vec<AtomicU64>,
+    /// Per run: nanoseconds since `start` of its first request.
+    first: Vec<AtomicU64>,
     /// Per run and turn after the first: nanoseconds from the answer handed over to the next
     /// request (the runtime's own work between two model calls).
     gaps: Vec<AtomicU64>,
@@ -111,6 +120,9 @@ impl Model for Latent {
                 .store(wall.saturating_sub(latency.as_nanos() as u64), Ordering::Relaxed);
         }
         marks.requested[run].store(now, Ordering::Relaxed);
+        if turn == 0 {
+            marks.first[run].store(now, Ordering::Relaxed);
+        }
         async_stream::stream! {
             tokio::time::sleep(latency).await;
             let usage = Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() };
@@ -266,6 +278,11 @@ struct Figures {
     max_us: f64,
     own_p50_us: f64,
     own_p99_us: f64,
+    first_p50_us: f64,
+    first_max_us: f64,
+    cpu_us_per_run: f64,
+    timer_p50_us: f64,
+    timer_p99_us: f64,
     step_writes: u64,
     store_writes: u64,
     commits: Option<u64>,
@@ -280,7 +297,7 @@ impl Figures {
 
     fn line(&self) -> String {
         format!(
-            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} step_writes={} store_writes={} commits={} rss_kib={}",
+            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} first_p50_us={} first_max_us={} cpu_us_per_run={} timer_p50_us={} timer_p99_us={} step_writes={} store_writes={} commits={} rss_kib={}",
             self.store,
             self.runs,
             self.latency_ms,
@@ -290,6 +307,11 @@ impl Figures {
             self.max_us,
             self.own_p50_us,
             self.own_p99_us,
+            self.first_p50_us,
+            self.first_max_us,
+            self.cpu_us_per_run,
+            self.timer_p50_us,
+            self.timer_p99_us,
             self.step_writes,
             self.store_writes,
             self.commits.map_or_else(|| "-".to_owned(), |c| c.to_string()),
@@ -311,6 +333,11 @@ impl Figures {
                 "max_us" => f.max_us = v.parse().ok()?,
                 "own_p50_us" => f.own_p50_us = v.parse().ok()?,
                 "own_p99_us" => f.own_p99_us = v.parse().ok()?,
+                "first_p50_us" => f.first_p50_us = v.parse().ok()?,
+                "first_max_us" => f.first_max_us = v.parse().ok()?,
+                "cpu_us_per_run" => f.cpu_us_per_run = v.parse().ok()?,
+                "timer_p50_us" => f.timer_p50_us = v.parse().ok()?,
+                "timer_p99_us" => f.timer_p99_us = v.parse().ok()?,
                 "step_writes" => f.step_writes = v.parse().ok()?,
                 "store_writes" => f.store_writes = v.parse().ok()?,
                 "commits" => f.commits = v.parse().ok(),
@@ -320,6 +347,22 @@ impl Figures {
         }
         Some(f)
     }
+}
+
+/// How late 100 concurrent sleeps of `latency` end on the idle runtime, p50 and p99 in µs: the
+/// floor under the added latency per turn that comes from the timer (tokio's ticks in whole
+/// milliseconds), not from the runtime.
+async fn timer_lateness(latency: Duration) -> (f64, f64) {
+    let sleeps = (0..100).map(|_| {
+        tokio::spawn(async move {
+            let start = Instant::now();
+            tokio::time::sleep(latency).await;
+            start.elapsed().saturating_sub(latency)
+        })
+    });
+    let mut late: Vec<Duration> = futures::future::try_join_all(sleeps).await.expect("the sleeps");
+    late.sort_unstable();
+    (late[50].as_secs_f64() * 1e6, late[99].as_secs_f64() * 1e6)
 }
 
 /// The child: `runs` runs at once on one runtime of two worker threads, on `store`.
@@ -339,6 +382,7 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
         start: Instant::now(),
         answered: (0..runs).map(|_| AtomicU64::new(0)).collect(),
         requested: (0..runs).map(|_| AtomicU64::new(0)).collect(),
+        first: (0..runs).map(|_| AtomicU64::new(0)).collect(),
         gaps: (0..runs * CALLS).map(|_| AtomicU64::new(0)).collect(),
         turns: (0..runs * CALLS).map(|_| AtomicU64::new(0)).collect(),
     });
@@ -348,14 +392,17 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
         .store_arc(Arc::clone(&counting) as Arc<dyn RunStore>)
         .build()
         .expect("build the runtime");
+    let timer = rt.block_on(async move { tokio::spawn(timer_lateness(latency)).await }).expect("the timer task");
     let commits_before = sqlite.as_ref().map(SqliteStore::commit_count);
     let baseline = status_kib("VmHWM");
 
     // Started from a task on the runtime, as a service starts runs.
-    let wall = rt
+    let clock = Arc::clone(&marks);
+    let cpu_start = cpu_time::ProcessTime::now();
+    let (started, wall) = rt
         .block_on(async move {
             tokio::spawn(async move {
-                let start = Instant::now();
+                let (start, started) = (Instant::now(), clock.now());
                 let all = (0..runs).map(|i| {
                     std::future::IntoFuture::into_future(
                         runtime.run(RunRequest::new(format!("run {i}")).run_id(format!("run-{i}"))),
@@ -367,12 +414,13 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
                 while let Some(out) = pending.next().await {
                     assert_eq!(out.expect("the run finishes").status, RunStatus::Finished);
                 }
-                start.elapsed()
+                (started, start.elapsed())
             })
             .await
         })
         .expect("the bench task");
 
+    let cpu = cpu_start.elapsed();
     let peak = status_kib("VmHWM");
     let sorted = |v: &[AtomicU64]| {
         let mut v: Vec<u64> = v.iter().map(|g| g.load(Ordering::Relaxed)).collect();
@@ -380,6 +428,13 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
         v
     };
     let (gaps, turns) = (sorted(&marks.gaps), sorted(&marks.turns));
+    // When each run's first request came, from the moment the runs were started.
+    let firsts: Vec<u64> = {
+        let at = started;
+        let mut v: Vec<u64> = marks.first.iter().map(|f| f.load(Ordering::Relaxed).saturating_sub(at)).collect();
+        v.sort_unstable();
+        v
+    };
     let q = |v: &[u64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize] as f64 / 1e3;
     Figures {
         store: store.to_owned(),
@@ -391,6 +446,11 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
         max_us: q(&turns, 1.0),
         own_p50_us: q(&gaps, 0.5),
         own_p99_us: q(&gaps, 0.99),
+        cpu_us_per_run: cpu.as_secs_f64() * 1e6 / runs as f64,
+        first_p50_us: q(&firsts, 0.5),
+        first_max_us: q(&firsts, 1.0),
+        timer_p50_us: timer.0,
+        timer_p99_us: timer.1,
         step_writes: counting.steps.load(Ordering::Relaxed),
         store_writes: counting.writes.load(Ordering::Relaxed),
         commits: sqlite.as_ref().zip(commits_before).map(|(s, b)| s.commit_count() - b),
@@ -437,7 +497,7 @@ fn kib(v: f64) -> String {
 fn print_row(f: &Figures) {
     if f.timed_out {
         println!(
-            "| {} | {} | {} ms | > {:.0} s (stopped) | > {:.1}× | — | — | — | — | — | — |",
+            "| {} | {} | {} ms | > {:.0} s (stopped) | > {:.1}× | — | — | — | — | — | — | — | — | — |",
             f.store,
             f.runs,
             f.latency_ms,
@@ -448,7 +508,7 @@ fn print_row(f: &Figures) {
     }
     let per_commit = f.commits.map_or_else(|| "—".to_owned(), |c| format!("{:.2}", f.store_writes as f64 / c as f64));
     println!(
-        "| {} | {} | {} ms | {:.2} s | {:.2}× | {:.0} / {:.0} µs (max {:.0}) | {:.0} / {:.0} µs | {:.0} | {:.1} | {} | {} |",
+        "| {} | {} | {} ms | {:.2} s | {:.2}× | {:.0} / {:.0} µs (max {:.0}) | {:.0} / {:.0} µs | {:.1} / {:.1} ms | {:.0} µs | {:.0} / {:.0} µs | {:.0} | {:.1} | {} | {} |",
         f.store,
         f.runs,
         f.latency_ms,
@@ -459,6 +519,11 @@ fn print_row(f: &Figures) {
         f.max_us,
         f.own_p50_us,
         f.own_p99_us,
+        f.first_p50_us / 1e3,
+        f.first_max_us / 1e3,
+        f.cpu_us_per_run,
+        f.timer_p50_us,
+        f.timer_p99_us,
         f.step_writes as f64 / f.wall_s,
         f.store_writes as f64 / f.runs as f64,
         kib(f.rss_kib as f64 / f.runs as f64),
@@ -635,9 +700,9 @@ fn main() {
          answer -> next request = from the answer handed over to the run's next request"
     );
     println!(
-        "| store | runs in flight | model latency | wall | wall / ideal | added latency per turn p50 / p99 | answer → next request p50 / p99 | journal writes/s | store writes per run | peak RSS per run | store writes per commit |"
+        "| store | runs in flight | model latency | wall | wall / ideal | added latency per turn p50 / p99 | answer → next request p50 / p99 | first request p50 / last | CPU per run | idle timer lateness p50 / p99 | journal writes/s | store writes per run | peak RSS per run | store writes per commit |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut all = Vec::new();
     for latency in &latencies {
         for store in &stores {
