@@ -474,6 +474,9 @@ fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration) -> Figure
         if start.elapsed() > cap {
             let _ = child.kill();
             let _ = child.wait();
+            // A killed child leaves its database behind.
+            let _ =
+                std::fs::remove_dir_all(std::env::temp_dir().join(format!("kuralle-bench-in-flight-{}", child.id())));
             return Figures {
                 store: store.to_owned(),
                 runs,
