@@ -1,0 +1,725 @@
+//! Many runs in flight on one `Runtime`, as a service with thousands of conversations open:
+//! N runs started at once, each three one-call turns and an answer, the model answering every
+//! request after a fixed latency (100 ms by default). The ideal wall time is 4 × latency, whatever
+//! N; what the runtime adds on top is the figure (issue 27).
+//!
+//! `cargo bench -p kuralle --bench in_flight -- [--store memory|sqlite] [--runs 100,1000,10000]
+//! [--latency-ms 100] [--svg PATH] [--cap-s 180]` prints, per store and N:
+//! - wall time, and wall / ideal (4 × latency);
+//! - added latency per turn, p50 and p99: a run's time from one model request to its next, less
+//!   the model's latency. That is the turn's wall time beyond the model, as a user waits for it:
+//!   the runtime's work between two model calls (journaling the response with the call's
+//!   intent, running the tool, journaling its outcome, building the next request), waiting for
+//!   a worker thread, and the timer's lateness (tokio's timer ticks in milliseconds). Three
+//!   samples per run (the answer's turn has no next request);
+//! - answer → next request, p50 and p99: from the moment the answer's events are handed over
+//!   (the sleep has ended and the stream was polled) to the next request: the runtime's own
+//!   part of the above, without the wait for the timer and for the stream to be polled;
+//! - first request p50 / last: when runs made their first model request, from the moment they
+//!   were all started (a run's start: its run row and lease, before any model call);
+//! - CPU per run: the process's CPU time (every thread) while the runs ran, over N; against
+//!   2 cores × wall it tells whether the configuration is CPU-bound;
+//! - idle timer lateness, p50 and p99: how late 100 sleeps of the model's latency end on the
+//!   same runtime before the runs start; the part of the added latency per turn that is
+//!   tokio's millisecond timer, there at any load;
+//! - journal writes per second: step records written (an intent, a response journaled finished,
+//!   a step's outcome) over the wall time, and the store's write calls per run;
+//! - peak RSS per in-flight run: (VmHWM at the end − VmHWM before the runs start) / N;
+//! - on SQLite, store write calls per durable commit (`SqliteStore::commit_count`).
+//!
+//! Each configuration runs in a child process of this binary (`--one STORE N LATENCY_MS`), so
+//! its peak RSS is its own, and is killed after `--cap-s` seconds. The chart (throughput and
+//! p50/p99 added latency against runs in flight) is written as SVG to `--svg`
+//! (default `target/in_flight.svg`).
+
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use futures::{StreamExt, future::BoxFuture, stream::BoxStream};
+use kuralle::{
+    AgentDef, FinishReason, FinishedWithIntents, InstanceLock, Lease, Message, Model, ModelError, ModelEvent,
+    ModelRequest, NewStep, RunFilter, RunRecord, RunRequest, RunStatus, RunStore, RunSummary, Runtime, StepOutcome,
+    StepRecord, StoreFuture, ToolCallRequest, Usage,
+    stores::{MemoryStore, SqliteStore},
+    tool,
+};
+
+/// Add one.
+#[tool]
+async fn inc(
+    /// The number.
+    x: u64,
+) -> u64 {
+    x + 1
+}
+
+/// Tool-call turns per run before the answer.
+const CALLS: usize = 3;
+
+/// A model that answers after `latency`: [`CALLS`] one-call turns, then a text answer, chosen by
+/// the number of assistant messages in the transcript (so runs share it without a script).
+/// It notes, per run, when each answer was complete and how long the runtime took from there to
+/// the run's next request.
+struct Latent {
+    latency: Duration,
+    shared: Arc<Marks>,
+}
+
+struct Marks {
+    start: Instant,
+    /// Per run: nanoseconds since `start` at which its latest answer was handed over.
+    answered: Vec<AtomicU64>,
+    /// Per run: nanoseconds since `start` of its latest request.
+    requested: Vec<AtomicU64>,
+    /// Per run: nanoseconds since `start` of its first request.
+    first: Vec<AtomicU64>,
+    /// Per run and turn after the first: nanoseconds from the answer handed over to the next
+    /// request (the runtime's own work between two model calls).
+    gaps: Vec<AtomicU64>,
+    /// Per run and turn after the first: nanoseconds from one request to the next, less the
+    /// model's latency (the turn's wall time beyond the model: timer lateness and waiting for a
+    /// worker thread included).
+    turns: Vec<AtomicU64>,
+}
+
+impl Marks {
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+}
+
+impl Model for Latent {
+    fn name(&self) -> &str {
+        "latent"
+    }
+
+    fn stream(&self, request: ModelRequest) -> BoxStream<'static, Result<ModelEvent, ModelError>> {
+        let marks = Arc::clone(&self.shared);
+        let now = marks.now();
+        // The run's index is in its input, "run {i}".
+        let run = match request.messages.first() {
+            Some(Message::User { content }) => content.strip_prefix("run ").and_then(|i| i.parse::<usize>().ok()),
+            _ => None,
+        }
+        .expect("the input names the run");
+        let turn = request.messages.iter().filter(|m| matches!(m, Message::Assistant { .. })).count();
+        let latency = self.latency;
+        if turn > 0 {
+            let gap = now - marks.answered[run].load(Ordering::Relaxed);
+            marks.gaps[run * CALLS + turn - 1].store(gap, Ordering::Relaxed);
+            let wall = now - marks.requested[run].load(Ordering::Relaxed);
+            marks.turns[run * CALLS + turn - 1]
+                .store(wall.saturating_sub(latency.as_nanos() as u64), Ordering::Relaxed);
+        }
+        marks.requested[run].store(now, Ordering::Relaxed);
+        if turn == 0 {
+            marks.first[run].store(now, Ordering::Relaxed);
+        }
+        async_stream::stream! {
+            tokio::time::sleep(latency).await;
+            let usage = Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() };
+            if turn < CALLS {
+                yield Ok::<_, ModelError>(ModelEvent::ToolCall(ToolCallRequest {
+                    call_id: format!("call_{turn}"),
+                    name: "inc".to_owned(),
+                    arguments: format!(r#"{{"x":{turn}}}"#),
+                }));
+                marks.answered[run].store(marks.now(), Ordering::Relaxed);
+                yield Ok(ModelEvent::Finish { reason: FinishReason::ToolCalls, usage });
+            } else {
+                yield Ok::<_, ModelError>(ModelEvent::TextDelta { delta: "done".to_owned() });
+                yield Ok(ModelEvent::Finish { reason: FinishReason::Stop, usage });
+            }
+        }
+        .boxed()
+    }
+}
+
+/// The store, counting what the runtime writes to it. Every method is passed on, provided ones
+/// included, so the inner store's own implementations (one-transaction writes) still run.
+struct Counting {
+    inner: Arc<dyn RunStore>,
+    /// Step records written: intents, responses journaled finished, outcomes.
+    steps: AtomicU64,
+    /// Write calls of any kind (run rows, steps, leases).
+    writes: AtomicU64,
+}
+
+impl Counting {
+    fn count(&self, steps: usize) {
+        self.steps.fetch_add(steps as u64, Ordering::Relaxed);
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl RunStore for Counting {
+    fn create_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, ()> {
+        self.count(0);
+        self.inner.create_run(run, fence)
+    }
+
+    fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunRecord>> {
+        self.inner.get_run(run_id)
+    }
+
+    fn put_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, u64> {
+        self.count(0);
+        self.inner.put_run(run, fence)
+    }
+
+    fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>> {
+        self.inner.list_runs(filter)
+    }
+
+    fn delete_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, bool> {
+        self.count(0);
+        self.inner.delete_run(run_id)
+    }
+
+    fn append_steps<'a>(&'a self, run_id: &'a str, fence: u64, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>> {
+        self.count(steps.len());
+        self.inner.append_steps(run_id, fence, steps)
+    }
+
+    fn finish_step<'a>(
+        &'a self,
+        run_id: &'a str,
+        fence: u64,
+        ordinal: u64,
+        outcome: StepOutcome,
+        finished_at_ms: i64,
+    ) -> StoreFuture<'a, ()> {
+        self.count(1);
+        self.inner.finish_step(run_id, fence, ordinal, outcome, finished_at_ms)
+    }
+
+    fn append_finished_with_intents<'a>(
+        &'a self,
+        run_id: &'a str,
+        fence: u64,
+        write: FinishedWithIntents,
+    ) -> StoreFuture<'a, Vec<u64>> {
+        self.count(1 + write.intents.len());
+        self.inner.append_finished_with_intents(run_id, fence, write)
+    }
+
+    fn cancel_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunStatus>> {
+        self.count(0);
+        self.inner.cancel_run(run_id)
+    }
+
+    fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>> {
+        self.inner.steps(run_id)
+    }
+
+    fn acquire_lease<'a>(&'a self, run_id: &'a str, owner: &'a str, ttl: Duration) -> StoreFuture<'a, Lease> {
+        self.count(0);
+        self.inner.acquire_lease(run_id, owner, ttl)
+    }
+
+    fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease> {
+        self.count(0);
+        self.inner.renew_lease(lease, ttl)
+    }
+
+    fn release_lease<'a>(&'a self, lease: &'a Lease) -> StoreFuture<'a, ()> {
+        self.count(0);
+        self.inner.release_lease(lease)
+    }
+
+    fn current_lease<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<Lease>> {
+        self.inner.current_lease(run_id)
+    }
+
+    fn claim_runnable<'a>(&'a self, owner: &'a str, ttl: Duration, limit: usize) -> StoreFuture<'a, Vec<Lease>> {
+        self.inner.claim_runnable(owner, ttl, limit)
+    }
+
+    fn lock_instance<'a>(&'a self, instance_id: &'a str) -> StoreFuture<'a, Option<Box<dyn InstanceLock>>> {
+        self.inner.lock_instance(instance_id)
+    }
+
+    fn notify_runnable(&self) -> StoreFuture<'_, ()> {
+        self.inner.notify_runnable()
+    }
+
+    fn wait_runnable(&self, poll: Duration) -> BoxFuture<'_, ()> {
+        self.inner.wait_runnable(poll)
+    }
+}
+
+/// A field of `/proc/self/status` in KiB (`VmHWM`, `VmRSS`).
+fn status_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
+}
+
+/// One configuration's figures, as the child prints them on one line (`key=value ...`).
+#[derive(Debug, Clone, Default)]
+struct Figures {
+    store: String,
+    runs: usize,
+    latency_ms: u64,
+    wall_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    max_us: f64,
+    own_p50_us: f64,
+    own_p99_us: f64,
+    first_p50_us: f64,
+    first_max_us: f64,
+    cpu_us_per_run: f64,
+    timer_p50_us: f64,
+    timer_p99_us: f64,
+    step_writes: u64,
+    store_writes: u64,
+    commits: Option<u64>,
+    rss_kib: u64,
+    timed_out: bool,
+}
+
+impl Figures {
+    fn ideal_s(&self) -> f64 {
+        (CALLS + 1) as f64 * self.latency_ms as f64 / 1e3
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} first_p50_us={} first_max_us={} cpu_us_per_run={} timer_p50_us={} timer_p99_us={} step_writes={} store_writes={} commits={} rss_kib={}",
+            self.store,
+            self.runs,
+            self.latency_ms,
+            self.wall_s,
+            self.p50_us,
+            self.p99_us,
+            self.max_us,
+            self.own_p50_us,
+            self.own_p99_us,
+            self.first_p50_us,
+            self.first_max_us,
+            self.cpu_us_per_run,
+            self.timer_p50_us,
+            self.timer_p99_us,
+            self.step_writes,
+            self.store_writes,
+            self.commits.map_or_else(|| "-".to_owned(), |c| c.to_string()),
+            self.rss_kib
+        )
+    }
+
+    fn parse(line: &str) -> Option<Self> {
+        let mut f = Self::default();
+        for pair in line.split_whitespace() {
+            let (k, v) = pair.split_once('=')?;
+            match k {
+                "store" => f.store = v.to_owned(),
+                "runs" => f.runs = v.parse().ok()?,
+                "latency_ms" => f.latency_ms = v.parse().ok()?,
+                "wall_s" => f.wall_s = v.parse().ok()?,
+                "p50_us" => f.p50_us = v.parse().ok()?,
+                "p99_us" => f.p99_us = v.parse().ok()?,
+                "max_us" => f.max_us = v.parse().ok()?,
+                "own_p50_us" => f.own_p50_us = v.parse().ok()?,
+                "own_p99_us" => f.own_p99_us = v.parse().ok()?,
+                "first_p50_us" => f.first_p50_us = v.parse().ok()?,
+                "first_max_us" => f.first_max_us = v.parse().ok()?,
+                "cpu_us_per_run" => f.cpu_us_per_run = v.parse().ok()?,
+                "timer_p50_us" => f.timer_p50_us = v.parse().ok()?,
+                "timer_p99_us" => f.timer_p99_us = v.parse().ok()?,
+                "step_writes" => f.step_writes = v.parse().ok()?,
+                "store_writes" => f.store_writes = v.parse().ok()?,
+                "commits" => f.commits = v.parse().ok(),
+                "rss_kib" => f.rss_kib = v.parse().ok()?,
+                _ => {}
+            }
+        }
+        Some(f)
+    }
+}
+
+/// How late 100 concurrent sleeps of `latency` end on the idle runtime, p50 and p99 in µs: the
+/// floor under the added latency per turn that comes from the timer (tokio's ticks in whole
+/// milliseconds), not from the runtime.
+async fn timer_lateness(latency: Duration) -> (f64, f64) {
+    let sleeps = (0..100).map(|_| {
+        tokio::spawn(async move {
+            let start = Instant::now();
+            tokio::time::sleep(latency).await;
+            start.elapsed().saturating_sub(latency)
+        })
+    });
+    let mut late: Vec<Duration> = futures::future::try_join_all(sleeps).await.expect("the sleeps");
+    late.sort_unstable();
+    (late[50].as_secs_f64() * 1e6, late[99].as_secs_f64() * 1e6)
+}
+
+/// The child: `runs` runs at once on one runtime of two worker threads, on `store`.
+fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let sqlite = (store == "sqlite").then(|| {
+        let path = dir.join(format!("in-flight-{runs}.db"));
+        let _ = std::fs::remove_file(&path);
+        SqliteStore::open(&path).expect("open the bench database")
+    });
+    let inner: Arc<dyn RunStore> = match &sqlite {
+        Some(s) => Arc::new(s.clone()),
+        None => Arc::new(MemoryStore::new()),
+    };
+    let counting = Arc::new(Counting { inner, steps: AtomicU64::new(0), writes: AtomicU64::new(0) });
+    let marks = Arc::new(Marks {
+        start: Instant::now(),
+        answered: (0..runs).map(|_| AtomicU64::new(0)).collect(),
+        requested: (0..runs).map(|_| AtomicU64::new(0)).collect(),
+        first: (0..runs).map(|_| AtomicU64::new(0)).collect(),
+        gaps: (0..runs * CALLS).map(|_| AtomicU64::new(0)).collect(),
+        turns: (0..runs * CALLS).map(|_| AtomicU64::new(0)).collect(),
+    });
+    let runtime = Runtime::builder()
+        .agent(AgentDef::new("bench", "Count.").tool(Inc).max_steps(CALLS + 1))
+        .model(Latent { latency, shared: Arc::clone(&marks) })
+        .store_arc(Arc::clone(&counting) as Arc<dyn RunStore>)
+        .build()
+        .expect("build the runtime");
+    let timer = rt.block_on(async move { tokio::spawn(timer_lateness(latency)).await }).expect("the timer task");
+    let commits_before = sqlite.as_ref().map(SqliteStore::commit_count);
+    let baseline = status_kib("VmHWM");
+
+    // Started from a task on the runtime, as a service starts runs.
+    let clock = Arc::clone(&marks);
+    let cpu_start = cpu_time::ProcessTime::now();
+    let (started, wall) = rt
+        .block_on(async move {
+            tokio::spawn(async move {
+                let (start, started) = (Instant::now(), clock.now());
+                let all = (0..runs).map(|i| {
+                    std::future::IntoFuture::into_future(
+                        runtime.run(RunRequest::new(format!("run {i}")).run_id(format!("run-{i}"))),
+                    )
+                });
+                // Each output is checked and dropped as its run ends, so the peak RSS is the runs'
+                // own and not the bench holding every finished conversation.
+                let mut pending: futures::stream::FuturesUnordered<_> = all.collect();
+                while let Some(out) = pending.next().await {
+                    assert_eq!(out.expect("the run finishes").status, RunStatus::Finished);
+                }
+                (started, start.elapsed())
+            })
+            .await
+        })
+        .expect("the bench task");
+
+    let cpu = cpu_start.elapsed();
+    let peak = status_kib("VmHWM");
+    let sorted = |v: &[AtomicU64]| {
+        let mut v: Vec<u64> = v.iter().map(|g| g.load(Ordering::Relaxed)).collect();
+        v.sort_unstable();
+        v
+    };
+    let (gaps, turns) = (sorted(&marks.gaps), sorted(&marks.turns));
+    // When each run's first request came, from the moment the runs were started.
+    let firsts: Vec<u64> = {
+        let at = started;
+        let mut v: Vec<u64> = marks.first.iter().map(|f| f.load(Ordering::Relaxed).saturating_sub(at)).collect();
+        v.sort_unstable();
+        v
+    };
+    let q = |v: &[u64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize] as f64 / 1e3;
+    Figures {
+        store: store.to_owned(),
+        runs,
+        latency_ms: latency.as_millis() as u64,
+        wall_s: wall.as_secs_f64(),
+        p50_us: q(&turns, 0.5),
+        p99_us: q(&turns, 0.99),
+        max_us: q(&turns, 1.0),
+        own_p50_us: q(&gaps, 0.5),
+        own_p99_us: q(&gaps, 0.99),
+        cpu_us_per_run: cpu.as_secs_f64() * 1e6 / runs as f64,
+        first_p50_us: q(&firsts, 0.5),
+        first_max_us: q(&firsts, 1.0),
+        timer_p50_us: timer.0,
+        timer_p99_us: timer.1,
+        step_writes: counting.steps.load(Ordering::Relaxed),
+        store_writes: counting.writes.load(Ordering::Relaxed),
+        commits: sqlite.as_ref().zip(commits_before).map(|(s, b)| s.commit_count() - b),
+        rss_kib: peak.saturating_sub(baseline),
+        timed_out: false,
+    }
+}
+
+/// Runs one configuration in a child process, killed after `cap`.
+fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration) -> Figures {
+    let mut child = Command::new(std::env::current_exe().expect("this binary"))
+        .args(["--one", store, &runs.to_string(), &latency_ms.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the child");
+    let start = Instant::now();
+    loop {
+        if child.try_wait().expect("wait for the child").is_some() {
+            break;
+        }
+        if start.elapsed() > cap {
+            let _ = child.kill();
+            let _ = child.wait();
+            // A killed child leaves its database behind.
+            let _ =
+                std::fs::remove_dir_all(std::env::temp_dir().join(format!("kuralle-bench-in-flight-{}", child.id())));
+            return Figures {
+                store: store.to_owned(),
+                runs,
+                latency_ms,
+                wall_s: cap.as_secs_f64(),
+                timed_out: true,
+                ..Figures::default()
+            };
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("the child's output");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines().find_map(Figures::parse).unwrap_or_else(|| panic!("{store} N={runs}: no figures in {text:?}"))
+}
+
+fn kib(v: f64) -> String {
+    format!("{:.1} KiB", v)
+}
+
+fn print_row(f: &Figures) {
+    if f.timed_out {
+        println!(
+            "| {} | {} | {} ms | > {:.0} s (stopped) | > {:.1}× | — | — | — | — | — | — | — | — | — |",
+            f.store,
+            f.runs,
+            f.latency_ms,
+            f.wall_s,
+            f.wall_s / f.ideal_s()
+        );
+        return;
+    }
+    let per_commit = f.commits.map_or_else(|| "—".to_owned(), |c| format!("{:.2}", f.store_writes as f64 / c as f64));
+    println!(
+        "| {} | {} | {} ms | {:.2} s | {:.2}× | {:.0} / {:.0} µs (max {:.0}) | {:.0} / {:.0} µs | {:.1} / {:.1} ms | {:.0} µs | {:.0} / {:.0} µs | {:.0} | {:.1} | {} | {} |",
+        f.store,
+        f.runs,
+        f.latency_ms,
+        f.wall_s,
+        f.wall_s / f.ideal_s(),
+        f.p50_us,
+        f.p99_us,
+        f.max_us,
+        f.own_p50_us,
+        f.own_p99_us,
+        f.first_p50_us / 1e3,
+        f.first_max_us / 1e3,
+        f.cpu_us_per_run,
+        f.timer_p50_us,
+        f.timer_p99_us,
+        f.step_writes as f64 / f.wall_s,
+        f.store_writes as f64 / f.runs as f64,
+        kib(f.rss_kib as f64 / f.runs as f64),
+        per_commit
+    );
+}
+
+/// The chart: per store and latency, throughput (finished runs/s, left axis) and p50/p99 added
+/// latency per turn (ms, right axis, log scale) against runs in flight (log scale).
+fn svg(all: &[Figures]) -> String {
+    let done: Vec<&Figures> = all.iter().filter(|f| !f.timed_out).collect();
+    let (w, h, left, right, top, bottom) = (760.0, 420.0, 70.0, 80.0, 40.0, 60.0);
+    let (pw, ph) = (w - left - right, h - top - bottom);
+    let runs_max = done.iter().map(|f| f.runs).max().unwrap_or(10).max(10) as f64;
+    let runs_min = done.iter().map(|f| f.runs).min().unwrap_or(1).clamp(1, 100) as f64;
+    let (lx0, lx1) = (runs_min.log10().floor(), runs_max.log10().ceil().max(runs_min.log10().floor() + 1.0));
+    let x = |n: f64| left + (n.log10() - lx0) / (lx1 - lx0) * pw;
+    let rate = |f: &Figures| f.runs as f64 / f.wall_s;
+    let rate_max = done.iter().map(|f| rate(f)).fold(1.0, f64::max) * 1.1;
+    let y_rate = |r: f64| top + ph - r / rate_max * ph;
+    let ms = |us: f64| (us / 1e3).max(0.01);
+    let lat_max = done.iter().map(|f| ms(f.p99_us)).fold(1.0, f64::max);
+    let (ly0, ly1) = (-2.0f64, lat_max.log10().ceil().max(0.0) + 0.0001);
+    let y_lat = |m: f64| top + ph - (m.log10() - ly0) / (ly1 - ly0) * ph;
+
+    let mut s = String::new();
+    s += &format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{}" y="20" text-anchor="middle" font-size="14">kuralle: runs in flight on one runtime (3 tool-call turns + answer each)</text>
+<line x1="{left}" y1="{}" x2="{}" y2="{}" stroke="black"/>
+<line x1="{left}" y1="{top}" x2="{left}" y2="{}" stroke="black"/>
+<line x1="{}" y1="{top}" x2="{}" y2="{}" stroke="black"/>
+"#,
+        w / 2.0,
+        top + ph,
+        left + pw,
+        top + ph,
+        top + ph,
+        left + pw,
+        left + pw,
+        top + ph
+    );
+    let mut decade = lx0;
+    while decade <= lx1 + 1e-9 {
+        let n = 10f64.powf(decade);
+        s += &format!(
+            "<line x1=\"{0:.1}\" y1=\"{1:.1}\" x2=\"{0:.1}\" y2=\"{2:.1}\" stroke=\"#ddd\"/><text x=\"{0:.1}\" y=\"{3:.1}\" text-anchor=\"middle\">{4}</text>\n",
+            x(n),
+            top,
+            top + ph,
+            top + ph + 16.0,
+            n as u64
+        );
+        decade += 1.0;
+    }
+    s += &format!(
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">runs in flight (log)</text>\n",
+        left + pw / 2.0,
+        h - 20.0
+    );
+    for i in 0..=4 {
+        let r = rate_max * i as f64 / 4.0;
+        s += &format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{:.0}</text>\n",
+            left - 6.0,
+            y_rate(r) + 4.0,
+            r
+        );
+    }
+    s += &format!(
+        "<text transform=\"translate(18,{:.1}) rotate(-90)\" text-anchor=\"middle\">finished runs / s (solid)</text>\n",
+        top + ph / 2.0
+    );
+    let mut e = ly0;
+    while e <= ly1 {
+        s += &format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\">{} ms</text>\n",
+            left + pw + 6.0,
+            y_lat(10f64.powf(e)) + 4.0,
+            10f64.powf(e)
+        );
+        e += 1.0;
+    }
+    s += &format!(
+        "<text transform=\"translate({:.1},{:.1}) rotate(90)\" text-anchor=\"middle\">added latency per turn, log (p50 dashed, p99 dotted)</text>\n",
+        w - 12.0,
+        top + ph / 2.0
+    );
+    let mut series: Vec<(String, u64)> = done.iter().map(|f| (f.store.clone(), f.latency_ms)).collect();
+    series.dedup();
+    series.sort();
+    series.dedup();
+    let colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+    for (i, (store, latency)) in series.iter().enumerate() {
+        let colour = colours[i % colours.len()];
+        let mut points: Vec<&&Figures> =
+            done.iter().filter(|f| &f.store == store && f.latency_ms == *latency).collect();
+        points.sort_by_key(|f| f.runs);
+        let path = |y: &dyn Fn(&Figures) -> f64| {
+            points.iter().map(|f| format!("{:.1},{:.1}", x(f.runs as f64), y(f))).collect::<Vec<_>>().join(" ")
+        };
+        s += &format!(
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>\n",
+            path(&|f| y_rate(rate(f)))
+        );
+        s += &format!(
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-dasharray=\"6,4\" points=\"{}\"/>\n",
+            path(&|f| y_lat(ms(f.p50_us)))
+        );
+        s += &format!(
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-dasharray=\"2,3\" points=\"{}\"/>\n",
+            path(&|f| y_lat(ms(f.p99_us)))
+        );
+        for f in &points {
+            s += &format!(
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{colour}\"/>\n",
+                x(f.runs as f64),
+                y_rate(rate(f))
+            );
+        }
+        s += &format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{colour}\">{store}, model latency {latency} ms</text>\n",
+            left + 10.0,
+            top + 16.0 + 16.0 * i as f64
+        );
+    }
+    s += "</svg>\n";
+    s
+}
+
+fn list<T: std::str::FromStr>(s: &str) -> Vec<T> {
+    s.split(',').map(|v| v.trim().parse().unwrap_or_else(|_| panic!("not a number: {v}"))).collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dir = std::env::temp_dir().join(format!("kuralle-bench-in-flight-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    if let Some(at) = args.iter().position(|a| a == "--one") {
+        let store = args.get(at + 1).expect("--one STORE N LATENCY_MS");
+        let runs: usize = args.get(at + 2).and_then(|v| v.parse().ok()).expect("--one STORE N LATENCY_MS");
+        let latency: u64 = args.get(at + 3).and_then(|v| v.parse().ok()).expect("--one STORE N LATENCY_MS");
+        let f = one(store, runs, Duration::from_millis(latency), &dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        println!("{}", f.line());
+        return;
+    }
+    let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+    let stores: Vec<String> = match value("--store") {
+        Some(s) => s.split(',').map(str::to_owned).collect(),
+        None => vec!["memory".to_owned(), "sqlite".to_owned()],
+    };
+    for s in &stores {
+        assert!(s == "memory" || s == "sqlite", "--store is memory or sqlite, not {s}");
+    }
+    let runs: Vec<usize> = value("--runs").map_or_else(|| vec![100, 1_000, 10_000], |v| list(&v));
+    let latencies: Vec<u64> = value("--latency-ms").map_or_else(|| vec![100], |v| list(&v));
+    let cap = Duration::from_secs(value("--cap-s").map_or(180, |v| v.parse().expect("--cap-s is seconds")));
+    // `cargo bench` runs benches with the package's directory as the working directory.
+    let svg_path = value("--svg").map_or_else(
+        || {
+            PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "../target".to_owned()))
+                .join("in_flight.svg")
+        },
+        PathBuf::from,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+
+    println!(
+        "runs in flight on one runtime (2 worker threads), each {CALLS} one-call turns and an answer; \
+         added latency per turn = request to next request, less the model's latency; \
+         answer -> next request = from the answer handed over to the run's next request"
+    );
+    println!(
+        "| store | runs in flight | model latency | wall | wall / ideal | added latency per turn p50 / p99 | answer → next request p50 / p99 | first request p50 / last | CPU per run | idle timer lateness p50 / p99 | journal writes/s | store writes per run | peak RSS per run | store writes per commit |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut all = Vec::new();
+    for latency in &latencies {
+        for store in &stores {
+            for n in &runs {
+                let f = spawn_one(store, *n, *latency, cap);
+                print_row(&f);
+                let _ = std::io::stdout().flush();
+                all.push(f);
+            }
+        }
+    }
+    if let Some(parent) = svg_path.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    std::fs::write(&svg_path, svg(&all)).expect("write the SVG chart");
+    println!("chart: {}", svg_path.display());
+}
