@@ -419,6 +419,29 @@ impl kuralle::RunStore for FlakyStore {
     }
 }
 
+/// A serial tool named `name` that answers `{"ok": <its arguments>}`.
+pub fn echo_tool(name: &str) -> FnTool {
+    FnTool::new(name, |args, _| async move { Ok(json!({"ok": args})) })
+}
+
+/// The run the span tests watch (`tracing_spans`, `telemetry`): agent `ops` on a
+/// `ScriptedModel` calls `lookup` and `drop_db` (which the policy denies), then `wire` (which
+/// waits for approval), then answers "Done.".
+pub fn ops_runtime() -> kuralle::Runtime {
+    use kuralle::testing::{ScriptedModel, Turn};
+    let model = ScriptedModel::by_transcript([
+        Turn::tool_calls([("c1", "lookup", r#"{"q":"a"}"#), ("c2", "drop_db", "{}")]),
+        Turn::tool_calls([("c3", "wire", r#"{"amount":900}"#)]),
+        Turn::text("Done."),
+    ]);
+    let agent = kuralle::AgentDef::new("ops", "x")
+        .tool(echo_tool("lookup"))
+        .tool(echo_tool("drop_db"))
+        .tool(echo_tool("wire"))
+        .policy(kuralle::Policy::new().ask("wire").deny("drop_*", "never"));
+    kuralle::Runtime::builder().agent(agent).model(model).build().expect("the span tests' runtime")
+}
+
 /// `(call_id, result, is_error)` of every `ToolResult` event, in order.
 pub fn tool_results(events: &[kuralle::Event]) -> Vec<(String, Value, bool)> {
     events

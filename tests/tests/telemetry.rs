@@ -17,7 +17,7 @@ use kuralle::{
     testing::{ScriptedModel, Turn},
 };
 use kuralle_tests::{
-    FnTool,
+    echo_tool, ops_runtime,
     wire_server::{Reply, Server},
 };
 use metrics::{SharedString, Unit};
@@ -126,25 +126,11 @@ fn dump(spans: &[SpanData]) -> String {
     out
 }
 
-fn tool(name: &str) -> FnTool {
-    FnTool::new(name, |args, _| async move { Ok(json!({"ok": args})) })
-}
-
 /// Tools, a denied call (an error), a pending approval, then the resumed turn that replays.
 #[tokio::test]
 async fn a_run_with_tools_an_error_and_a_replay_exports_the_conventions() {
     let otel = otel();
-    let model = ScriptedModel::by_transcript([
-        Turn::tool_calls([("c1", "lookup", r#"{"q":"a"}"#), ("c2", "drop_db", "{}")]),
-        Turn::tool_calls([("c3", "wire", r#"{"amount":900}"#)]),
-        Turn::text("Done."),
-    ]);
-    let agent = AgentDef::new("ops", "x")
-        .tool(tool("lookup"))
-        .tool(tool("drop_db"))
-        .tool(tool("wire"))
-        .policy(Policy::new().ask("wire").deny("drop_*", "never"));
-    let rt = Runtime::builder().agent(agent).model(model).build().unwrap();
+    let rt = ops_runtime();
 
     let out = rt.run(RunRequest::new("go").run_id("run-7")).await.unwrap();
     assert_eq!(out.status, RunStatus::Paused);
@@ -275,7 +261,7 @@ fn content_run(capture: bool) -> (Runtime, ScriptedModel) {
         Turn::text("The answer."),
     ]);
     let rt = Runtime::builder()
-        .agent(AgentDef::new("ops", "Be terse.").tool(tool("lookup")))
+        .agent(AgentDef::new("ops", "Be terse.").tool(echo_tool("lookup")))
         .model(model.clone())
         .capture_content(capture)
         .build()
@@ -392,7 +378,7 @@ fn metrics_measure_fresh_requests_only() {
             Turn::tool_calls([("c1", "wire", r#"{"amount":900}"#)]),
             Turn::text("Done."),
         ]);
-        let agent = AgentDef::new("ops", "x").tool(tool("wire")).policy(Policy::new().ask("wire"));
+        let agent = AgentDef::new("ops", "x").tool(echo_tool("wire")).policy(Policy::new().ask("wire"));
         let runtime = Runtime::builder().agent(agent).model(model).build().unwrap();
         let out = runtime.run(RunRequest::new("go").run_id("run-m")).await.unwrap();
         assert_eq!(out.status, RunStatus::Paused);

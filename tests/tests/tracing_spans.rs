@@ -8,12 +8,8 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use kuralle::{
-    AgentDef, Decision, Policy, RunRequest, RunStatus, Runtime,
-    testing::{ScriptedModel, Turn},
-};
-use kuralle_tests::FnTool;
-use serde_json::json;
+use kuralle::{Decision, RunRequest, RunStatus};
+use kuralle_tests::ops_runtime;
 use tracing::{
     Subscriber,
     field::{Field, Visit},
@@ -69,26 +65,12 @@ impl Captured {
     }
 }
 
-fn tool(name: &str) -> FnTool {
-    FnTool::new(name, |args, _| async move { Ok(json!({"ok": args})) })
-}
-
 #[tokio::test]
 async fn spans_carry_run_call_tool_replayed_outcome_and_duration() {
     let captured = Captured::default();
     let _guard = tracing_subscriber::registry().with(captured.clone()).set_default();
 
-    let model = ScriptedModel::by_transcript([
-        Turn::tool_calls([("c1", "lookup", r#"{"q":"a"}"#), ("c2", "drop_db", "{}")]),
-        Turn::tool_calls([("c3", "wire", r#"{"amount":900}"#)]),
-        Turn::text("Done."),
-    ]);
-    let agent = AgentDef::new("ops", "x")
-        .tool(tool("lookup"))
-        .tool(tool("drop_db"))
-        .tool(tool("wire"))
-        .policy(Policy::new().ask("wire").deny("drop_*", "never"));
-    let rt = Runtime::builder().agent(agent).model(model).build().unwrap();
+    let rt = ops_runtime();
 
     let out = rt.run(RunRequest::new("go").run_id("run-7")).await.unwrap();
     assert_eq!(out.status, RunStatus::Paused);
