@@ -100,25 +100,30 @@ async fn an_owner_elsewhere_sees_the_cancel_at_its_next_renewal() {
     assert_eq!(store.steps("r1").await.unwrap().len(), 2);
 }
 
+/// An uninterruptible `charge` that counts its runs and then waits for `gate`: its outcome
+/// write comes only when the test lets it.
+fn gated_charge() -> (Arc<AtomicUsize>, Arc<Notify>, FnTool) {
+    let (count, gate) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
+    let (c, g) = (count.clone(), gate.clone());
+    let tool = FnTool::new("charge", move |_, _| {
+        let (count, gate) = (c.clone(), g.clone());
+        async move {
+            count.fetch_add(1, Ordering::SeqCst);
+            gate.notified().await;
+            Ok(json!("charged"))
+        }
+    })
+    .uninterruptible();
+    (count, gate, tool)
+}
+
 /// Two runtimes on one SQLite file; the owner's call is not waiting for cancellation but for
 /// a gate: its outcome write is the next step, and the store refuses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_on_another_sqlite_handle_stops_at_its_next_write() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("runs.db");
-    let (count, gate) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
-    let tool = {
-        let (count, gate) = (count.clone(), gate.clone());
-        FnTool::new("charge", move |_, _| {
-            let (count, gate) = (count.clone(), gate.clone());
-            async move {
-                count.fetch_add(1, Ordering::SeqCst);
-                gate.notified().await;
-                Ok(json!("charged"))
-            }
-        })
-        .uninterruptible()
-    };
+    let (count, gate, tool) = gated_charge();
     let owner = shop(Arc::new(SqliteStore::open(&path).unwrap()), tool, HOUR);
     let operator_store = SqliteStore::open(&path).unwrap();
     let handle = owner.run(RunRequest::new("Pay").run_id("r1"));
@@ -317,19 +322,7 @@ async fn an_owner_on_postgres_stops_at_its_next_write() {
     let Some((store, guard)) = kuralle_tests::postgres::store("lifecycle cancel").await else { return };
     let options = kuralle::stores::PostgresOptions { schema: guard.schema.clone(), ..Default::default() };
     let operator = kuralle::stores::PostgresStore::connect_with(&guard.url, options).await.unwrap();
-    let (count, gate) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
-    let tool = {
-        let (count, gate) = (count.clone(), gate.clone());
-        FnTool::new("charge", move |_, _| {
-            let (count, gate) = (count.clone(), gate.clone());
-            async move {
-                count.fetch_add(1, Ordering::SeqCst);
-                gate.notified().await;
-                Ok(json!("charged"))
-            }
-        })
-        .uninterruptible()
-    };
+    let (count, gate, tool) = gated_charge();
     let owner = shop(Arc::new(store), tool, HOUR);
     let handle = owner.run(RunRequest::new("Pay").run_id("r1"));
     until(&count, 1).await;
