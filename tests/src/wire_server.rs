@@ -42,6 +42,20 @@ impl Recorded {
     }
 }
 
+/// An OpenAI Responses event stream: each event numbered (`sequence_number`, from 0) and
+/// framed as `event: {type}` and `data: {json}`.
+pub fn responses_sse(events: &[Value]) -> String {
+    events
+        .iter()
+        .enumerate()
+        .map(|(n, e)| {
+            let mut e = e.clone();
+            e["sequence_number"] = Value::from(n);
+            format!("event: {}\ndata: {e}\n\n", e["type"].as_str().expect("a Responses event has a type"))
+        })
+        .collect()
+}
+
 /// How the server answers one request.
 #[allow(missing_docs)] // The fields are named for what they hold; the variants say the rest.
 pub enum Reply {

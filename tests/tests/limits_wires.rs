@@ -83,15 +83,7 @@ fn responses(items: Value, output: u64) -> Reply {
         events.push(json!({"type": "response.output_item.done", "output_index": i, "item": item}));
     }
     events.push(json!({"type": "response.completed", "response": response("completed", &items, &usage)}));
-    let body = events
-        .iter()
-        .enumerate()
-        .map(|(n, e)| {
-            let mut e = e.clone();
-            e["sequence_number"] = json!(n);
-            format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())
-        })
-        .collect();
+    let body = kuralle_tests::wire_server::responses_sse(&events);
     sse(body)
 }
 

@@ -186,15 +186,7 @@ impl Stream {
 
     /// The SSE body: `event: {type}` and `data: {json}` per event.
     fn body(&self) -> String {
-        self.events
-            .iter()
-            .enumerate()
-            .map(|(n, e)| {
-                let mut e = e.clone();
-                e["sequence_number"] = json!(n);
-                format!("event: {}\ndata: {}\n\n", e["type"].as_str().unwrap(), e)
-            })
-            .collect()
+        kuralle_tests::wire_server::responses_sse(&self.events)
     }
 
     fn reply(&self) -> Reply {

@@ -169,15 +169,7 @@ mod responses {
             events.push(json!({"type": "response.output_item.done", "output_index": i, "item": item}));
         }
         events.push(json!({"type": "response.completed", "response": response}));
-        let body = events
-            .iter()
-            .enumerate()
-            .map(|(n, e)| {
-                let mut e = e.clone();
-                e["sequence_number"] = json!(n);
-                format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())
-            })
-            .collect();
+        let body = kuralle_tests::wire_server::responses_sse(&events);
         Reply::Sse { body, chunked: true, piece: 37 }
     }
 
