@@ -48,7 +48,7 @@ pub(super) async fn run(
                 _ => Value::String(head.args.text().to_owned()),
             };
             if let Some(tool) = p.check.tool() {
-                redaction_of(&**tool).args(&head.req.name, &mut args);
+                tool.redaction().args(&mut args);
             }
             Event::ToolCall { call_id: head.req.call_id.clone(), name: head.req.name.clone(), args }
         }));
@@ -188,7 +188,7 @@ pub(super) async fn run(
         if o.result.is_ok()
             && let Some(tool) = turn.tools.get(&o.name)
         {
-            redaction_of(&**tool).result(&o.name, &mut result);
+            tool.redaction().result(&mut result);
         }
         turn.emit(Event::ToolResult {
             call_id: o.call_id.clone(),
@@ -233,9 +233,4 @@ fn shared_keys(plans: &[Plan]) -> Vec<Option<usize>> {
         }
     }
     if shared { leaders } else { Vec::new() }
-}
-
-/// One tool's redactions, for the events that show its calls.
-fn redaction_of(tool: &dyn crate::tool::Tool) -> crate::Redactions {
-    std::iter::once((tool.name().to_owned(), tool.redaction())).collect()
 }

@@ -73,6 +73,37 @@ impl Redaction {
     pub fn is_empty(&self) -> bool {
         self.args.is_empty() && !self.result
     }
+
+    /// Hides the sensitive arguments in `args`. Arguments that are not an object (the model's
+    /// text when it was not JSON) are hidden whole when any argument is sensitive.
+    ///
+    /// ```
+    /// let mut args = serde_json::json!({"card": "4242", "cents": 500});
+    /// kuralle::Redaction::new(["card"], false).args(&mut args);
+    /// assert_eq!(args, serde_json::json!({"card": "[redacted]", "cents": 500}));
+    /// ```
+    pub fn args(&self, args: &mut Value) {
+        if self.args.is_empty() {
+            return;
+        }
+        match args {
+            Value::Object(map) => {
+                for name in &self.args {
+                    if let Some(v) = map.get_mut(name) {
+                        *v = Value::from(REDACTED);
+                    }
+                }
+            }
+            other => *other = Value::from(REDACTED),
+        }
+    }
+
+    /// Hides `result` whole when the result is sensitive.
+    pub fn result(&self, result: &mut Value) {
+        if self.result {
+            *result = Value::from(REDACTED);
+        }
+    }
 }
 
 /// The redactions of one run's tools, by tool name, and what applies them to each view of
@@ -129,19 +160,10 @@ impl Redactions {
         self.0.get(tool)
     }
 
-    /// Hides `tool`'s sensitive arguments in `args`. Arguments that are not an object (the
-    /// model's text when it was not JSON) are hidden whole when the tool has any.
+    /// Hides `tool`'s sensitive arguments in `args` (see [`Redaction::args`]).
     pub fn args(&self, tool: &str, args: &mut Value) {
-        let Some(r) = self.get(tool).filter(|r| !r.args.is_empty()) else { return };
-        match args {
-            Value::Object(map) => {
-                for name in &r.args {
-                    if let Some(v) = map.get_mut(name) {
-                        *v = Value::from(REDACTED);
-                    }
-                }
-            }
-            other => *other = Value::from(REDACTED),
+        if let Some(r) = self.get(tool) {
+            r.args(args);
         }
     }
 
@@ -157,8 +179,8 @@ impl Redactions {
 
     /// Hides `tool`'s result when it is sensitive.
     pub fn result(&self, tool: &str, result: &mut Value) {
-        if self.get(tool).is_some_and(|r| r.result) {
-            *result = Value::from(REDACTED);
+        if let Some(r) = self.get(tool) {
+            r.result(result);
         }
     }
 
