@@ -3,6 +3,7 @@
 //! overlapping calls, and a store wrapper that simulates outages.
 
 pub mod conformance;
+pub mod fault_proxy;
 pub mod invariants;
 pub mod postgres;
 pub mod private_pg;
