@@ -3,6 +3,7 @@
 //! overlapping calls, and a store wrapper that simulates outages.
 
 pub mod conformance;
+pub mod invariants;
 pub mod postgres;
 pub mod private_pg;
 pub mod wire_server;

@@ -9,13 +9,13 @@
 //! 30), then one last start without kills to finish.
 
 use std::{
-    collections::{HashMap, HashSet},
     path::Path,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use kuralle::{RunStatus, RunStore, StepKind, StepStatus, stores::SqliteStore};
+use kuralle::{StepKind, StepStatus, stores::SqliteStore};
+use kuralle_tests::invariants::{Execution, Invariants, Journals, Mark};
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -90,58 +90,48 @@ async fn random_kills_over_hundreds_of_mixed_runs_lose_and_double_nothing() {
 
     let store = SqliteStore::open(dir.path().join("runs.db")).unwrap();
     let effects = effects(dir.path());
-    let mut by_key: HashMap<&str, Vec<&Effect>> = HashMap::new();
-    let mut keys_of_call: HashMap<(&str, &str), HashSet<&str>> = HashMap::new();
-    for e in &effects {
-        by_key.entry(&e.key).or_default().push(e);
-        keys_of_call.entry((&e.run, &e.label)).or_default().insert(&e.key);
-    }
-    for ((run, label), keys) in &keys_of_call {
-        assert_eq!(keys.len(), 1, "{run}/{label} ran under different keys: {keys:?}");
-    }
+    let executions: Vec<Execution> = effects
+        .iter()
+        .enumerate()
+        .map(|(i, e)| Execution {
+            run_id: e.run.clone(),
+            tool: e.tool.clone(),
+            call: e.label.clone(),
+            key: e.key.clone(),
+            // The log holds starts only: a killed child never wrote an end.
+            start: Mark { seq: i as u64, at_ms: e.at_ms },
+            end: None,
+        })
+        .collect();
+    let journals = Journals::load(&store, (0..runs).map(|i| format!("run-{i}"))).await.unwrap();
+    let report = Invariants::new().at_most_once("ship").check(&journals, &executions);
+    report.assert_holds();
 
-    let (mut reran, mut indeterminate) = (0usize, 0usize);
-    for i in 0..runs {
-        let run_id = format!("run-{i}");
-        let record = store.get_run(&run_id).await.unwrap().unwrap_or_else(|| panic!("{run_id} was lost"));
-        assert_eq!(record.status, RunStatus::Finished, "{run_id}");
-        let steps = store.steps(&run_id).await.unwrap();
-        let ordinals: Vec<u64> = steps.iter().map(|s| s.ordinal).collect();
-        assert_eq!(ordinals, (0..steps.len() as u64).collect::<Vec<_>>(), "{run_id}: the journal has gaps");
-        assert!(steps.iter().all(|s| s.status != StepStatus::Running), "{run_id}: a step was left running");
-
-        let denied = i.is_multiple_of(3);
+    // What this script adds to the general invariants: the calls each run makes, and which
+    // may fail.
+    let mut indeterminate = 0usize;
+    for (run_id, entry) in &journals.runs {
+        let (_, steps) = entry.as_ref().expect("no run lost");
+        let n: u64 = run_id.trim_start_matches("run-").parse().unwrap();
+        let denied = n.is_multiple_of(3);
         let tools: Vec<_> = steps.iter().filter(|s| s.kind == StepKind::Tool).collect();
         assert_eq!(tools.len(), if denied { 9 } else { 10 }, "{run_id}: tool steps {tools:#?}");
-        for step in tools {
-            let runs_of = by_key.get(step.key.as_str()).map_or(&[][..], Vec::as_slice);
-            let finished_at = step.finished_at_ms.expect("a closed step has a finish time");
-            // Nothing lost: a finished step's call ran. An `at_most_once` call cut off before
-            // its first line was written may have been recorded indeterminate without running.
-            if step.status == StepStatus::Finished {
-                assert!(!runs_of.is_empty(), "{run_id}: step {} finished but never ran", step.ordinal);
-            } else {
-                assert_eq!(step.name, "ship", "{run_id}: only at-most-once calls may fail: {step:?}");
-                assert_eq!(step.error.as_ref().unwrap().to_value()["kind"], "indeterminate");
-                indeterminate += 1;
-            }
-            // No finished step ran again.
-            for e in runs_of {
-                assert!(e.at_ms <= finished_at, "{run_id}: {} ran after its step finished", e.label);
-            }
-            if step.name == "ship" {
-                assert!(runs_of.len() <= 1, "{run_id}: an at-most-once call ran {} times", runs_of.len());
-            }
-            reran += runs_of.len().saturating_sub(1);
+        for step in tools.iter().filter(|s| s.status != StepStatus::Finished) {
+            // An `at_most_once` call cut off before its first line was written may have been
+            // recorded indeterminate without running; nothing else may fail.
+            assert_eq!(step.name, "ship", "{run_id}: only at-most-once calls may fail: {step:?}");
+            assert_eq!(step.error.as_ref().unwrap().to_value()["kind"], "indeterminate");
+            indeterminate += 1;
         }
         if denied {
-            assert!(!effects.iter().any(|e| e.run == run_id && e.tool == "refund"), "{run_id}: a denied call ran");
+            assert!(!effects.iter().any(|e| &e.run == run_id && e.tool == "refund"), "{run_id}: a denied call ran");
         }
     }
     println!(
-        "chaos: {runs} runs, {starts} starts, {kills} SIGKILLs, {} executions, {reran} re-runs of interrupted \
-         calls, {indeterminate} indeterminate at-most-once calls, {:.1?}",
-        effects.len(),
+        "chaos: {runs} runs, {starts} starts, {kills} SIGKILLs, {} executions, {} re-runs of interrupted \
+         calls, {indeterminate} indeterminate at-most-once calls, {:.1?}; {report}",
+        report.executions,
+        report.reexecutions,
         started.elapsed()
     );
     assert!(kills > 0, "the soak never killed the child");
