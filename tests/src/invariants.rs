@@ -268,8 +268,8 @@ impl Invariants {
                         report.violations.push(Violation::Concurrent {
                             run_id: (*run_id).to_owned(),
                             key: (*key).to_owned(),
-                            first: (*a).clone(),
-                            second: (*b).clone(),
+                            first: Box::new((*a).clone()),
+                            second: Box::new((*b).clone()),
                         });
                     }
                 }
@@ -418,10 +418,10 @@ pub enum Violation {
         run_id: String,
         /// The call's key.
         key: String,
-        /// The execution that began first.
-        first: Execution,
+        /// The execution that began first (boxed: violations stay small).
+        first: Box<Execution>,
         /// The one that began while it ran.
-        second: Execution,
+        second: Box<Execution>,
     },
 }
 
@@ -508,5 +508,133 @@ impl fmt::Display for Report {
             write!(f, "\n  … and {} more", self.violations.len() - 50)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(ordinal: u64, key: &str, name: &str, status: StepStatus, finished_at_ms: Option<i64>) -> StepRecord {
+        StepRecord {
+            ordinal,
+            key: key.into(),
+            kind: StepKind::Tool,
+            name: name.into(),
+            epoch: 0,
+            status,
+            result: None,
+            error: None,
+            started_at_ms: 0,
+            finished_at_ms,
+        }
+    }
+
+    fn run(status: RunStatus, steps: Vec<StepRecord>) -> Option<(RunRecord, Vec<StepRecord>)> {
+        let mut record = RunRecord::new("r", "agent");
+        record.status = status;
+        Some((record, steps))
+    }
+
+    fn journals(entry: Option<(RunRecord, Vec<StepRecord>)>) -> Journals {
+        Journals { runs: BTreeMap::from([("r".to_owned(), entry)]) }
+    }
+
+    fn exec(tool: &str, call: &str, key: &str, start: (u64, i64), end: Option<(u64, i64)>) -> Execution {
+        let mark = |(seq, at_ms)| Mark { seq, at_ms };
+        Execution {
+            run_id: "r".into(),
+            tool: tool.into(),
+            call: call.into(),
+            key: key.into(),
+            start: mark(start),
+            end: end.map(mark),
+        }
+    }
+
+    fn kinds(report: &Report) -> Vec<&'static str> {
+        report
+            .violations
+            .iter()
+            .map(|v| match v {
+                Violation::Lost { .. } => "lost",
+                Violation::Unfinished { .. } => "unfinished",
+                Violation::Gap { .. } => "gap",
+                Violation::LeftRunning { .. } => "left running",
+                Violation::NeverRan { .. } => "never ran",
+                Violation::RanAfterFinish { .. } => "ran after finish",
+                Violation::KeyChanged { .. } => "key changed",
+                Violation::AtMostOnceTwice { .. } => "at most once twice",
+                Violation::Concurrent { .. } => "concurrent",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_clean_history_holds_and_counts_reexecutions() {
+        let j = journals(run(RunStatus::Finished, vec![step(0, "k", "pay", StepStatus::Finished, Some(100))]));
+        // Interrupted once, run again after the first ended, under the same key.
+        let e = [exec("pay", "c1", "k", (0, 10), Some((1, 20))), exec("pay", "c1", "k", (2, 50), Some((3, 90)))];
+        let report = Invariants::new().check(&j, &e);
+        report.assert_holds();
+        assert_eq!((report.runs, report.steps, report.executions, report.reexecutions), (1, 1, 2, 1));
+    }
+
+    #[test]
+    fn each_broken_invariant_is_reported() {
+        let lost = Invariants::new().check(&journals(None), &[]);
+        assert_eq!(kinds(&lost), ["lost"]);
+
+        let failed = Invariants::new().check(&journals(run(RunStatus::Failed, vec![])), &[]);
+        assert_eq!(kinds(&failed), ["unfinished"]);
+        let paused = journals(run(RunStatus::Paused, vec![step(0, "k", "pay", StepStatus::Running, None)]));
+        assert_eq!(kinds(&Invariants::new().check(&paused, &[])), ["unfinished"]);
+        Invariants::new().ends(Ends::FinishedOrResumable).check(&paused, &[]).assert_holds();
+
+        let gap = journals(run(RunStatus::Finished, vec![step(1, "k", "pay", StepStatus::Finished, Some(5))]));
+        assert_eq!(kinds(&Invariants::new().recorded(Vec::<String>::new()).check(&gap, &[])), ["gap"]);
+
+        let running = journals(run(RunStatus::Finished, vec![step(0, "k", "pay", StepStatus::Running, None)]));
+        assert_eq!(kinds(&Invariants::new().check(&running, &[])), ["left running"]);
+
+        let finished = journals(run(RunStatus::Finished, vec![step(0, "k", "pay", StepStatus::Finished, Some(100))]));
+        let never = Invariants::new().recorded(["pay"]).check(&finished, &[]);
+        assert_eq!(kinds(&never), ["never ran"]);
+        let after = [exec("pay", "c1", "k", (0, 10), Some((1, 20))), exec("pay", "c1", "k", (2, 101), Some((3, 120)))];
+        assert_eq!(kinds(&Invariants::new().check(&finished, &after)), ["ran after finish"]);
+
+        let two_keys = journals(run(
+            RunStatus::Finished,
+            vec![
+                step(0, "k", "pay", StepStatus::Finished, Some(100)),
+                step(1, "k2", "pay", StepStatus::Finished, Some(100)),
+            ],
+        ));
+        let changed = [exec("pay", "c1", "k", (0, 10), Some((1, 20))), exec("pay", "c1", "k2", (2, 30), Some((3, 40)))];
+        assert_eq!(kinds(&Invariants::new().check(&two_keys, &changed)), ["key changed"]);
+
+        let again = [exec("ship", "c1", "k", (0, 10), Some((1, 20))), exec("ship", "c1", "k", (2, 30), Some((3, 40)))];
+        assert_eq!(kinds(&Invariants::new().at_most_once("ship").check(&finished, &again)), ["at most once twice"]);
+        Invariants::new().check(&finished, &again).assert_holds();
+
+        // Overlap is decided by the sequence, even where milliseconds tie; an execution
+        // without an end is never taken to overlap.
+        let at_once = [exec("pay", "c1", "k", (0, 10), Some((2, 10))), exec("pay", "c1", "k", (1, 10), Some((3, 10)))];
+        assert_eq!(kinds(&Invariants::new().check(&finished, &at_once)), ["concurrent"]);
+        let unended = [exec("pay", "c1", "k", (0, 10), None), exec("pay", "c1", "k", (1, 10), Some((3, 10)))];
+        Invariants::new().check(&finished, &unended).assert_holds();
+    }
+
+    #[test]
+    fn the_ledger_stamps_starts_and_ends_in_one_order() {
+        let ledger = Ledger::default();
+        let first = ledger.enter("r", "pay", "c1", "k");
+        let second = ledger.start("r", "pay", "c1", "k");
+        drop(first);
+        ledger.end(second);
+        let e = ledger.executions();
+        assert_eq!((e[0].start.seq, e[1].start.seq, e[0].end.unwrap().seq, e[1].end.unwrap().seq), (0, 1, 2, 3));
+        let j = journals(run(RunStatus::Finished, vec![step(0, "k", "pay", StepStatus::Finished, Some(now_ms()))]));
+        assert_eq!(kinds(&Invariants::new().check(&j, &e)), ["concurrent"]);
     }
 }
