@@ -313,11 +313,15 @@ async fn slow_commits_slow_the_runs_down_but_lose_no_lease() {
 }
 
 /// Known to fail (issue 27): under a 1 s lease TTL, commits of 100 ms or more make the runtime
-/// give up leases that the store still holds for it. A write waits for the batch being
-/// committed and then its own, so a renewal takes up to two commit times, and the runtime cuts
-/// a renewal off after a third of the TTL and counts a lease as lost 0.9 TTL after the request
-/// that granted or last renewed it was sent (`runtime/renewals.rs`). Measured on 2 busy cores:
-/// 24 of 200 runs lost their lease at 100 ms, all 200 at 150 ms; at 50 ms none.
+/// give up leases that the store still holds for it (no other owner exists here). With 150 ms
+/// commits every run logs "no renewal of the lease succeeded within its TTL" and none logs a
+/// failed renewal: the leases lapse before their first renewal returns. `runtime/renewals.rs`
+/// counts a lease's local deadline from when the request that granted it was *sent* (0.9 TTL),
+/// but schedules its first renewal a third of the TTL after the grant *returned*; under group
+/// commit a write waits for the batch being committed and then its own, so when the grant took
+/// about 0.3 TTL or more, the first renewal cannot come back in time. Measured on 2 busy cores:
+/// 200 of 200 runs lost their lease at 150 ms, 24 of 200 (one run of two) at 100 ms, none at
+/// 50 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "issue 27: a 1 s lease TTL is lost spuriously when commits take 100 ms or more"]
 async fn slow_commits_under_a_one_second_ttl_lose_no_lease() {
