@@ -29,6 +29,14 @@ fn python(path: &Path, code: &str) -> String {
     String::from_utf8(output.stdout).unwrap()
 }
 
+fn assert_full(error: &StoreError) {
+    match error {
+        StoreError::StorageFull(message) => assert!(message.contains("max_size_bytes"), "{message:?}"),
+        other => panic!("expected StorageFull, got {other:?}"),
+    }
+    assert!(error.is_retryable());
+}
+
 fn assert_unavailable(error: &StoreError, needle: &str) {
     match error {
         StoreError::Unavailable(message) => assert!(message.contains(needle), "{message:?} lacks {needle:?}"),
@@ -194,14 +202,14 @@ async fn a_lock_held_by_another_process_gives_unavailable_after_busy_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_disk_is_retryable_and_loses_nothing_acknowledged() {
+async fn a_full_disk_is_a_retryable_storage_full_and_loses_nothing_acknowledged() {
     let (_dir, path) = db_path();
     let store = SqliteStore::open(&path).unwrap();
     store.create_run(run("run-1", RunStatus::Running, 1), own(&store, "run-1").await).await.unwrap();
     drop(store);
 
-    // `max_page_count` at the current size (SQLite never sets it lower): the file cannot grow.
-    let options = SqliteOptions { max_page_count: Some(1), ..SqliteOptions::default() };
+    // A size limit below the current size holds the file at its current size: it cannot grow.
+    let options = SqliteOptions { max_size_bytes: Some(1), ..SqliteOptions::default() };
     let store = SqliteStore::open_with(&path, options).unwrap();
     let mut acknowledged = Vec::new();
     let mut full = None;
@@ -216,7 +224,7 @@ async fn a_full_disk_is_retryable_and_loses_nothing_acknowledged() {
         }
     }
     let error = full.expect("the capped database fills up");
-    assert_unavailable(&error, "full");
+    assert_full(&error);
     // A large result cannot be written either; the step stays running.
     let big = json!("r".repeat(64 * 1024));
     if let Some((ordinal, _)) = acknowledged.first() {
@@ -224,7 +232,7 @@ async fn a_full_disk_is_retryable_and_loses_nothing_acknowledged() {
             .finish_step("run-1", 1, *ordinal, StepOutcome::Finished(kuralle::JsonText::from(big.clone())), 2)
             .await
             .unwrap_err();
-        assert_unavailable(&error, "full");
+        assert_full(&error);
     }
     // Reads still work, and show exactly the acknowledged writes.
     let steps = store.steps("run-1").await.unwrap();

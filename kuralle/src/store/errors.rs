@@ -52,10 +52,26 @@ pub enum StoreError {
         /// The ordinal.
         ordinal: u64,
     },
-    /// The store cannot be reached or written right now (locked, read-only, disk full,
-    /// connection lost). Nothing was lost; the operation can be retried and the run resumed.
+    /// The store cannot be reached or written right now (locked, read-only, I/O error,
+    /// connection lost; a full disk is [`StorageFull`](Self::StorageFull)). Nothing was lost; the operation can be retried and the run resumed.
     #[error("store unavailable (retryable): {0}")]
     Unavailable(#[source] StoreErrorMessage),
+    /// The store has no room for the write: the disk is full, or the store reached a size
+    /// limit it was given (such as the SQLite store's `SqliteOptions::max_size_bytes`). The
+    /// write was not made and nothing acknowledged was lost. Retryable once there is room:
+    /// free disk space or raise the limit, then resume the unfinished runs (a run that met
+    /// this error stays resumable; [`serve`](crate::Runtime::serve) workers back off and
+    /// retry on their own).
+    ///
+    /// ```
+    /// use kuralle::StoreError;
+    ///
+    /// let e = StoreError::StorageFull("database or disk is full".into());
+    /// assert!(e.is_retryable());
+    /// assert!(e.to_string().starts_with("store is out of space (free space or raise the size limit"));
+    /// ```
+    #[error("store is out of space (free space or raise the size limit, then resume): {0}")]
+    StorageFull(#[source] StoreErrorMessage),
     /// The file or database is not a usable kuralle store.
     #[error("store is corrupt or not a kuralle store: {0}")]
     Corrupt(#[source] StoreErrorMessage),
@@ -135,7 +151,7 @@ impl StoreError {
     /// assert!(!StoreError::RunNotFound("run-1".into()).is_retryable());
     /// ```
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Unavailable(_))
+        matches!(self, Self::Unavailable(_) | Self::StorageFull(_))
     }
 }
 
@@ -145,6 +161,7 @@ impl StoreError {
     pub(crate) fn with_source(self, source: impl Error + Send + Sync + 'static) -> Self {
         match self {
             Self::Unavailable(m) => Self::Unavailable(m.with_source(source)),
+            Self::StorageFull(m) => Self::StorageFull(m.with_source(source)),
             Self::Corrupt(m) => Self::Corrupt(m.with_source(source)),
             Self::LimitExceeded(m) => Self::LimitExceeded(m.with_source(source)),
             Self::Tls(m) => Self::Tls(m.with_source(source)),
@@ -155,7 +172,7 @@ impl StoreError {
 }
 
 /// What a store says about an [`Unavailable`](StoreError::Unavailable),
-/// [`Corrupt`](StoreError::Corrupt), [`LimitExceeded`](StoreError::LimitExceeded),
+/// [`StorageFull`](StoreError::StorageFull), [`Corrupt`](StoreError::Corrupt), [`LimitExceeded`](StoreError::LimitExceeded),
 /// [`Tls`](StoreError::Tls) or [`AccessDenied`](StoreError::AccessDenied) error: a
 /// message, and the driver's error that caused it, when there is one
 /// ([`Error::source`] of the store error). It reads as its text (it derefs to `str`), and two

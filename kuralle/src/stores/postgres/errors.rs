@@ -2,7 +2,8 @@
 //!
 //! Anything that a later attempt may get past (the server or the network is down, the
 //! connection was terminated, a lock or serialization conflict, too many connections) is
-//! [`StoreError::Unavailable`]; data the schema cannot hold is [`StoreError::LimitExceeded`];
+//! [`StoreError::Unavailable`], except a server out of disk space, which is the (also
+//! retryable) [`StoreError::StorageFull`]; data the schema cannot hold is [`StoreError::LimitExceeded`];
 //! a schema that is not what this build expects is [`StoreError::Corrupt`]. What only a change
 //! of configuration fixes is not retryable: a TLS handshake refused (an untrusted or misnamed
 //! certificate, a server without TLS under `require`) is [`StoreError::Tls`], a connection the
@@ -32,6 +33,13 @@ fn classify(error: &tokio_postgres::Error) -> StoreError {
     let code = db.code().code();
     let detail = format!("{} (SQLSTATE {code})", db.message());
     match &code[..2] {
+        // disk_full: the server could not extend a file; the statement did not take effect.
+        "53" if *db.code() == SqlState::DISK_FULL => StoreError::StorageFull(
+            format!(
+                "PostgreSQL is out of disk space; free space on the server, then resume the unfinished runs: {detail}"
+            )
+            .into(),
+        ),
         // connection exception; operator intervention (terminated backend, shutdown);
         // insufficient resources; transaction rollback (serialization, deadlock); lock timeout.
         "08" | "57" | "53" | "40" => StoreError::Unavailable(format!("PostgreSQL: {detail}").into()),

@@ -11,6 +11,8 @@ use crate::store::StoreError;
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Mapper {
     pub(super) busy_timeout: Duration,
+    /// The store's size limit, named in the message of a full database.
+    pub(super) max_size_bytes: Option<u64>,
 }
 
 impl Mapper {
@@ -38,7 +40,18 @@ impl Mapper {
                 .into(),
             ),
             ErrorCode::ReadOnly => StoreError::Unavailable(format!("database is read-only: {detail}").into()),
-            ErrorCode::DiskFull => StoreError::Unavailable(format!("database or disk is full: {detail}").into()),
+            // SQLite gives the same code for a full disk and for the file reaching its page cap.
+            ErrorCode::DiskFull => StoreError::StorageFull(
+                match self.max_size_bytes {
+                    Some(max) => format!(
+                        "the SQLite database reached its size limit (max_size_bytes = {max}) or the disk is full; \
+                         raise SqliteOptions::max_size_bytes or free disk space, then resume the unfinished runs: \
+                         {detail}"
+                    ),
+                    None => format!("the disk is full; free disk space, then resume the unfinished runs: {detail}"),
+                }
+                .into(),
+            ),
             ErrorCode::SystemIoFailure => StoreError::Unavailable(format!("disk I/O error: {detail}").into()),
             ErrorCode::CannotOpen => StoreError::Unavailable(format!("cannot open the database file: {detail}").into()),
             ErrorCode::PermissionDenied => StoreError::Unavailable(format!("permission denied: {detail}").into()),
@@ -63,6 +76,7 @@ impl Mapper {
         match self.map(error) {
             StoreError::Corrupt(message) => StoreError::Corrupt(message.prefixed(&path.display().to_string())),
             StoreError::Unavailable(message) => StoreError::Unavailable(message.prefixed(&path.display().to_string())),
+            StoreError::StorageFull(message) => StoreError::StorageFull(message.prefixed(&path.display().to_string())),
             other => other,
         }
     }

@@ -59,10 +59,20 @@ pub struct SqliteOptions {
     /// The largest accepted JSON value (run state, step result or error), in bytes of JSON
     /// text. Default [`DEFAULT_MAX_VALUE_BYTES`](super::DEFAULT_MAX_VALUE_BYTES).
     pub max_value_bytes: usize,
-    /// Caps the database size in pages (`PRAGMA max_page_count`) on the write connection; a
-    /// write that needs more fails with a retryable [`StoreError::Unavailable`], as on a full
-    /// disk. Default `None` (SQLite's own limit).
-    pub max_page_count: Option<u64>,
+    /// Caps the size of the database file, in bytes (rounded down to whole pages, at least
+    /// one; SQLite's `PRAGMA max_page_count` on the write connection), for example to keep a
+    /// journal from filling a shared disk. A write that needs more room fails with a
+    /// retryable [`StoreError::StorageFull`], exactly as on a full disk: it is not made,
+    /// nothing acknowledged is lost, and the runs it stopped stay resumable once there is room
+    /// (reopen with a larger limit, or delete finished runs). A limit below the file's current
+    /// size holds it at its current size. The write-ahead log (`-wal` file) comes on top: it
+    /// holds recent commits until a checkpoint copies them into the file. Default `None`
+    /// (SQLite's own limit, and the disk's).
+    pub max_size_bytes: Option<u64>,
+    /// Time the writer waits inside each transaction before committing it, as a slow disk's
+    /// `fsync` would: for fault tests of how runs behave on slow storage (leases, group
+    /// commit). Default zero; leave it there outside tests.
+    pub commit_delay: Duration,
     /// Idle read connections kept open. Default 4.
     pub read_connections: usize,
 }
@@ -73,7 +83,8 @@ impl Default for SqliteOptions {
             busy_timeout: Duration::from_secs(5),
             max_batch: 256,
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
-            max_page_count: None,
+            max_size_bytes: None,
+            commit_delay: Duration::ZERO,
             read_connections: 4,
         }
     }
@@ -87,9 +98,10 @@ impl Default for SqliteOptions {
 /// run). Clones share the same writer thread; the thread stops, after finishing every queued
 /// write, when the last clone is dropped.
 ///
-/// Errors are typed: a lock held too long by another process, a read-only file or a full disk
-/// give a retryable [`StoreError::Unavailable`]; a file that is not a SQLite database gives
-/// [`StoreError::Corrupt`].
+/// Errors are typed: a lock held too long by another process or a read-only file give a
+/// retryable [`StoreError::Unavailable`]; a full disk, or a database at
+/// [`SqliteOptions::max_size_bytes`], a retryable [`StoreError::StorageFull`]; a file that
+/// is not a SQLite database gives [`StoreError::Corrupt`].
 ///
 /// ```
 /// use kuralle::stores::SqliteStore;
@@ -183,7 +195,8 @@ impl SqliteStore {
     /// # Errors
     /// [`StoreError::Corrupt`] if the file is not a SQLite database, holds tables named `runs` or
     /// `steps` that are not kuralle's, or a newer kuralle schema; [`StoreError::Unavailable`]
-    /// if it cannot be opened or initialized right now (permissions, locks, disk full).
+    /// if it cannot be opened or initialized right now (permissions, locks);
+    /// [`StoreError::StorageFull`] if the disk is full.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         Self::open_with(path, SqliteOptions::default())
     }
@@ -206,11 +219,21 @@ impl SqliteStore {
     /// As [`open`](Self::open).
     pub fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
-        let errors = Mapper { busy_timeout: options.busy_timeout };
+        let errors = Mapper { busy_timeout: options.busy_timeout, max_size_bytes: options.max_size_bytes };
         create_private(&path);
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(&path, flags).map_err(|e| errors.at_open(&path, e))?;
+        let mut conn = Connection::open_with_flags(&path, flags).map_err(|e| errors.at_open(&path, e))?;
         configure_writer(&conn, &options, errors, Some(&path))?;
+        if !options.commit_delay.is_zero() {
+            // The hook runs inside COMMIT, on the writer thread, with the write lock held: the
+            // same place a slow `fsync` costs its time.
+            let delay = options.commit_delay;
+            conn.commit_hook(Some(move || {
+                std::thread::sleep(delay);
+                false
+            }))
+            .map_err(|e| errors.at_open(&path, e))?;
+        }
         let readers =
             ReaderPool { path: path.clone(), idle: Mutex::new(Vec::new()), max_idle: options.read_connections, errors };
         // Fail now, not at the first read, if the file cannot be read.
@@ -231,7 +254,7 @@ impl SqliteStore {
     /// [`StoreError::Unavailable`] if SQLite cannot allocate the database.
     pub fn in_memory() -> Result<Self, StoreError> {
         let options = SqliteOptions::default();
-        let errors = Mapper { busy_timeout: options.busy_timeout };
+        let errors = Mapper { busy_timeout: options.busy_timeout, max_size_bytes: options.max_size_bytes };
         let conn = Connection::open_in_memory().map_err(|e| errors.map(e))?;
         configure_writer(&conn, &options, errors, None)?;
         Ok(Self::start(conn, None, options, errors, None))
@@ -537,7 +560,7 @@ mod tests {
 
     #[test]
     fn sqlite_errors_map_to_typed_store_errors() {
-        let errors = Mapper { busy_timeout: Duration::from_millis(300) };
+        let errors = Mapper { busy_timeout: Duration::from_millis(300), max_size_bytes: None };
         for code in [
             rusqlite::ffi::SQLITE_BUSY,
             rusqlite::ffi::SQLITE_LOCKED,
@@ -556,6 +579,10 @@ mod tests {
         assert!(matches!(errors.map(failure(rusqlite::ffi::SQLITE_NOTADB)), StoreError::Corrupt(_)));
         assert!(matches!(errors.map(failure(rusqlite::ffi::SQLITE_CORRUPT)), StoreError::Corrupt(_)));
         assert!(matches!(errors.map(failure(rusqlite::ffi::SQLITE_TOOBIG)), StoreError::LimitExceeded(_)));
+        let full = errors.map(failure(rusqlite::ffi::SQLITE_FULL));
+        assert!(matches!(&full, StoreError::StorageFull(m) if m.contains("free disk space")), "{full}");
+        let capped = Mapper { max_size_bytes: Some(4096), ..errors }.map(failure(rusqlite::ffi::SQLITE_FULL));
+        assert!(capped.to_string().contains("raise SqliteOptions::max_size_bytes"), "{capped}");
     }
 
     #[test]

@@ -99,8 +99,11 @@ pub(super) fn configure_writer(
     } else {
         create_schema(conn, fail)?;
     }
-    if let Some(pages) = options.max_page_count {
-        let pages = i64::try_from(pages).unwrap_or(i64::MAX);
+    if let Some(bytes) = options.max_size_bytes {
+        // Per connection, and only this one writes. SQLite keeps a cap below the current size
+        // at the current size.
+        let page_size: u32 = conn.query_row("PRAGMA page_size", [], |row| row.get(0)).map_err(fail)?;
+        let pages = i64::try_from((bytes / u64::from(page_size.max(1))).max(1)).unwrap_or(i64::MAX);
         conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(())).map_err(fail)?;
     }
     Ok(())
