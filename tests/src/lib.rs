@@ -249,6 +249,7 @@ pub struct FlakyStore {
     hang_renew: Arc<std::sync::Mutex<Option<String>>>,
     fail_claims: Arc<AtomicBool>,
     fail_put: Arc<AtomicBool>,
+    lose_appends: Arc<AtomicUsize>,
 }
 
 /// What [`FlakyStore::after_next_list`] runs: it gets the wrapped store.
@@ -269,6 +270,7 @@ impl FlakyStore {
             hang_renew: Arc::default(),
             fail_claims: Arc::default(),
             fail_put: Arc::default(),
+            lose_appends: Arc::default(),
         }
     }
 
@@ -323,6 +325,12 @@ impl FlakyStore {
         self.fail_put.store(on, Ordering::SeqCst);
     }
 
+    /// Makes the next `n` appends commit and then fail as an outage: the connection broke after
+    /// the commit, so the caller cannot know its write landed.
+    pub fn lose_append_answers(&self, n: usize) {
+        self.lose_appends.store(n, Ordering::SeqCst);
+    }
+
     /// Makes `append_steps` fail (or succeed again).
     pub fn fail_append(&self, on: bool) {
         self.fail_append.store(on, Ordering::SeqCst);
@@ -373,6 +381,15 @@ impl kuralle::RunStore for FlakyStore {
     ) -> kuralle::StoreFuture<'a, Vec<u64>> {
         if self.fail_append.load(Ordering::SeqCst) {
             return outage();
+        }
+        let lose = self.lose_appends.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        if lose {
+            return Box::pin(async move {
+                self.inner.append_steps(run_id, fence, steps).await?;
+                Err(kuralle::StoreError::Unavailable(
+                    "simulated outage: the answer to a committed append was lost".into(),
+                ))
+            });
         }
         self.inner.append_steps(run_id, fence, steps)
     }

@@ -351,7 +351,7 @@ async fn claims_resume_within_two_seconds_of_a_long_outage_ending() {
     assert_eq!(count.load(Ordering::SeqCst), 1);
 }
 
-/// A turn that fails because the store is unavailable is not held for `retry_backoff` (5 s):
+/// A turn that fails because the store stays unavailable is not held for `retry_backoff` (5 s):
 /// the run goes on one poll after the store is back. (A model outage still waits it out.)
 #[tokio::test(start_paused = true)]
 async fn a_turn_failed_by_a_store_outage_is_not_held_for_the_retry_backoff() {
@@ -365,7 +365,9 @@ async fn a_turn_failed_by_a_store_outage_is_not_held_for_the_retry_backoff() {
     let options = WorkerOptions { retry_backoff: Duration::from_secs(5), ..fast() };
     assert_eq!(options.poll_interval, Duration::from_millis(20));
     let serving = Serving::start(&rt, options);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Longer than the turn rides out (it retries the write while its 2 s lease is proven
+    // held, 1.8 s): the turn ends, and the worker must not wait 5 s to try again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(count.load(Ordering::SeqCst), 0, "no call ran: its intent was never written");
     flaky.fail_append(false);
     let back = tokio::time::Instant::now();
@@ -375,4 +377,47 @@ async fn a_turn_failed_by_a_store_outage_is_not_held_for_the_retry_backoff() {
     let report = serving.stop().await;
     assert!(report.retried >= 1, "{report:?}");
     assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+/// A short outage on the intents' write does not end the turn: it writes them again while its
+/// lease is proven held, and the run finishes in the same turn.
+#[tokio::test(start_paused = true)]
+async fn a_turn_rides_out_a_short_outage_on_its_intents() {
+    let count = Arc::new(AtomicUsize::new(0));
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let flaky = kuralle_tests::FlakyStore::new(memory);
+    let rt = runtime(Arc::new(flaky.clone()), counting_tool("pay", &count));
+    let run_id = rt.submit(RunRequest::new("order")).await.unwrap();
+    flaky.fail_append(true);
+    let serving = Serving::start(&rt, fast());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(count.load(Ordering::SeqCst), 0);
+    flaky.fail_append(false);
+    wait_for(&rt, &run_id, RunStatus::Finished).await;
+    let report = serving.stop().await;
+    assert_eq!((report.claimed, report.retried), (1, 0), "one turn did it all: {report:?}");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
+/// The append of an `at_most_once` call's intent commits, but its answer is lost (the
+/// connection broke after the commit). The turn's retry finds the intent journaled under its
+/// own fence, so it knows the call never started and runs it: once, not reported
+/// indeterminate, as a later turn finding the intent `Running` would have to.
+#[tokio::test(start_paused = true)]
+async fn an_intent_whose_answer_was_lost_runs_its_at_most_once_call_once() {
+    let count = Arc::new(AtomicUsize::new(0));
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let flaky = kuralle_tests::FlakyStore::new(Arc::clone(&memory));
+    let rt = runtime(Arc::new(flaky.clone()), counting_tool("refund", &count).at_most_once());
+    let run_id = rt.submit(RunRequest::new("order")).await.unwrap();
+    flaky.lose_append_answers(1);
+    let serving = Serving::start(&rt, fast());
+    wait_for(&rt, &run_id, RunStatus::Finished).await;
+    let report = serving.stop().await;
+    assert_eq!((report.claimed, report.retried), (1, 0), "{report:?}");
+    assert_eq!(count.load(Ordering::SeqCst), 1, "the call ran once");
+    let steps = memory.steps(&run_id).await.unwrap();
+    let call = steps.iter().find(|s| s.name == "refund").expect("the call is journaled");
+    assert_eq!(call.status, kuralle::StepStatus::Finished, "{call:?}");
+    assert_eq!(steps.iter().filter(|s| s.name == "refund").count(), 1, "one intent, not two");
 }

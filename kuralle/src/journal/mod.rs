@@ -275,29 +275,7 @@ impl Journal {
         }
         let n = intents.len() as u64;
         self.reserve(n)?;
-        let started_at_ms = now_ms();
-        let step = |key: &str, kind: StepKind, name: &str, started_at_ms: i64| NewStep {
-            key: key.to_owned(),
-            kind,
-            name: name.to_owned(),
-            epoch: self.epoch,
-            started_at_ms,
-        };
-        let new: Vec<NewStep> = intents.iter().map(|(key, kind, name)| step(key, *kind, name, started_at_ms)).collect();
-        let writer = self.writer();
-        let appended = match &deferred {
-            None => writer.append_steps(new).await,
-            Some(d) => {
-                let done = step(&d.key, d.kind, &d.name, d.started_at_ms);
-                // The store shares the text (a reference count); this turn never reads a
-                // finished model response again (its callsite is behind it), so the cache
-                // keeps none and the deferred copy is dropped below.
-                let outcome = StepOutcome::Finished(d.value.clone());
-                let write = FinishedWithIntents { finished: done, outcome, finished_at_ms: now_ms(), intents: new };
-                writer.append_finished_with_intents(write).await
-            }
-        };
-        let mut ordinals = match appended {
+        let mut ordinals = match self.append(deferred.as_ref(), &intents).await {
             Ok(o) => o,
             Err(e) => {
                 self.state().len -= n + u64::from(deferred.is_some());
@@ -316,6 +294,100 @@ impl Journal {
             st.by_key.insert(key, Cached::Running(*ordinal));
         }
         Ok(ordinals)
+    }
+
+    /// Appends the intents (after the deferred finished step, if any) in one write. A store
+    /// outage does not end the turn at once: the append is tried again, as an outcome's write
+    /// is, while one renewal proves the lease held. A retry that finds the keys journaled
+    /// learns that an earlier attempt committed and only its answer was lost (the connection
+    /// broke): under our fence nobody else appends, so the ordinals are read back and the calls
+    /// run now. Ending the turn instead would leave their intents `Running` for the next turn,
+    /// which must then report an `at_most_once` call that never started as indeterminate.
+    async fn append(
+        &self,
+        deferred: Option<&Deferred>,
+        intents: &[(String, StepKind, String)],
+    ) -> Result<Vec<u64>, StoreError> {
+        let started_at_ms = now_ms();
+        let step = |key: &str, kind: StepKind, name: &str, started_at_ms: i64| NewStep {
+            key: key.to_owned(),
+            kind,
+            name: name.to_owned(),
+            epoch: self.epoch,
+            started_at_ms,
+        };
+        let mut pause = FIRST_OUTCOME_PAUSE;
+        let mut gives_up = None;
+        loop {
+            let new: Vec<NewStep> =
+                intents.iter().map(|(key, kind, name)| step(key, *kind, name, started_at_ms)).collect();
+            let writer = self.writer();
+            let appended = match deferred {
+                None => writer.append_steps(new).await,
+                Some(d) => {
+                    let done = step(&d.key, d.kind, &d.name, d.started_at_ms);
+                    // The store shares the text (a reference count); this turn never reads a
+                    // finished model response again (its callsite is behind it), so the cache
+                    // keeps none and the deferred copy is dropped by the caller.
+                    let outcome = StepOutcome::Finished(d.value.clone());
+                    let write = FinishedWithIntents { finished: done, outcome, finished_at_ms: now_ms(), intents: new };
+                    writer.append_finished_with_intents(write).await
+                }
+            };
+            match appended {
+                Ok(ordinals) => return Ok(ordinals),
+                Err(e @ StoreError::DuplicateKey { .. }) if gives_up.is_some() => {
+                    return self.appended_before(deferred, intents).await?.ok_or(e);
+                }
+                // Only a lost connection can hide a committed append; a full disk refused it.
+                Err(e @ StoreError::Unavailable(_)) if !self.fence.is_lost() => {
+                    let now = tokio::time::Instant::now();
+                    let until = *gives_up.get_or_insert_with(|| {
+                        tracing::warn!(
+                            run_id = %self.run_id, error = %e,
+                            "journaling the calls' intents failed; retrying while the lease is held"
+                        );
+                        now + self.fence.patience()
+                    });
+                    if now >= until {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(pause.min(until - now)).await;
+                    pause = (pause * 2).min(MAX_OUTCOME_PAUSE);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The ordinals an earlier, unanswered append gave the deferred step and the intents, as
+    /// [`append`](Self::append) returns them, if the store holds every one of them as this
+    /// turn wrote it (its epoch; the intents still running); `None` otherwise.
+    async fn appended_before(
+        &self,
+        deferred: Option<&Deferred>,
+        intents: &[(String, StepKind, String)],
+    ) -> Result<Option<Vec<u64>>, StoreError> {
+        let steps = self.store.steps(&self.run_id).await?;
+        let ours = |key: &str| steps.iter().find(|s| s.key == key && s.epoch == self.epoch);
+        let mut ordinals = Vec::with_capacity(intents.len() + 1);
+        for (key, _, _) in intents {
+            match ours(key) {
+                Some(s) if s.status == StepStatus::Running => ordinals.push(s.ordinal),
+                _ => return Ok(None),
+            }
+        }
+        if let Some(d) = deferred {
+            let Some(s) = ours(&d.key) else { return Ok(None) };
+            // A store whose append and finish are two writes may have lost the answer between
+            // them: the response is in hand, so it is finished now.
+            if s.status == StepStatus::Running {
+                self.writer().finish_step(s.ordinal, StepOutcome::Finished(d.value.clone()), now_ms()).await?;
+            }
+            ordinals.insert(0, s.ordinal);
+        }
+        tracing::info!(run_id = %self.run_id, "an earlier attempt journaled the intents; its answer was lost");
+        Ok(Some(ordinals))
     }
 
     /// Writes a step's outcome. The outcome is in hand: the call ran. Losing it would run the
