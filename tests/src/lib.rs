@@ -3,6 +3,8 @@
 //! overlapping calls, and a store wrapper that simulates outages.
 
 pub mod conformance;
+pub mod counting;
+pub mod in_flight;
 pub mod postgres;
 pub mod private_pg;
 pub mod wire_server;
