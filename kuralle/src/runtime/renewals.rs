@@ -288,9 +288,9 @@ impl Renewals {
         state.wakes_at
     }
 
-    /// Notes a batch's result, sent at `sent`: each lease renewed moves its deadline to `sent`
-    /// + TTL − margin; a fenced one loses its fence; the others (or all, when the request as
-    /// a whole failed) are tried again soon.
+    /// Notes a batch's result, sent at `sent`: each lease renewed moves its deadline to
+    /// `sent` plus the TTL less the margin; a fenced one loses its fence; the others (or all,
+    /// when the request as a whole failed) are tried again soon.
     fn renewed(&self, batch: Batch, sent: Instant, result: Result<Vec<Result<Lease, StoreError>>, StoreError>) {
         let results: Vec<Result<Lease, StoreError>> = match result {
             Ok(results) if results.len() == batch.len() => results,

@@ -79,7 +79,7 @@ impl PostgresStore {
         let rows = retrying(|| async {
             let client = self.client().await?;
             let stmt = client.prepare_cached(&self.inner.sql.renew_leases).await.map_err(Fail::write)?;
-            Ok(client.query(&stmt, &[&run_ids, &sent, &ttl]).await.map_err(Fail::write)?)
+            client.query(&stmt, &[&run_ids, &sent, &ttl]).await.map_err(Fail::write)
         })
         .await?;
         let mut expiries = std::collections::HashMap::with_capacity(rows.len());
