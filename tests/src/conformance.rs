@@ -150,6 +150,7 @@ macro_rules! with_conformance_cases {
             lease_16_concurrent_acquirers,
             lease_takeover_fences_the_old_token,
             lease_release_gives_a_higher_token,
+            leases_renewed_in_one_batch_keep_their_own_outcomes,
             queue_claims_each_runnable_run_once,
             instance_lock_takes_back_only_its_own_leases,
             cancel_closes_running_and_paused_runs_and_fences_their_owner,
@@ -800,6 +801,53 @@ pub async fn lease_release_gives_a_higher_token<S: RunStore>(store: S) {
         store.append_steps("run-1", second.token, vec![step("z")]).await.unwrap_err(),
         StoreError::Fenced { run_id: "run-1".into(), token: 2 }
     );
+}
+
+/// `renew_leases`: one call renews every current lease (a later expiry, the same token and
+/// owner) and answers each lease at its index: a released one, one taken over (its old token)
+/// and one of a run never leased are `Fenced`, and renewing them changes nothing; the batch
+/// holds the same run twice (its current and an old token) and 1,200 leases in one call.
+pub async fn leases_renewed_in_one_batch_keep_their_own_outcomes<S: RunStore>(store: S) {
+    assert!(store.renew_leases(&[], HOUR).await.unwrap().is_empty(), "nothing to renew");
+    let short = Duration::from_secs(60);
+    let held = store.acquire_lease("held", "a", short).await.unwrap();
+    let released = store.acquire_lease("released", "a", short).await.unwrap();
+    store.release_lease(&released).await.unwrap();
+    let old = store.acquire_lease("taken", "a", short).await.unwrap();
+    store.release_lease(&old).await.unwrap();
+    let taker = store.acquire_lease("taken", "b", short).await.unwrap();
+    let never = Lease { run_id: "never".into(), owner: "a".into(), token: 1, expires_at_ms: 0 };
+    let batch = [held.clone(), released.clone(), old.clone(), taker.clone(), never.clone()];
+
+    let renewed = store.renew_leases(&batch, HOUR).await.unwrap();
+    assert_eq!(renewed.len(), batch.len());
+    for (i, current) in [(0, &held), (3, &taker)] {
+        let lease = renewed[i].as_ref().unwrap_or_else(|e| panic!("lease {i} renewed: {e:?}"));
+        assert_eq!((&lease.run_id, &lease.owner, lease.token), (&current.run_id, &current.owner, current.token));
+        assert!(lease.expires_at_ms > current.expires_at_ms + 30_000, "renewed for an hour: {lease:?}");
+    }
+    for (i, lease) in [(1, &released), (2, &old), (4, &never)] {
+        let fenced = StoreError::Fenced { run_id: lease.run_id.clone(), token: lease.token };
+        assert_eq!(renewed[i].as_ref().unwrap_err(), &fenced, "lease {i}");
+    }
+    assert_eq!(store.current_lease("released").await.unwrap(), None, "a fenced renewal changes nothing");
+    assert_eq!(store.current_lease("never").await.unwrap(), None);
+    assert_eq!(store.current_lease("taken").await.unwrap().map(|l| l.owner), Some("b".to_owned()));
+    let stolen = store.acquire_lease("held", "thief", short).await.unwrap_err();
+    assert!(matches!(stolen, StoreError::LeaseHeld { .. }), "{stolen:?}");
+
+    // Many leases in one call, each renewed.
+    let mut many = Vec::new();
+    for i in 0..1_200 {
+        many.push(store.acquire_lease(&format!("many-{i}"), "a", short).await.unwrap());
+    }
+    let renewed = store.renew_leases(&many, HOUR).await.unwrap();
+    assert_eq!(renewed.len(), many.len());
+    for (lease, renewed) in many.iter().zip(&renewed) {
+        let renewed = renewed.as_ref().unwrap();
+        assert_eq!((&renewed.run_id, renewed.token), (&lease.run_id, lease.token));
+        assert!(renewed.expires_at_ms > lease.expires_at_ms + 30_000);
+    }
 }
 
 /// The work queue: runnable runs (status running, no live lease) are claimed by 8 concurrent

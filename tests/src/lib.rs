@@ -3,7 +3,9 @@
 //! overlapping calls, and a store wrapper that simulates outages.
 
 pub mod conformance;
+pub mod counting;
 pub mod fault_proxy;
+pub mod in_flight;
 pub mod invariants;
 pub mod postgres;
 pub mod private_pg;

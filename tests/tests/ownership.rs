@@ -16,6 +16,7 @@ use kuralle::{
     stores::MemoryStore,
     testing::{ScriptedModel, Turn},
 };
+use kuralle_tests::counting::CountingStore;
 use kuralle_tests::{FlakyStore, FnTool};
 use serde_json::json;
 use tokio::sync::Notify;
@@ -256,6 +257,42 @@ async fn a_hanging_renewal_does_not_stall_the_others() {
     assert!(matches!(taken, Err(kuralle::StoreError::LeaseHeld { .. })), "still held: {taken:?}");
     assert_eq!(healthy.await.unwrap().status, RunStatus::Finished);
     assert!(matches!(stuck.await, Err(RunError::LeaseLost { .. })));
+}
+
+/// Leases held together are renewed together: eight runs in flight for three TTLs make one
+/// renewal request per period carrying all eight leases (`RunStore::renew_leases`), not one
+/// request per lease, and every lease stays held.
+#[tokio::test(start_paused = true)]
+async fn leases_held_together_are_renewed_in_one_request() {
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let counting = CountingStore::new(memory.clone());
+    let count = Arc::new(AtomicUsize::new(0));
+    let calls = count.clone();
+    let slow = FnTool::new("charge", move |_, _| {
+        let calls = calls.clone();
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_secs(9)).await;
+            Ok(json!("charged"))
+        }
+    });
+    let model =
+        ScriptedModel::by_transcript([Turn::tool_calls([("c1", "charge", r#"{"amount":1}"#)]), Turn::text("Paid.")]);
+    let rt = runtime(Arc::new(counting.clone()), slow, model);
+    let runs: Vec<_> = (0..8).map(|i| rt.run(RunRequest::new("pay").run_id(format!("r{i}")))).collect();
+    until(|| count.load(Ordering::SeqCst) == 8).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let counts = counting.counts();
+    // 3 s TTL, renewed every second: at least five rounds of eight in six seconds.
+    assert!(counts.renewals >= 5 * 8, "{counts:?}");
+    assert!(counts.renewal_requests * 8 <= counts.renewals + 8, "one request a round: {counts:?}");
+    for i in 0..8 {
+        let taken = memory.acquire_lease(&format!("r{i}"), "other process", Duration::from_secs(3)).await;
+        assert!(matches!(taken, Err(kuralle::StoreError::LeaseHeld { .. })), "r{i} still held: {taken:?}");
+    }
+    for run in runs {
+        assert_eq!(run.await.unwrap().status, RunStatus::Finished);
+    }
 }
 
 /// A release that fails while the store is down is tried again once it is back: the next

@@ -9,10 +9,18 @@
 //! shared task wakes once per renewal period while leases are held, and sleeps on a `Notify`
 //! otherwise; a registration wakes it only when it is due before the task's next wake-up.
 //!
-//! Each renewal is a request of its own, with a deadline: one that hangs (a store connection
-//! stuck in a half-open socket) delays only its own lease, never the others. A lease is held
-//! only as long as a renewal proves it: its **local deadline** is the moment the last successful
-//! renewal was sent plus the TTL, less a safety margin. The store counts the TTL from when it
+//! Leases due within a short window of each other ([`Renewals::coalesce`], a tenth of the
+//! renewal period) are renewed together, in batches of at most [`MAX_BATCH`] leases, each batch
+//! one request ([`RunStore::renew_leases`]: one statement on PostgreSQL, one write of the
+//! group commit on SQLite): a process with 10,000 runs in flight and the default 30 s TTL makes
+//! about ten renewal requests per 10 s period instead of a thousand a second. Each lease keeps
+//! its own outcome: one taken over is fenced, the others in its batch are renewed all the same.
+//! Each batch has a deadline: one that hangs (a store connection stuck in a half-open socket)
+//! delays only the leases in it, never the other batches, and once it is cut off its leases
+//! are tried again each in a request of its own (so one lease whose renewal hangs cannot hold
+//! its batch-mates up twice; after a success a lease is batched again). A lease is held only as long as a renewal proves it: its **local
+//! deadline** is the moment the last successful renewal covering it was sent plus the TTL,
+//! less a safety margin; a batch that fails or is cut off moves no lease's deadline. The store counts the TTL from when it
 //! received that renewal, later, so no other process can take the run over before the local
 //! deadline. When the deadline passes without a newer success (the store is unreachable from
 //! here, perhaps not from elsewhere) the lease is treated as lost: the turn stops dispatching
@@ -36,6 +44,10 @@ use crate::store::{Lease, RunStore, StoreError};
 /// The first pause before a failed release is tried again; it doubles up to [`MAX_RELEASE_PAUSE`].
 const FIRST_RELEASE_PAUSE: Duration = Duration::from_millis(50);
 const MAX_RELEASE_PAUSE: Duration = Duration::from_secs(1);
+
+/// The most leases one renewal request carries: a PostgreSQL statement with two arrays of this
+/// length, or one SQLite write, stays well under a millisecond of the store's time.
+pub(crate) const MAX_BATCH: usize = 1000;
 
 /// The leases of one runtime, and the task that renews them.
 pub(crate) struct Renewals {
@@ -69,6 +81,10 @@ struct Entry {
     deadline: Instant,
     /// A renewal of it is in flight.
     renewing: bool,
+    /// Its last renewal failed: the next goes in a request of its own, so that a request that
+    /// hangs for one lease (a stuck connection, a lock) does not hold up leases batched with
+    /// it a second time.
+    alone: bool,
 }
 
 /// A release to try again at `due`, until `gives_up` (after which the lease has expired anyway).
@@ -79,6 +95,9 @@ struct Release {
     gives_up: Instant,
 }
 
+/// Leases renewed in one request: their registrations, the leases and their turns' fences.
+type Batch = Vec<(u64, Lease, Arc<Fence>)>;
+
 /// A registration; deregister it with [`Renewals::deregister`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Registration(u64);
@@ -86,7 +105,8 @@ pub(crate) struct Registration(u64);
 /// What the task does on one wake-up, decided under the lock and done outside it.
 #[derive(Default)]
 struct Work {
-    renew: Vec<(u64, Lease, Arc<Fence>)>,
+    /// Renewals to send, at most [`MAX_BATCH`] a request.
+    renew: Vec<Batch>,
     release: Vec<Release>,
     lapsed: Vec<Arc<Fence>>,
 }
@@ -106,6 +126,14 @@ impl Renewals {
     /// little of the TTL, but not in a tight loop.
     fn retry_pause(&self) -> Duration {
         (self.period() / 4).max(Duration::from_millis(1))
+    }
+
+    /// How early a lease may be renewed, to go in the same request as another that is due: a
+    /// tenth of the period, so renewals of many leases go out together at most ten times a
+    /// period. Renewing early costs nothing but the renewal: the deadline moves from the
+    /// moment the request is sent.
+    fn coalesce(&self) -> Duration {
+        self.period() / 10
     }
 
     /// How much earlier than the store could expire it a lease counts as lost here: the time a
@@ -139,7 +167,7 @@ impl Renewals {
         let mut state = self.state();
         let id = state.next_id;
         state.next_id += 1;
-        state.held.insert(id, Entry { lease, fence, due, deadline, renewing: false });
+        state.held.insert(id, Entry { lease, fence, due, deadline, renewing: false, alone: false });
         self.ensure_task(&mut state);
         self.wake_for(&mut state, due.min(deadline));
         Registration(id)
@@ -216,17 +244,31 @@ impl Renewals {
     fn take_work(&self, now: Instant) -> Work {
         let mut state = self.state();
         let mut work = Work::default();
+        let mut renew = Vec::new();
+        let soon = now + self.coalesce();
         state.held.retain(|&id, held| {
             if held.deadline <= now {
                 work.lapsed.push(Arc::clone(&held.fence));
                 return false;
             }
-            if held.due <= now && !held.renewing {
+            if held.due <= soon && !held.renewing {
                 held.renewing = true;
-                work.renew.push((id, held.lease.clone(), Arc::clone(&held.fence)));
+                let renewal = (id, held.lease.clone(), Arc::clone(&held.fence));
+                if held.alone {
+                    work.renew.push(vec![renewal]);
+                } else {
+                    renew.push(renewal);
+                }
             }
             true
         });
+        while renew.len() > MAX_BATCH {
+            let rest = renew.split_off(MAX_BATCH);
+            work.renew.push(std::mem::replace(&mut renew, rest));
+        }
+        if !renew.is_empty() {
+            work.renew.push(renew);
+        }
         let (due, waiting): (Vec<Release>, Vec<Release>) =
             std::mem::take(&mut state.releases).into_iter().partition(|r| r.due <= now);
         state.releases = waiting;
@@ -246,35 +288,64 @@ impl Renewals {
         state.wakes_at
     }
 
-    /// Notes one renewal's result: a success moves the lease's deadline to `sent` + TTL − margin.
-    fn renewed(&self, id: u64, fence: &Fence, sent: Instant, result: Result<Lease, StoreError>) {
-        let now = Instant::now();
-        let mut state = self.state();
-        let next = match result {
-            Ok(lease) => {
-                let Some(held) = state.held.get_mut(&id) else { return };
-                held.lease = lease;
-                held.renewing = false;
-                held.due = now + self.period();
-                held.deadline = self.deadline_from(sent);
-                held.due
+    /// Notes a batch's result, sent at `sent`: each lease renewed moves its deadline to
+    /// `sent` plus the TTL less the margin; a fenced one loses its fence; the others (or all,
+    /// when the request as a whole failed) are tried again soon.
+    fn renewed(&self, batch: Batch, sent: Instant, result: Result<Vec<Result<Lease, StoreError>>, StoreError>) {
+        let results: Vec<Result<Lease, StoreError>> = match result {
+            Ok(results) if results.len() == batch.len() => results,
+            Ok(results) => {
+                // Which answer is whose cannot be told: none of them proves a lease held.
+                tracing::warn!(
+                    leases = batch.len(),
+                    answers = results.len(),
+                    "the store's renewals do not match the leases"
+                );
+                let message = "the store answered a different number of renewals";
+                vec![Err(StoreError::Unavailable(message.into())); batch.len()]
             }
-            Err(StoreError::Fenced { .. }) => {
-                fence.lose();
-                state.held.remove(&id);
-                return;
-            }
-            // A store outage, or a renewal that took too long: try again soon. If no renewal
-            // succeeds before the local deadline, the lease is lost then.
             Err(e) => {
-                let Some(held) = state.held.get_mut(&id) else { return };
-                tracing::warn!(run_id = %fence.run_id(), error = %e, "renewing the lease failed");
-                held.renewing = false;
-                held.due = now + self.retry_pause();
-                held.due.min(held.deadline)
+                // A store outage, or a request that took too long. If no renewal succeeds
+                // before a lease's local deadline, it is lost then.
+                tracing::warn!(leases = batch.len(), error = %e, "renewing leases failed");
+                vec![Err(e); batch.len()]
             }
         };
-        self.wake_for(&mut state, next);
+        let now = Instant::now();
+        let mut state = self.state();
+        let mut next: Option<Instant> = None;
+        for ((id, _, fence), result) in batch.into_iter().zip(results) {
+            let at = match result {
+                Ok(lease) => {
+                    let Some(held) = state.held.get_mut(&id) else { continue };
+                    held.lease = lease;
+                    held.renewing = false;
+                    held.alone = false;
+                    held.due = now + self.period();
+                    held.deadline = self.deadline_from(sent);
+                    held.due
+                }
+                Err(StoreError::Fenced { .. }) => {
+                    fence.lose();
+                    state.held.remove(&id);
+                    continue;
+                }
+                Err(e) => {
+                    let Some(held) = state.held.get_mut(&id) else { continue };
+                    if !matches!(e, StoreError::Unavailable(_)) {
+                        tracing::warn!(run_id = %fence.run_id(), error = %e, "renewing the lease failed");
+                    }
+                    held.renewing = false;
+                    held.alone = true;
+                    held.due = now + self.retry_pause();
+                    held.due.min(held.deadline)
+                }
+            };
+            next = Some(next.map_or(at, |n| n.min(at)));
+        }
+        if let Some(next) = next {
+            self.wake_for(&mut state, next);
+        }
     }
 
     /// Notes a retried release's result.
@@ -302,9 +373,9 @@ impl Drop for Renewals {
     }
 }
 
-/// The renewing task: sends what is due, each renewal and retried release a task of its own,
-/// loses the leases whose deadline passed, then sleeps until the next thing is due or a
-/// registration wakes it. It holds the runtime's leases only weakly, so it ends with them.
+/// The renewing task: sends what is due, each batch of renewals and each retried release a
+/// task of its own, loses the leases whose deadline passed, then sleeps until the next thing
+/// is due or a registration wakes it. It holds the runtime's leases only weakly, so it ends with them.
 async fn keep(renewals: Weak<Renewals>, wake: Arc<Notify>) {
     loop {
         let Some(this) = renewals.upgrade() else { return };
@@ -317,12 +388,13 @@ async fn keep(renewals: Weak<Renewals>, wake: Arc<Notify>) {
             );
             fence.lose();
         }
-        for (id, lease, fence) in work.renew {
+        for batch in work.renew {
             let (weak, store, ttl, limit) = (Weak::clone(&renewals), Arc::clone(&this.store), this.ttl, this.period());
             tokio::spawn(async move {
-                let result = within(limit, "renewal", store.renew_lease(&lease, ttl)).await;
+                let leases: Vec<Lease> = batch.iter().map(|(_, lease, _)| lease.clone()).collect();
+                let result = within(limit, "renewal", store.renew_leases(&leases, ttl)).await;
                 if let Some(this) = weak.upgrade() {
-                    this.renewed(id, &fence, now, result);
+                    this.renewed(batch, now, result);
                 }
             });
         }

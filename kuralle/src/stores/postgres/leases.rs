@@ -63,6 +63,42 @@ impl PostgresStore {
         .await
     }
 
+    /// Renews `leases` in one statement (one round trip, one commit); each lease's own outcome
+    /// at its index.
+    pub(super) async fn renew_many(
+        &self,
+        leases: &[Lease],
+        ttl: Duration,
+    ) -> Result<Vec<Result<Lease, StoreError>>, StoreError> {
+        let fenced = |lease: &Lease| StoreError::Fenced { run_id: lease.run_id.clone(), token: lease.token };
+        // A token beyond `bigint` names no lease: fenced without asking.
+        let tokens: Vec<Option<i64>> = leases.iter().map(|l| i64::try_from(l.token).ok()).collect();
+        let (run_ids, sent): (Vec<&str>, Vec<i64>) =
+            leases.iter().zip(&tokens).filter_map(|(l, t)| Some((l.run_id.as_str(), (*t)?))).unzip();
+        let ttl = ttl_ms(ttl);
+        let rows = retrying(|| async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(&self.inner.sql.renew_leases).await.map_err(Fail::write)?;
+            client.query(&stmt, &[&run_ids, &sent, &ttl]).await.map_err(Fail::write)
+        })
+        .await?;
+        let mut expiries = std::collections::HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let (run_id, token, expires_at_ms): (String, i64, i64) = (get(row, 0)?, get(row, 1)?, get(row, 2)?);
+            expiries.insert((run_id, token), expires_at_ms);
+        }
+        Ok(leases
+            .iter()
+            .zip(tokens)
+            .map(|(lease, token)| {
+                token
+                    .and_then(|t| expiries.get(&(lease.run_id.clone(), t)))
+                    .map(|&expires_at_ms| Lease { expires_at_ms, ..lease.clone() })
+                    .ok_or_else(|| fenced(lease))
+            })
+            .collect())
+    }
+
     pub(super) async fn release(&self, lease: &Lease) -> Result<(), StoreError> {
         let token = to_i64("lease token", lease.token)?;
         retrying(|| async {

@@ -299,6 +299,14 @@ impl crate::store::RunStore for PostgresStore {
         Box::pin(self.renew(lease, ttl))
     }
 
+    fn renew_leases<'a>(
+        &'a self,
+        leases: &'a [crate::store::Lease],
+        ttl: Duration,
+    ) -> crate::store::StoreFuture<'a, Vec<Result<crate::store::Lease, StoreError>>> {
+        Box::pin(self.renew_many(leases, ttl))
+    }
+
     fn release_lease<'a>(&'a self, lease: &'a crate::store::Lease) -> crate::store::StoreFuture<'a, ()> {
         Box::pin(self.release(lease))
     }

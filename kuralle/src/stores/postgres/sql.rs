@@ -37,6 +37,7 @@ pub(super) struct Sql {
     pub acquire_lease: String,
     pub lease_holder: String,
     pub renew_lease: String,
+    pub renew_leases: String,
     pub release_lease: String,
     pub current_lease: String,
     pub claim_leased: String,
@@ -160,6 +161,15 @@ impl Sql {
                  WHERE run_id = $1 AND token = $2 AND NOT released
                  RETURNING ",
                 ms!("expires_at")
+            )),
+            // Many leases, one statement: `$1` run ids and `$2` tokens, pairwise. A lease not
+            // returned was taken over or released (fenced).
+            renew_leases: bind(concat!(
+                "UPDATE {s}.kuralle_leases AS l SET expires_at = clock_timestamp() + $3::int8 * interval '1 millisecond'
+                 FROM unnest($1::text[], $2::int8[]) AS r(run_id, token)
+                 WHERE l.run_id = r.run_id AND l.token = r.token AND NOT l.released
+                 RETURNING l.run_id, l.token, ",
+                ms!("l.expires_at")
             )),
             release_lease: bind(
                 "UPDATE {s}.kuralle_leases SET released = true WHERE run_id = $1 AND token = $2 AND NOT released RETURNING 1",

@@ -77,6 +77,24 @@ pub(super) fn renew(conn: &Connection, errors: Mapper, lease: &Lease, ttl_ms: i6
     Ok(Lease { expires_at_ms, ..lease.clone() })
 }
 
+/// Renews `leases` on one connection, in the caller's transaction: each lease's own outcome
+/// (a lease taken over is [`StoreError::Fenced`] at its index); a failure of SQLite itself
+/// fails the whole batch.
+pub(super) fn renew_many(
+    conn: &Connection,
+    errors: Mapper,
+    leases: &[Lease],
+    ttl_ms: i64,
+) -> Result<Vec<Result<Lease, StoreError>>, StoreError> {
+    leases
+        .iter()
+        .map(|lease| match renew(conn, errors, lease, ttl_ms) {
+            Err(e @ StoreError::Fenced { .. }) => Ok(Err(e)),
+            other => other.map(Ok),
+        })
+        .collect()
+}
+
 pub(super) fn release(conn: &Connection, errors: Mapper, lease: &Lease) -> Result<(), StoreError> {
     let fenced = || StoreError::Fenced { run_id: lease.run_id.clone(), token: lease.token };
     let Ok(token) = i64::try_from(lease.token) else { return Err(fenced()) };

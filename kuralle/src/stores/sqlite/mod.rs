@@ -480,6 +480,17 @@ impl RunStore for SqliteStore {
         Box::pin(self.write(move |conn| leases::renew(conn, errors, &lease, ttl_ms(ttl))))
     }
 
+    fn renew_leases<'a>(
+        &'a self,
+        leases: &'a [Lease],
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<Result<Lease, StoreError>>> {
+        // One write job: one savepoint in the writer's shared transaction, one reply.
+        let leases = leases.to_vec();
+        let errors = self.inner.errors;
+        Box::pin(self.write(move |conn| leases::renew_many(conn, errors, &leases, ttl_ms(ttl))))
+    }
+
     fn release_lease<'a>(&'a self, lease: &'a Lease) -> StoreFuture<'a, ()> {
         let lease = lease.clone();
         let errors = self.inner.errors;
