@@ -9,8 +9,7 @@
 //!   finish it without running any finished step again.
 //! - **Slow.** Every commit waits ([`SqliteOptions::commit_delay`], inside the transaction, as
 //!   a slow `fsync` would) while hundreds of runs with a short lease TTL are in flight:
-//!   every run must finish on its first try, with no lease lost. (Under a one-second TTL it
-//!   does not yet: see the ignored `slow_commits_under_a_one_second_ttl_lose_no_lease`.)
+//!   every run must finish on its first try, with no lease lost, under a 3 s and a 1 s TTL.
 //!
 //! ```text
 //! cargo test -p kuralle-tests --test sqlite_faults -- --nocapture
@@ -312,18 +311,13 @@ async fn slow_commits_slow_the_runs_down_but_lose_no_lease() {
     slow_load(delay, Duration::from_millis(env_or("SQLITE_SLOW_TTL_MS", 3000))).await;
 }
 
-/// Known to fail (issue 27): under a 1 s lease TTL, commits of 100 ms or more make the runtime
-/// give up leases that the store still holds for it (no other owner exists here). With 150 ms
-/// commits every run logs "no renewal of the lease succeeded within its TTL" and none logs a
-/// failed renewal: the leases lapse before their first renewal returns. `runtime/renewals.rs`
-/// counts a lease's local deadline from when the request that granted it was *sent* (0.9 TTL),
-/// but schedules its first renewal a third of the TTL after the grant *returned*; under group
-/// commit a write waits for the batch being committed and then its own, so when the grant took
-/// about 0.3 TTL or more, the first renewal cannot come back in time. Measured on 2 busy cores:
-/// 200 of 200 runs lost their lease at 150 ms, 24 of 200 (one run of two) at 100 ms, none at
-/// 50 ms.
+/// 150 ms commits under a 1 s lease TTL. This lost every lease (200 of 200 runs; 24 of 200 at
+/// 100 ms) while the store still held them: the first renewal was scheduled a third of the
+/// TTL after the slow grant *returned* and cut off after a third of the TTL, though a write
+/// waits for the batch being committed and then its own; the local deadline counts from when
+/// the grant was *sent*. Renewals now count their cadence from the request, and one given up
+/// on as too slow still proves its leases if it comes back in time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 27: a 1 s lease TTL is lost spuriously when commits take 100 ms or more"]
 async fn slow_commits_under_a_one_second_ttl_lose_no_lease() {
     slow_load(Duration::from_millis(150), Duration::from_secs(1)).await;
 }

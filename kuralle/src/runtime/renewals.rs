@@ -16,13 +16,19 @@
 //! about ten renewal requests per 10 s period instead of a thousand a second. Each lease keeps
 //! its own outcome: one taken over is fenced, the others in its batch are renewed all the same.
 //! Each batch has a deadline: one that hangs (a store connection stuck in a half-open socket)
-//! delays only the leases in it, never the other batches, and once it is cut off its leases
-//! are tried again each in a request of its own (so one lease whose renewal hangs cannot hold
-//! its batch-mates up twice; after a success a lease is batched again). A lease is held only as long as a renewal proves it: its **local
-//! deadline** is the moment the last successful renewal covering it was sent plus the TTL,
-//! less a safety margin; a batch that fails or is cut off moves no lease's deadline. The store counts the TTL from when it
-//! received that renewal, later, so no other process can take the run over before the local
-//! deadline. When the deadline passes without a newer success (the store is unreachable from
+//! delays only the leases in it, never the other batches, and once it is given up on its
+//! leases are tried again each in a request of its own (so one lease whose renewal hangs
+//! cannot hold its batch-mates up twice; after a success a lease is batched again). The
+//! request given up on is not cancelled: on a slow store (SQLite commits queued behind
+//! commits) it is often the first to come back, and its answer still counts.
+//!
+//! A lease is held only as long as a renewal proves it: its **local deadline** is the moment
+//! the last successful renewal covering it was sent plus the TTL, less a safety margin; a
+//! batch that fails moves no lease's deadline. The store counts the TTL from when it received
+//! that renewal, later, so no other process can take the run over before the local deadline.
+//! The next renewal is due a period after that same moment, never after the answer: a store
+//! that answers slowly must not push each renewal back by its latency until one lands past
+//! the deadline. When the deadline passes without a newer success (the store is unreachable from
 //! here, perhaps not from elsewhere) the lease is treated as lost: the turn stops dispatching
 //! and its interruptible calls are cancelled, before anyone else may run them.
 //!
@@ -160,9 +166,12 @@ impl Renewals {
 
     /// Renews `lease` until deregistered. A renewal that is fenced loses `fence`, and so does
     /// the local deadline passing, counted from `granted` (when the request that granted the
-    /// lease was sent).
+    /// lease was sent). The first renewal is due a period after that moment too, not after the
+    /// grant's answer came back: on a slow store (a grant waiting behind a commit) counting from
+    /// the answer left the first renewal no time to return before the deadline, and leases the
+    /// store still held were given up.
     pub(crate) fn register(self: &Arc<Self>, lease: Lease, fence: Arc<Fence>, granted: Instant) -> Registration {
-        let due = Instant::now() + self.period();
+        let due = granted + self.period();
         let deadline = self.deadline_from(granted);
         let mut state = self.state();
         let id = state.next_id;
@@ -321,7 +330,9 @@ impl Renewals {
                     held.lease = lease;
                     held.renewing = false;
                     held.alone = false;
-                    held.due = now + self.period();
+                    // The cadence counts from the request, as the deadline does: a slow
+                    // answer must not push every later renewal back by its own latency.
+                    held.due = sent + self.period();
                     held.deadline = self.deadline_from(sent);
                     held.due
                 }
@@ -345,6 +356,34 @@ impl Renewals {
         }
         if let Some(next) = next {
             self.wake_for(&mut state, next);
+        }
+    }
+
+    /// Notes the answer to a request that was given up on as too slow (its leases were sent
+    /// again since): a lease it renewed is proven held from `sent` unless a later request
+    /// proved it longer; a fenced one loses its fence. Nothing else changes: the retry in
+    /// flight settles the rest.
+    fn renewed_late(&self, batch: Batch, sent: Instant, results: Vec<Result<Lease, StoreError>>) {
+        if results.len() != batch.len() {
+            return;
+        }
+        let deadline = self.deadline_from(sent);
+        let mut state = self.state();
+        for ((id, _, fence), result) in batch.into_iter().zip(results) {
+            match result {
+                Ok(lease) => {
+                    let Some(held) = state.held.get_mut(&id) else { continue };
+                    if deadline > held.deadline {
+                        held.lease = lease;
+                        held.deadline = deadline;
+                    }
+                }
+                Err(StoreError::Fenced { .. }) => {
+                    fence.lose();
+                    state.held.remove(&id);
+                }
+                Err(_) => {}
+            }
         }
     }
 
@@ -392,7 +431,27 @@ async fn keep(renewals: Weak<Renewals>, wake: Arc<Notify>) {
             let (weak, store, ttl, limit) = (Weak::clone(&renewals), Arc::clone(&this.store), this.ttl, this.period());
             tokio::spawn(async move {
                 let leases: Vec<Lease> = batch.iter().map(|(_, lease, _)| lease.clone()).collect();
-                let result = within(limit, "renewal", store.renew_leases(&leases, ttl)).await;
+                let mut request = tokio::spawn(async move { store.renew_leases(&leases, ttl).await });
+                let answer = match tokio::time::timeout(limit, &mut request).await {
+                    Ok(joined) => joined,
+                    Err(_) => {
+                        // Too slow: its leases are tried again, each alone, without waiting
+                        // for it. It goes on, though: on a slow store (commits queued behind
+                        // commits) it is often the one that comes back in time, and its
+                        // answer still proves the leases from when it was sent.
+                        if let Some(this) = weak.upgrade() {
+                            let late =
+                                StoreError::Unavailable(format!("the renewal took longer than {limit:?}").into());
+                            this.renewed(batch.clone(), now, Err(late));
+                        }
+                        if let (Ok(Ok(results)), Some(this)) = (request.await, weak.upgrade()) {
+                            this.renewed_late(batch, now, results);
+                        }
+                        return;
+                    }
+                };
+                let result =
+                    answer.unwrap_or_else(|e| Err(StoreError::Unavailable(format!("the renewal failed: {e}").into())));
                 if let Some(this) = weak.upgrade() {
                     this.renewed(batch, now, result);
                 }
