@@ -4,6 +4,7 @@
 //! - `writer.rs`: one **writer thread** owns the only write connection and commits every
 //!   queued write together (group commit); an acknowledged write is durable
 //!   (`synchronous=FULL`).
+//! - `checkpoint.rs`: the WAL is checkpointed on a thread of its own, not inside commits.
 //! - `runs.rs`, `steps.rs`, `leases.rs`: the SQL of the `RunStore` contract, one file per
 //!   table, including the fence check that runs in each write's own transaction.
 //! - `schema.rs`: the schema, its migrations, and the write connection's pragmas.
@@ -11,6 +12,7 @@
 //! - Here: the store handle, its options, and the pool of read-only connections (WAL readers
 //!   never wait for the writer), used on `spawn_blocking`.
 
+mod checkpoint;
 mod codec;
 mod errors;
 mod instance;
@@ -30,6 +32,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
 
+use self::checkpoint::Checkpointer;
 use self::codec::{prepare_run, to_i64};
 use self::errors::Mapper;
 use self::schema::configure_writer;
@@ -47,14 +50,16 @@ use crate::store::{
 /// use kuralle::stores::SqliteOptions;
 ///
 /// let options = SqliteOptions { busy_timeout: Duration::from_millis(500), ..SqliteOptions::default() };
-/// assert_eq!(options.max_batch, 256);
+/// assert_eq!(options.max_batch, 2048);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SqliteOptions {
     /// How long a write waits for a lock held by another process or connection before it fails
     /// with a retryable [`StoreError::Unavailable`]. Default 5 s.
     pub busy_timeout: Duration,
-    /// The most writes committed together in one transaction (group commit). Default 256.
+    /// The most writes committed together in one transaction (group commit). Default 2048:
+    /// each commit waits for one `fsync` (milliseconds on many disks), so under a backlog the
+    /// batch, not the SQL, sets the throughput; an idle store commits each write alone.
     pub max_batch: usize,
     /// The largest accepted JSON value (run state, step result or error), in bytes of JSON
     /// text. Default [`DEFAULT_MAX_VALUE_BYTES`](super::DEFAULT_MAX_VALUE_BYTES).
@@ -73,7 +78,8 @@ pub struct SqliteOptions {
     /// `fsync` would: for fault tests of how runs behave on slow storage (leases, group
     /// commit). Default zero; leave it there outside tests.
     pub commit_delay: Duration,
-    /// Idle read connections kept open. Default 4.
+    /// Read connections: at most this many reads run at once (each on a blocking thread), and
+    /// their connections stay open for the next reads. Default 4.
     pub read_connections: usize,
 }
 
@@ -81,7 +87,7 @@ impl Default for SqliteOptions {
     fn default() -> Self {
         Self {
             busy_timeout: Duration::from_secs(5),
-            max_batch: 256,
+            max_batch: 2048,
             max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
             max_size_bytes: None,
             commit_delay: Duration::ZERO,
@@ -234,11 +240,17 @@ impl SqliteStore {
             }))
             .map_err(|e| errors.at_open(&path, e))?;
         }
-        let readers =
-            ReaderPool { path: path.clone(), idle: Mutex::new(Vec::new()), max_idle: options.read_connections, errors };
+        let checkpointer = Checkpointer::start(&path, &mut conn, errors)?;
+        let readers = ReaderPool {
+            path: path.clone(),
+            idle: Mutex::new(Vec::new()),
+            max_idle: options.read_connections.max(1),
+            permits: Arc::new(tokio::sync::Semaphore::new(options.read_connections.max(1))),
+            errors,
+        };
         // Fail now, not at the first read, if the file cannot be read.
         readers.with(|_| Ok(()))?;
-        Ok(Self::start(conn, Some(path), options, errors, Some(readers)))
+        Ok(Self::start(conn, Some(path), options, errors, Some(readers), Some(checkpointer)))
     }
 
     /// A store in a private in-memory database: nothing survives the store. Reads and writes
@@ -257,7 +269,7 @@ impl SqliteStore {
         let errors = Mapper { busy_timeout: options.busy_timeout, max_size_bytes: options.max_size_bytes };
         let conn = Connection::open_in_memory().map_err(|e| errors.map(e))?;
         configure_writer(&conn, &options, errors, None)?;
-        Ok(Self::start(conn, None, options, errors, None))
+        Ok(Self::start(conn, None, options, errors, None, None))
     }
 
     fn start(
@@ -266,6 +278,7 @@ impl SqliteStore {
         options: SqliteOptions,
         errors: Mapper,
         readers: Option<ReaderPool>,
+        checkpointer: Option<Checkpointer>,
     ) -> Self {
         let (writes, queue) = mpsc::channel::<Box<dyn Job>>();
         let commits = Arc::new(AtomicU64::new(0));
@@ -274,7 +287,7 @@ impl SqliteStore {
             let max_batch = options.max_batch.max(1);
             std::thread::Builder::new()
                 .name("kuralle-sqlite-writer".into())
-                .spawn(move || writer_loop(conn, queue, max_batch, errors, &commits))
+                .spawn(move || writer_loop(conn, queue, max_batch, errors, &commits, checkpointer))
         };
         // Without a writer thread every write fails with `Unavailable`.
         let writer = writer.ok();
@@ -334,9 +347,18 @@ impl SqliteStore {
         }
         let inner = self.inner.clone();
         Box::pin(async move {
-            let run = move || match &inner.readers {
-                Some(readers) => readers.with(f),
-                None => Err(StoreError::Unavailable("no read connections".into())),
+            // At most `read_connections` reads at once: without the bound, 10,000 runs starting
+            // together each got a blocking thread that opened (and then closed) a connection.
+            let permit = match &inner.readers {
+                Some(readers) => readers.permits.clone().acquire_owned().await.ok(),
+                None => None,
+            };
+            let run = move || {
+                let _permit = permit;
+                match &inner.readers {
+                    Some(readers) => readers.with(f),
+                    None => Err(StoreError::Unavailable("no read connections".into())),
+                }
             };
             match tokio::runtime::Handle::try_current() {
                 Ok(handle) => handle
@@ -515,11 +537,13 @@ impl RunStore for SqliteStore {
     }
 }
 
-/// Idle read-only connections.
+/// Read-only connections, at most `permits` in use at once, each kept for the next read.
 struct ReaderPool {
     path: PathBuf,
     idle: Mutex<Vec<Connection>>,
     max_idle: usize,
+    /// One per read connection; a read waits for one before it takes a blocking thread.
+    permits: Arc<tokio::sync::Semaphore>,
     errors: Mapper,
 }
 
@@ -542,6 +566,8 @@ impl ReaderPool {
         let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(&self.path, flags).map_err(|e| self.errors.at_open(&self.path, e))?;
         conn.busy_timeout(self.errors.busy_timeout).map_err(|e| self.errors.map(e))?;
+        conn.set_prepared_statement_cache_capacity(schema::STATEMENT_CACHE);
+        schema::stable_plans(&conn).map_err(|e| self.errors.map(e))?;
         Ok(conn)
     }
 }

@@ -1,7 +1,8 @@
 //! The group-commit writer: one thread owns the only write connection, drains every queued
 //! write (up to `max_batch`), runs them in one `BEGIN IMMEDIATE … COMMIT`, each in its own
 //! `SAVEPOINT` (so a duplicate key, a lost compare-and-swap or a fenced write fails that write
-//! only), and replies after the commit returned: an acknowledged write is durable.
+//! only), and replies after the commit returned: an acknowledged write is durable. The WAL is
+//! checkpointed by another thread (`checkpoint.rs`), not inside this thread's commits.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -9,6 +10,7 @@ use std::sync::mpsc;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use super::checkpoint::Checkpointer;
 use super::errors::Mapper;
 use crate::store::StoreError;
 
@@ -50,11 +52,12 @@ where
 }
 
 pub(super) fn writer_loop(
-    conn: Connection,
+    mut conn: Connection,
     queue: mpsc::Receiver<Box<dyn Job>>,
     max_batch: usize,
     errors: Mapper,
     commits: &AtomicU64,
+    checkpointer: Option<Checkpointer>,
 ) {
     let mut batch = Vec::with_capacity(max_batch);
     while let Ok(first) = queue.recv() {
@@ -67,7 +70,10 @@ pub(super) fn writer_loop(
         }
         commit_batch(&conn, &mut batch, errors, commits);
     }
-    // Dropping the connection checkpoints the WAL if it is the last one.
+    if let Some(checkpointer) = checkpointer {
+        checkpointer.stop(&mut conn);
+    }
+    // Closing the connection checkpoints the WAL if it is the last one.
     if let Err((_, e)) = conn.close() {
         tracing::warn!(error = %e, "closing the SQLite write connection failed");
     }
