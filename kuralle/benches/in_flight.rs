@@ -25,6 +25,9 @@
 //! - journal writes per second: step records written (an intent, a response journaled finished,
 //!   a step's outcome) over the wall time, and the store's write calls per run;
 //! - peak RSS per in-flight run: (VmHWM at the end − VmHWM before the runs start) / N;
+//! - peak live heap per in-flight run: the most bytes allocated and not yet freed while the runs
+//!   ran, less those before, over N, counted by the global allocator (sampled every
+//!   millisecond): what the runs hold, without the allocator's own growth that RSS includes;
 //! - on SQLite, store write calls per durable commit (`SqliteStore::commit_count`).
 //!
 //! Each configuration runs in a child process of this binary (`--one STORE N LATENCY_MS`), so
@@ -43,6 +46,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use cap::Cap;
 use futures::{StreamExt, future::BoxFuture, stream::BoxStream};
 use kuralle::{
     AgentDef, FinishReason, FinishedWithIntents, InstanceLock, Lease, Message, Model, ModelError, ModelEvent,
@@ -51,6 +55,10 @@ use kuralle::{
     stores::{MemoryStore, SqliteStore},
     tool,
 };
+
+/// Counts the bytes allocated and not yet freed (one atomic per allocation and free).
+#[global_allocator]
+static HEAP: Cap<std::alloc::System> = Cap::new(std::alloc::System, usize::MAX);
 
 /// Add one.
 #[tool]
@@ -287,6 +295,7 @@ struct Figures {
     store_writes: u64,
     commits: Option<u64>,
     rss_kib: u64,
+    heap_bytes: u64,
     timed_out: bool,
 }
 
@@ -297,7 +306,7 @@ impl Figures {
 
     fn line(&self) -> String {
         format!(
-            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} first_p50_us={} first_max_us={} cpu_us_per_run={} timer_p50_us={} timer_p99_us={} step_writes={} store_writes={} commits={} rss_kib={}",
+            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} first_p50_us={} first_max_us={} cpu_us_per_run={} timer_p50_us={} timer_p99_us={} step_writes={} store_writes={} commits={} rss_kib={} heap_bytes={}",
             self.store,
             self.runs,
             self.latency_ms,
@@ -315,7 +324,8 @@ impl Figures {
             self.step_writes,
             self.store_writes,
             self.commits.map_or_else(|| "-".to_owned(), |c| c.to_string()),
-            self.rss_kib
+            self.rss_kib,
+            self.heap_bytes
         )
     }
 
@@ -342,6 +352,7 @@ impl Figures {
                 "store_writes" => f.store_writes = v.parse().ok()?,
                 "commits" => f.commits = v.parse().ok(),
                 "rss_kib" => f.rss_kib = v.parse().ok()?,
+                "heap_bytes" => f.heap_bytes = v.parse().ok()?,
                 _ => {}
             }
         }
@@ -395,6 +406,19 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
     let timer = rt.block_on(async move { tokio::spawn(timer_lateness(latency)).await }).expect("the timer task");
     let commits_before = sqlite.as_ref().map(SqliteStore::commit_count);
     let baseline = status_kib("VmHWM");
+    let heap_before = HEAP.allocated();
+    // The peak of live heap bytes, sampled every millisecond while the runs run.
+    let heap_peak = Arc::new(AtomicU64::new(heap_before as u64));
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let (peak, on) = (Arc::clone(&heap_peak), Arc::clone(&sampling));
+        std::thread::spawn(move || {
+            while on.load(Ordering::Relaxed) {
+                peak.fetch_max(HEAP.allocated() as u64, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
 
     // Started from a task on the runtime, as a service starts runs.
     let clock = Arc::clone(&marks);
@@ -422,6 +446,8 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
 
     let cpu = cpu_start.elapsed();
     let peak = status_kib("VmHWM");
+    sampling.store(false, Ordering::Relaxed);
+    sampler.join().expect("the heap sampler");
     let sorted = |v: &[AtomicU64]| {
         let mut v: Vec<u64> = v.iter().map(|g| g.load(Ordering::Relaxed)).collect();
         v.sort_unstable();
@@ -455,6 +481,7 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
         store_writes: counting.writes.load(Ordering::Relaxed),
         commits: sqlite.as_ref().zip(commits_before).map(|(s, b)| s.commit_count() - b),
         rss_kib: peak.saturating_sub(baseline),
+        heap_bytes: heap_peak.load(Ordering::Relaxed).saturating_sub(heap_before as u64),
         timed_out: false,
     }
 }
@@ -500,7 +527,7 @@ fn kib(v: f64) -> String {
 fn print_row(f: &Figures) {
     if f.timed_out {
         println!(
-            "| {} | {} | {} ms | > {:.0} s (stopped) | > {:.1}× | — | — | — | — | — | — | — | — | — |",
+            "| {} | {} | {} ms | > {:.0} s (stopped) | > {:.1}× | — | — | — | — | — | — | — | — | — | — |",
             f.store,
             f.runs,
             f.latency_ms,
@@ -511,7 +538,7 @@ fn print_row(f: &Figures) {
     }
     let per_commit = f.commits.map_or_else(|| "—".to_owned(), |c| format!("{:.2}", f.store_writes as f64 / c as f64));
     println!(
-        "| {} | {} | {} ms | {:.2} s | {:.2}× | {:.0} / {:.0} µs (max {:.0}) | {:.0} / {:.0} µs | {:.1} / {:.1} ms | {:.0} µs | {:.0} / {:.0} µs | {:.0} | {:.1} | {} | {} |",
+        "| {} | {} | {} ms | {:.2} s | {:.2}× | {:.0} / {:.0} µs (max {:.0}) | {:.0} / {:.0} µs | {:.1} / {:.1} ms | {:.0} µs | {:.0} / {:.0} µs | {:.0} | {:.1} | {} | {} | {} |",
         f.store,
         f.runs,
         f.latency_ms,
@@ -530,6 +557,7 @@ fn print_row(f: &Figures) {
         f.step_writes as f64 / f.wall_s,
         f.store_writes as f64 / f.runs as f64,
         kib(f.rss_kib as f64 / f.runs as f64),
+        kib(f.heap_bytes as f64 / 1024.0 / f.runs as f64),
         per_commit
     );
 }
@@ -703,9 +731,9 @@ fn main() {
          answer -> next request = from the answer handed over to the run's next request"
     );
     println!(
-        "| store | runs in flight | model latency | wall | wall / ideal | added latency per turn p50 / p99 | answer → next request p50 / p99 | first request p50 / last | CPU per run | idle timer lateness p50 / p99 | journal writes/s | store writes per run | peak RSS per run | store writes per commit |"
+        "| store | runs in flight | model latency | wall | wall / ideal | added latency per turn p50 / p99 | answer → next request p50 / p99 | first request p50 / last | CPU per run | idle timer lateness p50 / p99 | journal writes/s | store writes per run | peak RSS per run | peak live heap per run | store writes per commit |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut all = Vec::new();
     for latency in &latencies {
         for store in &stores {

@@ -244,13 +244,13 @@ impl McpServer {
         let outcome = loop {
             tokio::select! {
                 outcome = &mut running => break outcome,
-                Some(event) = progress.recv() => forward(&cx, token.as_ref(), event, &mut sent).await,
+                Some(event) = progress.recv() => forward(&cx, token.as_ref(), *event, &mut sent).await,
             }
         };
         // Progress sent just before the outcome is still in the channel: it goes out before
         // the response, in order.
         while let Ok(event) = progress.try_recv() {
-            forward(&cx, token.as_ref(), event, &mut sent).await;
+            forward(&cx, token.as_ref(), *event, &mut sent).await;
         }
         to_call_result(outcome, structured).into()
     }

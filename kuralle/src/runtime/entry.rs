@@ -23,14 +23,16 @@ use crate::{
 /// One turn under the run's lease: taken before anything is read, renewed while the turn
 /// runs, released when it closes (a paused run holds no lease). With `decision`, the decision
 /// is recorded under the same lease first (`deliver`).
-pub(super) async fn run(
+///
+/// Not `async`: an async fn would hold its arguments beside the future it awaits.
+pub(super) fn run(
     rt: Arc<Inner>,
     req: RunRequest,
     events: EventSender,
     interrupt: CancellationToken,
     decision: Option<Decision>,
-) -> Result<RunOutput, RunError> {
-    run_leased(rt, req, events, interrupt, decision, None).await
+) -> impl Future<Output = Result<RunOutput, RunError>> + Send + 'static {
+    run_leased(rt, req, events, interrupt, decision, None)
 }
 
 /// [`run`], under `claimed` when the caller already holds the run's lease (a worker that
@@ -53,10 +55,12 @@ pub(super) async fn run_leased(
             Some(claimed) => claimed,
             None => {
                 // No lease under the instance's id without the proof that this process holds it.
-                let claim = rt.claim_instance().await?;
+                // Boxed, as in `turn`: the run's task keeps only what it waits on for long.
+                let claim = Box::pin(rt.claim_instance()).await?;
                 let owner = rt.owner_id();
                 let (lease, granted) =
-                    lease::acquire(rt.store.as_ref(), &owner, &run_id, rt.lease_ttl, req.wait_for_lease).await?;
+                    Box::pin(lease::acquire(rt.store.as_ref(), &owner, &run_id, rt.lease_ttl, req.wait_for_lease))
+                        .await?;
                 decided_at = DecidedAt::granted(&lease, rt.lease_ttl);
                 (lease, granted, claim)
             }
@@ -70,7 +74,7 @@ pub(super) async fn run_leased(
         }
         let fence = Arc::clone(held.fence());
         let result = match &decision {
-            Some(d) => record_under(rt.store.as_ref(), &fence, &run_id, d, decided_at).await,
+            Some(d) => Box::pin(record_under(rt.store.as_ref(), &fence, &run_id, d, decided_at)).await,
             None => Ok(()),
         };
         let result = match result {
@@ -78,12 +82,12 @@ pub(super) async fn run_leased(
             Err(e) => Err(e),
         };
         let result = fence.settle(result);
-        held.release().await;
+        Box::pin(held.release()).await;
         result
     }
     .await;
     let result = match result {
-        Err(RunError::LeaseLost { .. }) => cancelled(&rt, &run_id).await.map_or(result, Ok),
+        Err(RunError::LeaseLost { .. }) => Box::pin(cancelled(&rt, &run_id)).await.map_or(result, Ok),
         other => other,
     };
     match &result {

@@ -7,12 +7,12 @@ use std::{
 };
 
 use futures::{Stream, future::BoxFuture};
-use tokio::{sync::mpsc::Receiver, task::JoinHandle};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     error::RunError,
-    event::{Event, RunOutput},
+    event::{Event, EventReceiver, RunOutput},
 };
 
 /// A running turn: a `Stream<Item = Event>` and an
@@ -54,7 +54,7 @@ use crate::{
 /// # }).unwrap();
 /// ```
 pub struct RunHandle {
-    events: Receiver<Event>,
+    events: EventReceiver,
     task: JoinHandle<Result<RunOutput, RunError>>,
     interrupt: CancellationToken,
     /// The run's result, once its task ended (taken by `into_future`).
@@ -71,7 +71,7 @@ impl std::fmt::Debug for RunHandle {
 
 impl RunHandle {
     pub(crate) fn new(
-        events: Receiver<Event>,
+        events: EventReceiver,
         task: JoinHandle<Result<RunOutput, RunError>>,
         interrupt: CancellationToken,
     ) -> Self {
@@ -199,7 +199,7 @@ impl Stream for RunHandle {
         loop {
             if let Poll::Ready(event) = this.events.poll_recv(cx) {
                 this.ended = event.is_none();
-                return Poll::Ready(event);
+                return Poll::Ready(event.map(|e| *e));
             }
             // Nothing buffered. The stream ends with the run, not with the last sender: a
             // timed-out call stuck in a blocking section may still hold one.

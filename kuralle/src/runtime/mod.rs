@@ -286,6 +286,10 @@ impl Decision {
 
 pub(crate) struct Inner {
     pub(crate) agents: Vec<AgentDef>,
+    /// Per agent (same order as `agents`): the specs of the tools its model is offered, built
+    /// once here instead of per turn (each holds its JSON schema: a turn built and dropped
+    /// about 1 KiB of them per tool).
+    pub(crate) specs: Vec<Arc<[crate::tool::ToolSpec]>>,
     pub(crate) model: Option<Arc<dyn Model>>,
     pub(crate) store: Arc<dyn RunStore>,
     pub(crate) max_journal_entries: u64,
@@ -305,6 +309,14 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// The tool specs offered to `agent`'s model (one of `agents`).
+    pub(crate) fn specs_of(&self, agent: &AgentDef) -> Arc<[crate::tool::ToolSpec]> {
+        match self.agents.iter().position(|a| std::ptr::eq(a, agent)) {
+            Some(i) => Arc::clone(&self.specs[i]),
+            None => output::tools(agent).specs().into(),
+        }
+    }
+
     /// A fresh lease owner id: `"<instance id>/<uuid>"`, or `"<process uuid>/<uuid>"`.
     pub(crate) fn owner_id(&self) -> String {
         lease::owner_id(self.instance.as_ref().map(|i| i.id()))
@@ -382,7 +394,7 @@ impl Runtime {
         let (tx, rx) = crate::event::EventSender::channel(self.inner.event_buffer);
         let inner = Arc::clone(&self.inner);
         let token = interrupt.clone();
-        let task = tokio::spawn(async move { entry::run(inner, request, tx, token, None).await });
+        let task = tokio::spawn(entry::run(inner, request, tx, token, None));
         RunHandle::new(rx, task, interrupt)
     }
 
@@ -846,9 +858,11 @@ impl RuntimeBuilder {
         let renewals = renewals::Renewals::new(Arc::clone(&store), lease_ttl);
         let instance =
             self.instance_id.map(|id| instance::Instance::new(id, Arc::clone(&store), Arc::clone(&renewals)));
+        let specs = self.agents.iter().map(|a| output::tools(a).specs().into()).collect();
         Ok(Runtime {
             inner: Arc::new(Inner {
                 agents: self.agents,
+                specs,
                 model: self.model,
                 renewals,
                 instance,

@@ -45,7 +45,7 @@ pub(super) async fn model_step(
     }
     crate::trace::replayed(false);
     if let Some(exceeded) = ctx.budget.before_request(&journal.spent()) {
-        return Err(super::limits::refuse(ctx, exceeded).await);
+        return Err(Box::pin(super::limits::refuse(ctx, exceeded)).await);
     }
     // No intent is written before asking: a response cut off by a crash is asked for again
     // either way, so the response is journaled once it is complete, with the intents of the
@@ -129,9 +129,11 @@ pub(super) async fn model_step(
     if size > rt.max_value_bytes {
         return Err(RunError::ResponseTooLarge { size, limit: rt.max_value_bytes });
     }
+    // Boxed: the step's future is held through the model's whole latency, these writes only
+    // after it.
     match unfinished {
-        Some(ordinal) => journal.finish(&key, ordinal, StepOutcome::Finished(value), false).await?,
-        None => journal.defer_finished(key, StepKind::Model, "model", value).await?,
+        Some(ordinal) => Box::pin(journal.finish(&key, ordinal, StepOutcome::Finished(value), false)).await?,
+        None => Box::pin(journal.defer_finished(key, StepKind::Model, "model", value)).await?,
     }
     journal.spend(response.usage, response.cost_usd);
     Ok(Some(response))

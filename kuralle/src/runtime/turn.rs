@@ -42,20 +42,24 @@ pub(super) async fn turn(
 ) -> Result<RunOutput, RunError> {
     let fence = held.fence();
     let writer = RunWriter::new(rt.store.as_ref(), fence);
-    let (record, state) = match open(rt, req, writer).await? {
+    // Boxed here and below: a future is as large as its largest await, and a run spends its
+    // life waiting on the model, so what only briefly runs (opening, dispatching, closing)
+    // is kept off the run's task, which 10,000 runs in flight hold at once.
+    let (record, state) = match Box::pin(open(rt, req, writer)).await? {
         Opened::Done(out) => {
             events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
             events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
             return Ok(out);
         }
-        Opened::Turn { record, state } => (*record, *state),
+        // Kept boxed: each layer of the turn's future would otherwise hold its own copy.
+        Opened::Turn { record, state } => (record, state),
     };
     let result = drive(rt, record, state, events, interrupt, held, req.hand_back).await;
     if let Err(e) = &result
         && ends_the_run(e)
         && !fence.is_lost()
     {
-        mark_ended(writer, ended_status(e)).await;
+        Box::pin(mark_ended(writer, ended_status(e))).await;
     }
     result
 }
@@ -95,8 +99,8 @@ pub(super) async fn mark_ended(writer: RunWriter<'_>, status: RunStatus) {
 /// Runs the turn of an opened run.
 async fn drive(
     rt: &Arc<Inner>,
-    record: RunRecord,
-    state: RunState,
+    record: Box<RunRecord>,
+    state: Box<RunState>,
     events: &EventSender,
     interrupt: CancellationToken,
     held: &Held,
@@ -104,12 +108,12 @@ async fn drive(
 ) -> Result<RunOutput, RunError> {
     let fence = held.fence();
     let run_id = fence.run_id();
-    let agent = agent(rt, Some(&record.agent_id))?.clone();
+    let agent = agent(rt, Some(&record.agent_id))?;
     let model: Arc<dyn Model> = match (&agent.model, &rt.model) {
         (Some(m), _) | (None, Some(m)) => Arc::clone(m),
         (None, None) => return Err(RunError::Config(format!("agent `{}` has no model", agent.id))),
     };
-    let limits = limits::of_run(&agent, &state);
+    let limits = limits::of_run(agent, &state);
     limits::priced(limits.max_cost_usd.is_some(), &agent.id, model.as_ref(), &rt.pricing)?;
     let span = crate::trace::agent_span(run_id, &agent.id, model.as_ref());
     let started = std::time::Instant::now();
@@ -118,7 +122,7 @@ async fn drive(
 
         // A fork's journal keeps its original's keys.
         let key_run = state.key_run.as_deref().unwrap_or(run_id);
-        let journal = Journal::open(
+        let journal = Box::pin(Journal::open(
             Arc::clone(&rt.store),
             Arc::clone(fence),
             run_id,
@@ -126,11 +130,11 @@ async fn drive(
             record.epoch,
             rt.max_journal_entries,
             limits.counts_usage(),
-        )
+        ))
         .await?;
         let ctx = Arc::new(TurnCtx {
             journal,
-            tools: super::output::tools(&agent),
+            tools: super::output::tools(agent),
             events: events.clone(),
             interrupt: interrupt.clone(),
             max_concurrency: agent.max_tool_concurrency,
@@ -147,7 +151,7 @@ async fn drive(
             },
             budget: Budget::new(limits, record.created_at_ms),
         });
-        steps(rt, run_id, &agent, model.as_ref(), record, state, events, &ctx, fence, hand_back).await
+        steps(rt, run_id, agent, model.as_ref(), record, state, events, &ctx, fence, hand_back).await
     }
     .instrument(span.clone())
     .await;
@@ -163,8 +167,8 @@ async fn steps(
     run_id: &str,
     agent: &AgentDef,
     model: &dyn Model,
-    record: RunRecord,
-    state: RunState,
+    record: Box<RunRecord>,
+    state: Box<RunState>,
     events: &EventSender,
     ctx: &Arc<TurnCtx>,
     fence: &Arc<Fence>,
@@ -178,7 +182,7 @@ async fn steps(
     if let Some(input) = &state.turn_input {
         transcript.push(Message::User { content: input.clone() });
     }
-    let specs: Arc<[ToolSpec]> = ctx.tools.specs().into();
+    let specs: Arc<[ToolSpec]> = rt.specs_of(agent);
     let mut typed = agent.output.as_ref().map(Typed::new);
     // A fork may run with other instructions than its agent's.
     let instructions = state.instructions.as_ref().unwrap_or(&agent.instructions);
@@ -209,7 +213,9 @@ async fn steps(
         };
         let mut chat =
             crate::trace::ChatSpan::start(run_id, callsite, model, &request, rt.capture_content.then_some(&ctx.redact));
-        let step = chat.run(model_step(rt, ctx, model, request, callsite)).await;
+        // Boxed: `ChatSpan::run` and its task-local scope would each hold the step's future
+        // again (about 5 KiB of every run's task while it waits on the model).
+        let step = chat.run(Box::pin(model_step(rt, ctx, model, request, callsite))).await;
         chat.done(step.as_ref().map(|r| r.as_ref().map(|r| (&r.parts[..], &r.finish, r.usage))));
         let Some(response) = step? else {
             status = RunStatus::Interrupted;
@@ -225,7 +231,7 @@ async fn steps(
             transcript.push(message);
             if let Some(t) = typed.as_mut() {
                 let judged = t.judge_text(&text, &finish);
-                match settle(t, judged, ctx, callsite, Some(&mut transcript), &mut failure).await? {
+                match Box::pin(settle(t, judged, ctx, callsite, Some(&mut transcript), &mut failure)).await? {
                     Some(v) => value = Some(v),
                     None if failure.is_none() => continue,
                     None => break,
@@ -236,7 +242,7 @@ async fn steps(
         }
         let calls = take_calls(&mut parts);
         let n = calls.len() as u64;
-        let dispatched = dispatch::dispatch(ctx, calls, callsite).await?;
+        let dispatched = Box::pin(dispatch::dispatch(ctx, calls, callsite)).await?;
         callsite += n;
         if !dispatched.pending.is_empty() {
             // The turn resumes from its start once decided: everything before the pending
@@ -264,7 +270,7 @@ async fn steps(
         }
         if let (Some(t), Some(judged)) = (typed.as_mut(), judged) {
             // A rejected call's error is its result, already in the transcript: the repair prompt.
-            if let Some(v) = settle(t, judged, ctx, callsite, None, &mut failure).await? {
+            if let Some(v) = Box::pin(settle(t, judged, ctx, callsite, None, &mut failure)).await? {
                 value = Some(v);
                 status = RunStatus::Finished;
                 break;
@@ -307,12 +313,12 @@ async fn steps(
     if let Some(e) = failure {
         // The turn's transcript and usage are kept (every repair shows in them); the run fails.
         let closing = Closing { transcript, status: RunStatus::Failed, text, usage, pending, value: None };
-        close(RunWriter::new(rt.store.as_ref(), fence), record, state, closing).await?;
+        Box::pin(close(RunWriter::new(rt.store.as_ref(), fence), *record, *state, closing)).await?;
         events.send(Event::Error { message: e.to_string() }).await;
         return Err(e.into());
     }
     let closing = Closing { transcript, status, text, usage, pending, value };
-    let out = close(RunWriter::new(rt.store.as_ref(), fence), record, state, closing).await?;
+    let out = Box::pin(close(RunWriter::new(rt.store.as_ref(), fence), *record, *state, closing)).await?;
     events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
     Ok(out)
 }

@@ -174,6 +174,8 @@ impl ChatSpan {
         let provider = provider_name(&self.wire);
         let operation = operation_name(&self.wire);
         let server = self.reported.server.as_ref();
+        // Built only for a request actually sent: a replayed step records no metric.
+        let labels = fresh.then(|| metrics::Labels::new(operation, provider, &self.model, server));
         match &result {
             Ok(Some((parts, finish, usage))) => {
                 span.record("outcome", "ok");
@@ -187,9 +189,9 @@ impl ChatSpan {
                         tracing::field::display(content::output(parts, finish, redact)),
                     );
                 }
-                if fresh {
+                if let Some(labels) = &labels {
                     record_usage(span, usage);
-                    metrics::tokens(operation, provider, &self.model, server, usage);
+                    metrics::tokens(labels, usage);
                 }
             }
             Ok(None) => {
@@ -215,13 +217,13 @@ impl ChatSpan {
             span.record("server.address", host.as_str());
             span.record("server.port", i64::from(*port));
         }
-        if fresh && !matches!(result, Ok(None)) {
+        if let Some(labels) = labels.filter(|_| !matches!(result, Ok(None))) {
             let error_type = match &result {
                 Err(RunError::Model(e)) => Some(model_error_type(e)),
                 Err(e) => Some(run_error_type(e)),
                 Ok(_) => None,
             };
-            metrics::duration(operation, provider, &self.model, server, error_type, self.started.elapsed());
+            metrics::duration(labels, error_type, self.started.elapsed());
             super::record_duration(span, self.started);
         }
     }
