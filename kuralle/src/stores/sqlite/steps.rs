@@ -145,7 +145,7 @@ mod tests {
     #[test]
     fn appending_never_reprepares_a_statement() {
         let conn = Connection::open_in_memory().unwrap();
-        let errors = Mapper { busy_timeout: std::time::Duration::from_secs(1) };
+        let errors = Mapper { busy_timeout: std::time::Duration::from_secs(1), max_size_bytes: None };
         configure_writer(&conn, &SqliteOptions::default(), errors, None).unwrap();
         for i in 0..20 {
             let run_id = format!("run-{i}");
