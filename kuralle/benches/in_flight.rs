@@ -47,12 +47,12 @@ use std::{
 };
 
 use cap::Cap;
-use futures::{StreamExt, future::BoxFuture, stream::BoxStream};
+use futures::{StreamExt, stream::BoxStream};
 use kuralle::{
-    AgentDef, FinishReason, FinishedWithIntents, InstanceLock, Lease, Message, Model, ModelError, ModelEvent,
-    ModelRequest, NewStep, RunFilter, RunRecord, RunRequest, RunStatus, RunStore, RunSummary, Runtime, StepOutcome,
-    StepRecord, StoreFuture, ToolCallRequest, Usage,
+    AgentDef, FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, RunRequest, RunStatus, RunStore,
+    Runtime, ToolCallRequest, Usage,
     stores::{MemoryStore, SqliteStore},
+    testing::CountingStore,
     tool,
 };
 
@@ -148,119 +148,6 @@ impl Model for Latent {
             }
         }
         .boxed()
-    }
-}
-
-/// The store, counting what the runtime writes to it. Every method is passed on, provided ones
-/// included, so the inner store's own implementations (one-transaction writes) still run.
-struct Counting {
-    inner: Arc<dyn RunStore>,
-    /// Step records written: intents, responses journaled finished, outcomes.
-    steps: AtomicU64,
-    /// Write calls of any kind (run rows, steps, leases).
-    writes: AtomicU64,
-}
-
-impl Counting {
-    fn count(&self, steps: usize) {
-        self.steps.fetch_add(steps as u64, Ordering::Relaxed);
-        self.writes.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-impl RunStore for Counting {
-    fn create_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, ()> {
-        self.count(0);
-        self.inner.create_run(run, fence)
-    }
-
-    fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunRecord>> {
-        self.inner.get_run(run_id)
-    }
-
-    fn put_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, u64> {
-        self.count(0);
-        self.inner.put_run(run, fence)
-    }
-
-    fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>> {
-        self.inner.list_runs(filter)
-    }
-
-    fn delete_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, bool> {
-        self.count(0);
-        self.inner.delete_run(run_id)
-    }
-
-    fn append_steps<'a>(&'a self, run_id: &'a str, fence: u64, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>> {
-        self.count(steps.len());
-        self.inner.append_steps(run_id, fence, steps)
-    }
-
-    fn finish_step<'a>(
-        &'a self,
-        run_id: &'a str,
-        fence: u64,
-        ordinal: u64,
-        outcome: StepOutcome,
-        finished_at_ms: i64,
-    ) -> StoreFuture<'a, ()> {
-        self.count(1);
-        self.inner.finish_step(run_id, fence, ordinal, outcome, finished_at_ms)
-    }
-
-    fn append_finished_with_intents<'a>(
-        &'a self,
-        run_id: &'a str,
-        fence: u64,
-        write: FinishedWithIntents,
-    ) -> StoreFuture<'a, Vec<u64>> {
-        self.count(1 + write.intents.len());
-        self.inner.append_finished_with_intents(run_id, fence, write)
-    }
-
-    fn cancel_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunStatus>> {
-        self.count(0);
-        self.inner.cancel_run(run_id)
-    }
-
-    fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>> {
-        self.inner.steps(run_id)
-    }
-
-    fn acquire_lease<'a>(&'a self, run_id: &'a str, owner: &'a str, ttl: Duration) -> StoreFuture<'a, Lease> {
-        self.count(0);
-        self.inner.acquire_lease(run_id, owner, ttl)
-    }
-
-    fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease> {
-        self.count(0);
-        self.inner.renew_lease(lease, ttl)
-    }
-
-    fn release_lease<'a>(&'a self, lease: &'a Lease) -> StoreFuture<'a, ()> {
-        self.count(0);
-        self.inner.release_lease(lease)
-    }
-
-    fn current_lease<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<Lease>> {
-        self.inner.current_lease(run_id)
-    }
-
-    fn claim_runnable<'a>(&'a self, owner: &'a str, ttl: Duration, limit: usize) -> StoreFuture<'a, Vec<Lease>> {
-        self.inner.claim_runnable(owner, ttl, limit)
-    }
-
-    fn lock_instance<'a>(&'a self, instance_id: &'a str) -> StoreFuture<'a, Option<Box<dyn InstanceLock>>> {
-        self.inner.lock_instance(instance_id)
-    }
-
-    fn notify_runnable(&self) -> StoreFuture<'_, ()> {
-        self.inner.notify_runnable()
-    }
-
-    fn wait_runnable(&self, poll: Duration) -> BoxFuture<'_, ()> {
-        self.inner.wait_runnable(poll)
     }
 }
 
@@ -388,7 +275,7 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
         Some(s) => Arc::new(s.clone()),
         None => Arc::new(MemoryStore::new()),
     };
-    let counting = Arc::new(Counting { inner, steps: AtomicU64::new(0), writes: AtomicU64::new(0) });
+    let counting = Arc::new(CountingStore::new(inner));
     let marks = Arc::new(Marks {
         start: Instant::now(),
         answered: (0..runs).map(|_| AtomicU64::new(0)).collect(),
@@ -477,8 +364,8 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
         first_max_us: q(&firsts, 1.0),
         timer_p50_us: timer.0,
         timer_p99_us: timer.1,
-        step_writes: counting.steps.load(Ordering::Relaxed),
-        store_writes: counting.writes.load(Ordering::Relaxed),
+        step_writes: counting.counts().steps,
+        store_writes: counting.counts().writes,
         commits: sqlite.as_ref().zip(commits_before).map(|(s, b)| s.commit_count() - b),
         rss_kib: peak.saturating_sub(baseline),
         heap_bytes: heap_peak.load(Ordering::Relaxed).saturating_sub(heap_before as u64),

@@ -1,8 +1,11 @@
-//! `ScriptedModel`: a model that plays scripted turns, for tests and offline demos; and
-//! [`Replay`], a model that plays a recorded run back.
+//! `ScriptedModel`: a model that plays scripted turns, for tests and offline demos;
+//! [`Replay`], a model that plays a recorded run back; and [`CountingStore`], a store wrapper
+//! that counts what the runtime writes.
 
+mod counting;
 mod replay;
 
+pub use counting::{CountingStore, WriteCounts};
 pub use replay::{Diverged, Divergence, Replay};
 
 use std::sync::{Arc, Mutex, PoisonError};

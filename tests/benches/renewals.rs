@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kuralle::stores::{MemoryStore, SqliteStore};
+use kuralle::testing::CountingStore;
 use kuralle::{DEFAULT_LEASE_TTL, RunRequest, RunStatus, RunStore};
-use kuralle_tests::counting::CountingStore;
 use kuralle_tests::in_flight::{Turns, runtime};
 
 async fn one(store: &str, runs: usize, latency: Duration) -> Option<String> {

@@ -3,7 +3,6 @@
 //! overlapping calls, and a store wrapper that simulates outages.
 
 pub mod conformance;
-pub mod counting;
 pub mod fault_proxy;
 pub mod in_flight;
 pub mod invariants;

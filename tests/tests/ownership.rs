@@ -11,12 +11,12 @@ use std::{
 };
 
 use futures::StreamExt;
+use kuralle::testing::CountingStore;
 use kuralle::{
     AgentDef, Decision, Event, RunError, RunRequest, RunStatus, RunStore, Runtime, StepKind, StepStatus,
     stores::MemoryStore,
     testing::{ScriptedModel, Turn},
 };
-use kuralle_tests::counting::CountingStore;
 use kuralle_tests::{FlakyStore, FnTool};
 use serde_json::json;
 use tokio::sync::Notify;

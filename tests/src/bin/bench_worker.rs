@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use kuralle::WorkerOptions;
 use kuralle::stores::{PostgresOptions, PostgresStore};
-use kuralle_tests::counting::CountingStore;
+use kuralle::testing::CountingStore;
 use kuralle_tests::in_flight::{Turns, process_cpu, runtime};
 use tokio::io::{AsyncBufReadExt, BufReader};
 

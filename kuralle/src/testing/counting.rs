@@ -1,23 +1,24 @@
-//! A pass-through `RunStore` that counts what the runtime writes to it: step records, write
-//! calls, and lease renewals. The in-flight benches (`benches/in_flight_pg.rs` and its worker,
-//! `src/bin/bench_worker.rs`) and the renewal measurement read it.
+//! [`CountingStore`]: a pass-through [`RunStore`] that counts what the runtime writes to it
+//! (step records, write calls, lease renewals and renewal requests), for benches, capacity
+//! planning and tests that assert how many writes something costs.
 //!
 //! Every method is passed on, provided ones included, so the inner store's own
-//! implementations (one-statement claims, one-transaction writes) still run.
+//! implementations (one-statement claims, one-transaction writes, batched renewals) still run.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use kuralle::{
+
+use crate::store::{
     FinishedWithIntents, InstanceLock, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary,
     StepOutcome, StepRecord, StoreError, StoreFuture,
 };
 
 /// Counts of what went through a [`CountingStore`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counts {
+pub struct WriteCounts {
     /// Step records written: intents, responses journaled finished, outcomes.
     pub steps: u64,
     /// Write calls of any kind (run rows, steps, leases), renewals included.
@@ -29,7 +30,19 @@ pub struct Counts {
     pub renewal_requests: u64,
 }
 
-/// The wrapper; clones share the counts.
+/// A pass-through store that counts writes; clones share the counts.
+///
+/// ```
+/// use std::sync::Arc;
+/// use kuralle::{RunStore, stores::MemoryStore, testing::CountingStore};
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let counting = CountingStore::new(Arc::new(MemoryStore::new()));
+/// let lease = counting.acquire_lease("r1", "me", std::time::Duration::from_secs(30)).await.unwrap();
+/// counting.renew_leases(&[lease], std::time::Duration::from_secs(30)).await.unwrap();
+/// let counts = counting.counts();
+/// assert_eq!((counts.writes, counts.renewals, counts.renewal_requests), (2, 1, 1));
+/// # });
+/// ```
 #[derive(Clone)]
 pub struct CountingStore {
     inner: Arc<dyn RunStore>,
@@ -52,8 +65,8 @@ impl CountingStore {
     }
 
     /// The counts so far.
-    pub fn counts(&self) -> Counts {
-        Counts {
+    pub fn counts(&self) -> WriteCounts {
+        WriteCounts {
             steps: self.steps.load(Ordering::Relaxed),
             writes: self.writes.load(Ordering::Relaxed),
             renewals: self.renewals.load(Ordering::Relaxed),
