@@ -8,6 +8,7 @@ pub mod in_flight;
 pub mod invariants;
 pub mod postgres;
 pub mod private_pg;
+pub mod serving;
 pub mod wire_server;
 pub mod workers;
 

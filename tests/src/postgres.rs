@@ -80,3 +80,14 @@ pub async fn store_with(test: &str, options: PostgresOptions) -> Option<(Postgre
 pub fn store_blocking(test: &str) -> Option<(PostgresStore, SchemaGuard)> {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(store(test)))
 }
+
+/// A store on the server at `url` in `schema` (created if missing), with a short connect
+/// timeout: for fault tests whose servers (private, or behind a proxy) go away.
+pub async fn store_at(url: &str, schema: &str) -> std::sync::Arc<dyn kuralle::RunStore> {
+    let options = PostgresOptions {
+        schema: schema.to_owned(),
+        connect_timeout: std::time::Duration::from_secs(5),
+        ..PostgresOptions::default()
+    };
+    std::sync::Arc::new(PostgresStore::connect_with(url, options).await.expect("the store connects"))
+}

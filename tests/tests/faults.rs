@@ -18,15 +18,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kuralle::stores::{PostgresOptions, PostgresStore};
 use kuralle::testing::{ScriptedModel, Turn};
-use kuralle::{AgentDef, RunFilter, RunRequest, RunStatus, RunStore, Runtime, ServeReport, StepStatus, WorkerOptions};
+use kuralle::{AgentDef, RunFilter, RunRequest, RunStatus, RunStore, Runtime, StepStatus, WorkerOptions};
 use kuralle_tests::FnTool;
 use kuralle_tests::invariants::{Invariants, Journals, Ledger, now_ms};
-use kuralle_tests::postgres::unique_schema;
+use kuralle_tests::postgres::{store_at, unique_schema};
 use kuralle_tests::private_pg::PrivatePostgres;
+use kuralle_tests::serving::Serving;
 use serde_json::json;
-use tokio::sync::oneshot;
 
 const RUNS: usize = 200;
 const LEASE_TTL: Duration = Duration::from_secs(4);
@@ -57,49 +56,6 @@ fn runtime(store: Arc<dyn RunStore>, ledger: &Ledger) -> Runtime {
         .expect("the runtime builds")
 }
 
-/// A worker serving until told to stop.
-struct Worker {
-    stop: oneshot::Sender<()>,
-    serving: tokio::task::JoinHandle<Result<ServeReport, kuralle::RunError>>,
-}
-
-impl Worker {
-    fn start(runtime: &Runtime) -> Self {
-        let (stop, stopped) = oneshot::channel::<()>();
-        let runtime = runtime.clone();
-        let options = WorkerOptions {
-            poll_interval: Duration::from_millis(50),
-            shutdown_grace: Duration::from_secs(5),
-            ..WorkerOptions::default()
-        };
-        let serving = tokio::spawn(async move {
-            runtime
-                .serve_with(
-                    async {
-                        let _ = stopped.await;
-                    },
-                    options,
-                )
-                .await
-        });
-        Self { stop, serving }
-    }
-
-    async fn stop(self) -> ServeReport {
-        let _ = self.stop.send(());
-        self.serving.await.expect("the worker does not panic").expect("the worker ends cleanly")
-    }
-}
-
-async fn store(url: &str, schema: &str) -> Arc<dyn RunStore> {
-    let options = PostgresOptions {
-        schema: schema.to_owned(),
-        connect_timeout: Duration::from_secs(5),
-        ..PostgresOptions::default()
-    };
-    Arc::new(PostgresStore::connect_with(url, options).await.expect("the store connects"))
-}
-
 async fn finished(store: &dyn RunStore) -> Option<usize> {
     let filter = RunFilter { status: Some(RunStatus::Finished), ..RunFilter::default() };
     store.list_runs(filter).await.ok().map(|runs| runs.len())
@@ -117,7 +73,7 @@ async fn a_server_restart_mid_load_runs_no_call_twice_and_parks_no_run() {
         }
     };
     let schema = unique_schema("fault");
-    let (store_a, store_b) = (store(&server.url(), &schema).await, store(&server.url(), &schema).await);
+    let (store_a, store_b) = (store_at(&server.url(), &schema).await, store_at(&server.url(), &schema).await);
     let ledger = Ledger::default();
     let (a, b) = (runtime(Arc::clone(&store_a), &ledger), runtime(Arc::clone(&store_b), &ledger));
     for i in 0..RUNS {
@@ -125,7 +81,7 @@ async fn a_server_restart_mid_load_runs_no_call_twice_and_parks_no_run() {
     }
 
     let started = Instant::now();
-    let workers = [Worker::start(&a), Worker::start(&b)];
+    let workers = [Serving::start(&a, worker_options()), Serving::start(&b, worker_options())];
     // Restart once a fifth of the runs are done: calls are running on both workers.
     loop {
         if finished(store_a.as_ref()).await.unwrap_or(0) >= RUNS / 5 {
@@ -186,4 +142,12 @@ async fn a_server_restart_mid_load_runs_no_call_twice_and_parks_no_run() {
         "the last run finished {} ms after the server was back: runs were parked",
         last_ms - back_ms
     );
+}
+
+fn worker_options() -> WorkerOptions {
+    WorkerOptions {
+        poll_interval: Duration::from_millis(50),
+        shutdown_grace: Duration::from_secs(5),
+        ..WorkerOptions::default()
+    }
 }

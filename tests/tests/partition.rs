@@ -24,18 +24,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kuralle::stores::{PostgresOptions, PostgresStore};
 use kuralle::testing::{ScriptedModel, Turn};
-use kuralle::{
-    AgentDef, RunFilter, RunRequest, RunStatus, RunStore, Runtime, ServeReport, StepKind, StepStatus, WorkerOptions,
-};
+use kuralle::{AgentDef, RunFilter, RunRequest, RunStatus, RunStore, Runtime, StepKind, StepStatus, WorkerOptions};
 use kuralle_tests::FnTool;
 use kuralle_tests::fault_proxy::{FaultProxy, Mode};
 use kuralle_tests::invariants::{Invariants, Journals, Ledger, now_ms};
-use kuralle_tests::postgres::unique_schema;
+use kuralle_tests::postgres::{store_at, unique_schema};
 use kuralle_tests::private_pg::PrivatePostgres;
+use kuralle_tests::serving::Serving;
 use serde_json::json;
-use tokio::sync::oneshot;
 
 const LEASE_TTL: Duration = Duration::from_secs(2);
 
@@ -76,50 +73,6 @@ fn runtime(name: &'static str, store: Arc<dyn RunStore>, ledger: &Ledger, seen: 
         .lease_ttl(LEASE_TTL)
         .build()
         .expect("the runtime builds")
-}
-
-/// A worker serving until told to stop.
-struct Worker {
-    stop: oneshot::Sender<()>,
-    serving: tokio::task::JoinHandle<Result<ServeReport, kuralle::RunError>>,
-}
-
-impl Worker {
-    fn start(runtime: &Runtime) -> Self {
-        let (stop, stopped) = oneshot::channel::<()>();
-        let runtime = runtime.clone();
-        let options = WorkerOptions {
-            max_concurrent_runs: 8,
-            poll_interval: Duration::from_millis(50),
-            shutdown_grace: Duration::from_secs(5),
-            ..WorkerOptions::default()
-        };
-        let serving = tokio::spawn(async move {
-            runtime
-                .serve_with(
-                    async {
-                        let _ = stopped.await;
-                    },
-                    options,
-                )
-                .await
-        });
-        Self { stop, serving }
-    }
-
-    async fn stop(self) -> ServeReport {
-        let _ = self.stop.send(());
-        self.serving.await.expect("the worker does not panic").expect("the worker ends cleanly")
-    }
-}
-
-async fn store(url: &str, schema: &str) -> Arc<dyn RunStore> {
-    let options = PostgresOptions {
-        schema: schema.to_owned(),
-        connect_timeout: Duration::from_secs(5),
-        ..PostgresOptions::default()
-    };
-    Arc::new(PostgresStore::connect_with(url, options).await.expect("the store connects"))
 }
 
 async fn finished_ids(store: &dyn RunStore) -> BTreeSet<String> {
@@ -177,19 +130,23 @@ async fn a_worker_partitioned_past_its_lease_is_taken_over_and_fenced() {
     let proxy = FaultProxy::start(([127, 0, 0, 1], server.port()).into()).await.unwrap();
     let schema = unique_schema("partition");
     let (ledger, seen) = (Ledger::default(), Seen::default());
-    let direct = store(&server.url(), &schema).await;
+    let direct = store_at(&server.url(), &schema).await;
     let (a, b) = (
         runtime("a", Arc::clone(&direct), &ledger, &seen, &Busy::default()),
-        runtime("b", store(&server.url(), &schema).await, &ledger, &seen, &Busy::default()),
+        runtime("b", store_at(&server.url(), &schema).await, &ledger, &seen, &Busy::default()),
     );
     let p_busy = Busy::default();
-    let p = runtime("p", store(&through(&proxy), &schema).await, &ledger, &seen, &p_busy);
+    let p = runtime("p", store_at(&through(&proxy), &schema).await, &ledger, &seen, &p_busy);
     for i in 0..RUNS {
         a.submit(RunRequest::new("go").run_id(format!("r{i:03}"))).await.expect("the run is submitted");
     }
 
     let started = Instant::now();
-    let (wa, wb, wp) = (Worker::start(&a), Worker::start(&b), Worker::start(&p));
+    let (wa, wb, wp) = (
+        Serving::start(&a, worker_options()),
+        Serving::start(&b, worker_options()),
+        Serving::start(&p, worker_options()),
+    );
     // Partition once a fifth of the runs are done and the proxied worker has calls running.
     loop {
         if p_busy.load(Ordering::SeqCst) > 0 && finished(direct.as_ref()).await >= RUNS / 5 {
@@ -267,15 +224,15 @@ async fn workers_whose_connections_are_reset_mid_load_reconnect_and_finish_every
     let schema = unique_schema("resets");
     let (ledger, seen) = (Ledger::default(), Seen::default());
     // The test reads the store directly; the workers only through the proxy.
-    let direct = store(&server.url(), &schema).await;
-    let a = runtime("a", store(&through(&proxy), &schema).await, &ledger, &seen, &Busy::default());
-    let b = runtime("b", store(&through(&proxy), &schema).await, &ledger, &seen, &Busy::default());
+    let direct = store_at(&server.url(), &schema).await;
+    let a = runtime("a", store_at(&through(&proxy), &schema).await, &ledger, &seen, &Busy::default());
+    let b = runtime("b", store_at(&through(&proxy), &schema).await, &ledger, &seen, &Busy::default());
     for i in 0..RUNS {
         a.submit(RunRequest::new("go").run_id(format!("r{i:03}"))).await.expect("the run is submitted");
     }
 
     let started = Instant::now();
-    let workers = [Worker::start(&a), Worker::start(&b)];
+    let workers = [Serving::start(&a, worker_options()), Serving::start(&b, worker_options())];
     let mut resets_at = Vec::new();
     for n in 1..=RESETS {
         // Each reset lands a little further into the load, while calls run.
@@ -311,4 +268,13 @@ async fn workers_whose_connections_are_reset_mid_load_reconnect_and_finish_every
     only_indeterminate_ships_failed(&journals);
     assert!(proxy.stats().reset > 0, "no connection was reset");
     assert!(proxy.stats().accepted > 2, "the workers never opened a new connection: {:?}", proxy.stats());
+}
+
+fn worker_options() -> WorkerOptions {
+    WorkerOptions {
+        max_concurrent_runs: 8,
+        poll_interval: Duration::from_millis(50),
+        shutdown_grace: Duration::from_secs(5),
+        ..WorkerOptions::default()
+    }
 }

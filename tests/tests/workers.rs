@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use kuralle::stores::MemoryStore;
 use kuralle::{
-    AgentDef, Decision, RunError, RunRequest, RunStatus, RunStore, Runtime, ServeReport, WorkerOptions,
+    AgentDef, Decision, RunRequest, RunStatus, RunStore, Runtime, WorkerOptions,
     testing::{ScriptedModel, Turn},
 };
+use kuralle_tests::serving::Serving;
 use kuralle_tests::{FnTool, Probe};
 use serde_json::json;
 
@@ -49,31 +50,6 @@ fn tool_name(tool: &FnTool) -> String {
 
 fn fast() -> WorkerOptions {
     WorkerOptions { max_concurrent_runs: 4, poll_interval: Duration::from_millis(20), ..WorkerOptions::default() }
-}
-
-/// A worker serving in the background until [`Serving::stop`].
-struct Serving {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<ServeReport, RunError>>,
-}
-
-impl Serving {
-    fn start(rt: &Runtime, options: WorkerOptions) -> Self {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let worker = rt.clone();
-        let task = tokio::spawn(async move {
-            let shutdown = async {
-                let _ = stopped.await;
-            };
-            worker.serve_with(shutdown, options).await
-        });
-        Self { stop, task }
-    }
-
-    async fn stop(self) -> ServeReport {
-        self.stop.send(()).unwrap();
-        self.task.await.unwrap().unwrap()
-    }
 }
 
 async fn wait_for(runtime: &Runtime, run_id: &str, status: RunStatus) {
@@ -275,8 +251,7 @@ async fn shutdown_keeps_the_lease_until_an_uninterruptible_call_ends() {
     while count.load(Ordering::SeqCst) == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let (stop, task) = (serving.stop, serving.task);
-    stop.send(()).unwrap();
+    let task = serving.begin_shutdown();
     // Past the grace and past the TTL: the call still runs, and the run is still held.
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert!(!task.is_finished(), "shutdown waits for the call");
