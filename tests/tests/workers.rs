@@ -43,6 +43,14 @@ fn runtime(store: Arc<dyn RunStore>, tool: FnTool) -> Runtime {
         .unwrap()
 }
 
+/// [`runtime`] on a `FlakyStore` over a `MemoryStore`: the runtime, the wrapper (to fail
+/// writes) and the memory store behind it (to read what landed).
+fn flaky_runtime(tool: FnTool) -> (Runtime, kuralle_tests::FlakyStore, Arc<dyn RunStore>) {
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let flaky = kuralle_tests::FlakyStore::new(Arc::clone(&memory));
+    (runtime(Arc::new(flaky.clone()), tool), flaky, memory)
+}
+
 fn tool_name(tool: &FnTool) -> String {
     use kuralle::Tool;
     tool.name().to_owned()
@@ -307,9 +315,7 @@ async fn a_run_closed_after_the_listing_is_not_claimed() {
 #[tokio::test(start_paused = true)]
 async fn claims_resume_within_two_seconds_of_a_long_outage_ending() {
     let count = Arc::new(AtomicUsize::new(0));
-    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
-    let flaky = kuralle_tests::FlakyStore::new(memory);
-    let rt = runtime(Arc::new(flaky.clone()), counting_tool("pay", &count));
+    let (rt, flaky, _) = flaky_runtime(counting_tool("pay", &count));
     let run_id = rt.submit(RunRequest::new("order")).await.unwrap();
     flaky.fail_claims(true);
     let options = WorkerOptions { poll_interval: Duration::from_millis(100), ..fast() };
@@ -331,9 +337,7 @@ async fn claims_resume_within_two_seconds_of_a_long_outage_ending() {
 #[tokio::test(start_paused = true)]
 async fn a_turn_failed_by_a_store_outage_is_not_held_for_the_retry_backoff() {
     let count = Arc::new(AtomicUsize::new(0));
-    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
-    let flaky = kuralle_tests::FlakyStore::new(memory);
-    let rt = runtime(Arc::new(flaky.clone()), counting_tool("pay", &count));
+    let (rt, flaky, _) = flaky_runtime(counting_tool("pay", &count));
     let run_id = rt.submit(RunRequest::new("order")).await.unwrap();
     // The turn's first journal write (the model's response with the call's intent) fails.
     flaky.fail_append(true);
@@ -359,9 +363,7 @@ async fn a_turn_failed_by_a_store_outage_is_not_held_for_the_retry_backoff() {
 #[tokio::test(start_paused = true)]
 async fn a_turn_rides_out_a_short_outage_on_its_intents() {
     let count = Arc::new(AtomicUsize::new(0));
-    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
-    let flaky = kuralle_tests::FlakyStore::new(memory);
-    let rt = runtime(Arc::new(flaky.clone()), counting_tool("pay", &count));
+    let (rt, flaky, _) = flaky_runtime(counting_tool("pay", &count));
     let run_id = rt.submit(RunRequest::new("order")).await.unwrap();
     flaky.fail_append(true);
     let serving = Serving::start(&rt, fast());
@@ -381,9 +383,7 @@ async fn a_turn_rides_out_a_short_outage_on_its_intents() {
 #[tokio::test(start_paused = true)]
 async fn an_intent_whose_answer_was_lost_runs_its_at_most_once_call_once() {
     let count = Arc::new(AtomicUsize::new(0));
-    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
-    let flaky = kuralle_tests::FlakyStore::new(Arc::clone(&memory));
-    let rt = runtime(Arc::new(flaky.clone()), counting_tool("refund", &count).at_most_once());
+    let (rt, flaky, memory) = flaky_runtime(counting_tool("refund", &count).at_most_once());
     let run_id = rt.submit(RunRequest::new("order")).await.unwrap();
     flaky.lose_append_answers(1);
     let serving = Serving::start(&rt, fast());
