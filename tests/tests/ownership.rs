@@ -234,16 +234,7 @@ async fn a_hanging_renewal_does_not_stall_the_others() {
     let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
     let store = FlakyStore::new(memory.clone());
     let count = Arc::new(AtomicUsize::new(0));
-    let calls = count.clone();
-    let slow = FnTool::new("charge", move |_, _| {
-        let calls = calls.clone();
-        async move {
-            calls.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            Ok(json!("charged"))
-        }
-    })
-    .uninterruptible();
+    let slow = slow_charge(&count, Duration::from_secs(10)).uninterruptible();
     let model =
         ScriptedModel::by_transcript([Turn::tool_calls([("c1", "charge", r#"{"amount":1}"#)]), Turn::text("Paid.")]);
     let rt = runtime(Arc::new(store.clone()), slow, model);
@@ -267,15 +258,7 @@ async fn leases_held_together_are_renewed_in_one_request() {
     let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
     let counting = CountingStore::new(memory.clone());
     let count = Arc::new(AtomicUsize::new(0));
-    let calls = count.clone();
-    let slow = FnTool::new("charge", move |_, _| {
-        let calls = calls.clone();
-        async move {
-            calls.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_secs(9)).await;
-            Ok(json!("charged"))
-        }
-    });
+    let slow = slow_charge(&count, Duration::from_secs(9));
     let model =
         ScriptedModel::by_transcript([Turn::tool_calls([("c1", "charge", r#"{"amount":1}"#)]), Turn::text("Paid.")]);
     let rt = runtime(Arc::new(counting.clone()), slow, model);
@@ -486,4 +469,18 @@ fn at_most_once_with_replay_false_is_rejected_when_the_runtime_is_built() {
         .build()
         .unwrap_err();
     assert!(matches!(err, RunError::Config(_)), "{err:?}");
+}
+
+/// A `charge` tool that counts its calls and takes `takes` (longer than the lease TTL, so the
+/// lease must be renewed under it).
+fn slow_charge(count: &Arc<AtomicUsize>, takes: Duration) -> FnTool {
+    let calls = count.clone();
+    FnTool::new("charge", move |_, _| {
+        let calls = calls.clone();
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(takes).await;
+            Ok(json!("charged"))
+        }
+    })
 }
