@@ -128,6 +128,21 @@ impl Ledger {
         executions[started.0].end = Some(end);
     }
 
+    /// A tool `name` whose every execution is recorded here (entered when it starts, ended when
+    /// it returns or is dropped); it takes `takes`, long enough for a fault to land while
+    /// calls run, and answers with its arguments.
+    pub fn tool(&self, name: &'static str, takes: std::time::Duration) -> crate::FnTool {
+        let ledger = self.clone();
+        crate::FnTool::new(name, move |args, ctx| {
+            let running = ledger.enter(ctx.run_id(), name, ctx.call_id(), ctx.idempotency_key());
+            async move {
+                tokio::time::sleep(takes).await;
+                drop(running);
+                Ok(serde_json::json!({ "done": args }))
+            }
+        })
+    }
+
     /// Every execution so far, in start order.
     pub fn executions(&self) -> Vec<Execution> {
         self.inner.executions.lock().expect("ledger lock").clone()

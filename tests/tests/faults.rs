@@ -20,28 +20,18 @@ use std::time::{Duration, Instant};
 
 use kuralle::testing::{ScriptedModel, Turn};
 use kuralle::{AgentDef, RunFilter, RunRequest, RunStatus, RunStore, Runtime, StepStatus, WorkerOptions};
-use kuralle_tests::FnTool;
 use kuralle_tests::invariants::{Invariants, Journals, Ledger, now_ms};
 use kuralle_tests::postgres::{store_at, unique_schema};
 use kuralle_tests::private_pg::PrivatePostgres;
 use kuralle_tests::serving::Serving;
-use serde_json::json;
 
 const RUNS: usize = 200;
 const LEASE_TTL: Duration = Duration::from_secs(4);
 
 /// A runtime whose agent makes two calls of `step` (one per model turn), then answers.
 fn runtime(store: Arc<dyn RunStore>, ledger: &Ledger) -> Runtime {
-    let ledger = ledger.clone();
-    let step = FnTool::new("step", move |args, ctx| {
-        let running = ledger.enter(ctx.run_id(), "step", ctx.call_id(), ctx.idempotency_key());
-        async move {
-            // Long enough that the restart lands while calls run.
-            tokio::time::sleep(Duration::from_millis(40)).await;
-            drop(running);
-            Ok(json!({"done": args["n"]}))
-        }
-    });
+    // Long enough that the restart lands while calls run.
+    let step = ledger.tool("step", Duration::from_millis(40));
     let model = ScriptedModel::by_transcript([
         Turn::tool_calls([("c1", "step", r#"{"n":1}"#)]),
         Turn::tool_calls([("c2", "step", r#"{"n":2}"#)]),

@@ -30,9 +30,7 @@ use kuralle::{
     AgentDef, NewStep, ResumeRequest, RunError, RunRecord, RunRequest, RunStatus, RunStore, Runtime, StepKind,
     StepOutcome, StepStatus, StoreError,
 };
-use kuralle_tests::FnTool;
 use kuralle_tests::invariants::{Ends, Invariants, Journals, Ledger};
-use serde_json::json;
 
 fn runs_from_env(default: usize) -> usize {
     std::env::var("SQLITE_FAULT_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -154,17 +152,7 @@ async fn a_full_database_keeps_exactly_the_acknowledged_writes_of_each_group_com
 /// A runtime whose agent `shop` calls `pay` (at least once, 20 ms) and `refund_once` (at most
 /// once) in one batch, then answers; each execution is written to `ledger`.
 fn runtime(store: Arc<dyn RunStore>, ledger: &Ledger, lease_ttl: Duration) -> Runtime {
-    let tool = |name: &'static str| {
-        let ledger = ledger.clone();
-        FnTool::new(name, move |_, ctx| {
-            let running = ledger.enter(ctx.run_id(), name, ctx.call_id(), ctx.idempotency_key());
-            async move {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                drop(running);
-                Ok(json!({"ok": true}))
-            }
-        })
-    };
+    let tool = |name: &'static str| ledger.tool(name, Duration::from_millis(20));
     let model = ScriptedModel::by_transcript([
         Turn::tool_calls([("c1", "pay", r#"{"amount":5}"#), ("c2", "refund_once", r#"{"amount":1}"#)]),
         Turn::text("done"),
