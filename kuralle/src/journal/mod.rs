@@ -8,6 +8,7 @@
 
 mod fence;
 mod key;
+mod retry;
 mod writer;
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -28,15 +29,12 @@ use crate::{
     store::{FinishedWithIntents, NewStep, RunStore, StepKind, StepOutcome, StepRecord, StepStatus, StoreError},
 };
 pub(crate) use fence::Fence;
+use retry::Retrying;
 pub(crate) use writer::RunWriter;
 
 /// Default [`RuntimeBuilder::max_journal_entries`](crate::RuntimeBuilder::max_journal_entries):
 /// the most entries one run's journal may hold.
 pub const DEFAULT_MAX_JOURNAL_ENTRIES: u64 = 10_000;
-
-/// The pause before an outcome's write is tried again; it doubles up to [`MAX_OUTCOME_PAUSE`].
-const FIRST_OUTCOME_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
-const MAX_OUTCOME_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One run's journal, as seen by one turn of that run.
 pub(crate) struct Journal {
@@ -316,8 +314,7 @@ impl Journal {
             epoch: self.epoch,
             started_at_ms,
         };
-        let mut pause = FIRST_OUTCOME_PAUSE;
-        let mut gives_up = None;
+        let mut retrying = Retrying::new();
         loop {
             let new: Vec<NewStep> =
                 intents.iter().map(|(key, kind, name)| step(key, *kind, name, started_at_ms)).collect();
@@ -336,24 +333,14 @@ impl Journal {
             };
             match appended {
                 Ok(ordinals) => return Ok(ordinals),
-                Err(e @ StoreError::DuplicateKey { .. }) if gives_up.is_some() => {
+                Err(e @ StoreError::DuplicateKey { .. }) if retrying.retried() => {
                     return self.appended_before(deferred, intents).await?.ok_or(e);
                 }
                 // Only a lost connection can hide a committed append; a full disk refused it.
                 Err(e @ StoreError::Unavailable(_)) if !self.fence.is_lost() => {
-                    let now = tokio::time::Instant::now();
-                    let until = *gives_up.get_or_insert_with(|| {
-                        tracing::warn!(
-                            run_id = %self.run_id, error = %e,
-                            "journaling the calls' intents failed; retrying while the lease is held"
-                        );
-                        now + self.fence.patience()
-                    });
-                    if now >= until {
+                    if !retrying.again(&self.fence, "journaling the calls' intents", &e).await {
                         return Err(e);
                     }
-                    tokio::time::sleep(pause.min(until - now)).await;
-                    pause = (pause * 2).min(MAX_OUTCOME_PAUSE);
                 }
                 Err(e) => return Err(e),
             }
@@ -396,28 +383,17 @@ impl Journal {
     /// renewals lose the fence sooner if the lease lapses). An outage longer than that ends
     /// the turn, resumable, as before.
     async fn write_outcome(&self, ordinal: u64, outcome: StepOutcome, at: i64) -> Result<(), RunError> {
-        let mut pause = FIRST_OUTCOME_PAUSE;
-        let mut gives_up = None;
+        let mut retrying = Retrying::new();
         loop {
             match self.writer().finish_step(ordinal, outcome.clone(), at).await {
                 Ok(()) => return Ok(()),
                 // An earlier attempt committed but its answer was lost (the connection broke):
                 // under our fence nobody else can have finished the step.
-                Err(StoreError::StepNotRunning { .. }) if gives_up.is_some() => return Ok(()),
+                Err(StoreError::StepNotRunning { .. }) if retrying.retried() => return Ok(()),
                 Err(e) if e.is_retryable() && !self.fence.is_lost() => {
-                    let now = tokio::time::Instant::now();
-                    let until = *gives_up.get_or_insert_with(|| {
-                        tracing::warn!(
-                            run_id = %self.run_id, ordinal, error = %e,
-                            "writing a step's outcome failed; retrying while the lease is held"
-                        );
-                        now + self.fence.patience()
-                    });
-                    if now >= until {
+                    if !retrying.again(&self.fence, &format!("writing step {ordinal}'s outcome"), &e).await {
                         return Err(e.into());
                     }
-                    tokio::time::sleep(pause.min(until - now)).await;
-                    pause = (pause * 2).min(MAX_OUTCOME_PAUSE);
                 }
                 Err(e) => return Err(e.into()),
             }
