@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tokio::sync::mpsc::error::TrySendError;
 
 use crate::{
     approval::PendingApproval,
@@ -201,8 +202,24 @@ impl EventSender {
 
     /// Sends `event`, waiting while the buffer is full. A closed channel (the caller dropped or
     /// awaited the handle) is not an error: the run still completes and journals.
-    pub(crate) async fn send(&self, event: Event) {
-        let _ = self.0.send(Box::new(event)).await;
+    ///
+    /// The event is offered when this is called; the future only waits for room. Not an
+    /// `async fn`, whose future would hold the 128-byte event and the channel's 300-byte
+    /// waiting send inside every future that sends one (a run's task among them, for its
+    /// whole life).
+    pub(crate) fn send(&self, event: Event) -> impl Future<Output = ()> + Send + '_ {
+        let waiting = match self.0.is_closed() {
+            true => None,
+            false => match self.0.try_send(Box::new(event)) {
+                Err(TrySendError::Full(event)) => Some(event),
+                Ok(()) | Err(TrySendError::Closed(_)) => None,
+            },
+        };
+        async move {
+            if let Some(event) = waiting {
+                let _ = Box::pin(self.0.send(event)).await;
+            }
+        }
     }
 
     /// Whether anyone can still receive events. Once the handle is awaited or dropped, an

@@ -19,14 +19,24 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::model::Message;
 
 /// Chunk `k` of a log holds `FIRST_CHUNK << k` messages, so chunks never move once written
-/// and the log grows without copying.
-const FIRST_CHUNK: usize = 16;
-/// Enough chunks for more messages than memory can hold.
-const CHUNKS: usize = 48;
+/// and the log grows without copying. Eight is a user message and three tool-call turns with
+/// their results and the answer: most runs never allocate a second chunk.
+const FIRST_CHUNK: usize = 8;
+/// Enough chunks for more messages than memory can hold (8 × (2³² − 1) messages of over
+/// 100 bytes each).
+const CHUNKS: usize = 32;
+
+/// Message slots of one chunk.
+type Chunk = Box<[OnceLock<Message>]>;
 
 /// The shared, append-only storage behind snapshots.
+///
+/// Every in-flight run holds one, so its own size counts: the first chunk's pointer is inline
+/// and the table of the others is allocated only when a conversation outgrows the first
+/// (64 bytes for a short run instead of a 1.2 KiB table).
 struct Log {
-    chunks: [OnceLock<Box<[OnceLock<Message>]>>; CHUNKS],
+    first: OnceLock<Chunk>,
+    rest: OnceLock<Box<[OnceLock<Chunk>; CHUNKS - 1]>>,
     /// Slots claimed so far; a slot below it is written before any snapshot covering it
     /// exists.
     claimed: AtomicUsize,
@@ -34,7 +44,23 @@ struct Log {
 
 impl Log {
     fn new() -> Arc<Self> {
-        Arc::new(Self { chunks: std::array::from_fn(|_| OnceLock::new()), claimed: AtomicUsize::new(0) })
+        Arc::new(Self { first: OnceLock::new(), rest: OnceLock::new(), claimed: AtomicUsize::new(0) })
+    }
+
+    /// Chunk `k`, if written.
+    fn chunk(&self, k: usize) -> Option<&[OnceLock<Message>]> {
+        let chunk = if k == 0 { self.first.get() } else { self.rest.get()?[k - 1].get() };
+        chunk.map(|c| &c[..])
+    }
+
+    /// Chunk `k`, allocated on first use.
+    fn chunk_or_init(&self, k: usize) -> &[OnceLock<Message>] {
+        let slots = || (0..FIRST_CHUNK << k).map(|_| OnceLock::new()).collect();
+        if k == 0 {
+            self.first.get_or_init(slots)
+        } else {
+            self.rest.get_or_init(|| Box::new(std::array::from_fn(|_| OnceLock::new())))[k - 1].get_or_init(slots)
+        }
     }
 }
 
@@ -95,7 +121,7 @@ impl Transcript {
             return None;
         }
         let (chunk, offset) = place(i);
-        self.log.chunks[chunk].get()?.get(offset)?.get()
+        self.log.chunk(chunk)?.get(offset)?.get()
     }
 
     /// The first message.
@@ -131,7 +157,7 @@ impl Transcript {
             self.log.claimed.store(self.len + 1, Ordering::Release);
         }
         let (chunk, offset) = place(self.len);
-        let slots = self.log.chunks[chunk].get_or_init(|| (0..FIRST_CHUNK << chunk).map(|_| OnceLock::new()).collect());
+        let slots = self.log.chunk_or_init(chunk);
         // The slot was claimed above by this snapshot alone, so it is empty.
         let _ = slots[offset].set(message);
         self.len += 1;
@@ -325,6 +351,19 @@ mod tests {
         assert_eq!(a.iter().next_back(), Some(&user(100)));
         assert_eq!(a.iter().len(), 101);
         assert_eq!(b.to_vec()[..100], snapshot.to_vec()[..]);
+    }
+
+    #[test]
+    fn a_short_conversation_allocates_only_its_first_chunk() {
+        // 10,000 runs in flight hold 10,000 logs: a short one stays one small allocation and
+        // one chunk.
+        assert!(std::mem::size_of::<Log>() <= 48, "{}", std::mem::size_of::<Log>());
+        let mut t: Transcript = (0..FIRST_CHUNK).map(user).collect();
+        assert!(t.log.rest.get().is_none());
+        t.push(user(FIRST_CHUNK));
+        assert!(t.log.rest.get().is_some());
+        assert_eq!(t[FIRST_CHUNK], user(FIRST_CHUNK));
+        assert_eq!(t.to_vec(), (0..=FIRST_CHUNK).map(user).collect::<Vec<_>>());
     }
 
     #[test]

@@ -37,67 +37,75 @@ pub(super) fn run(
 
 /// [`run`], under `claimed` when the caller already holds the run's lease (a worker that
 /// claimed the run from the queue, under its instance claim), with when the claim was sent.
-pub(super) async fn run_leased(
+///
+/// An `async` block, not an `async fn`: an async fn's future stores each argument twice (as
+/// it came in and as the body's local), and this future is every run's task.
+pub(super) fn run_leased(
     rt: Arc<Inner>,
     req: RunRequest,
     events: EventSender,
     interrupt: CancellationToken,
     decision: Option<Decision>,
     claimed: Option<(crate::store::Lease, tokio::time::Instant, Claim)>,
-) -> Result<RunOutput, RunError> {
-    let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    // The turn's `invoke_agent` span opens in `drive`, once the run's agent is known: its
-    // OpenTelemetry name is fixed when the span starts (see `trace::agent_span`).
-    let result = async {
-        // A lease granted here says the store's time; a claimed one was granted earlier.
-        let mut decided_at = DecidedAt::process();
-        let (lease, granted, claim) = match claimed {
-            Some(claimed) => claimed,
-            None => {
-                // No lease under the instance's id without the proof that this process holds it.
-                // Boxed, as in `turn`: the run's task keeps only what it waits on for long.
-                let claim = Box::pin(rt.claim_instance()).await?;
-                let owner = rt.owner_id();
-                let (lease, granted) =
-                    Box::pin(lease::acquire(rt.store.as_ref(), &owner, &run_id, rt.lease_ttl, req.wait_for_lease))
-                        .await?;
-                decided_at = DecidedAt::granted(&lease, rt.lease_ttl);
-                (lease, granted, claim)
+) -> impl Future<Output = Result<RunOutput, RunError>> + Send + 'static {
+    // Boxed: the block keeps what it captures for the run's whole life, and these are read
+    // only at its start (the request, by reference, throughout).
+    let (req, decision, claimed) = (Box::new(req), decision.map(Box::new), claimed.map(Box::new));
+    async move {
+        let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        // The turn's `invoke_agent` span opens in `drive`, once the run's agent is known: its
+        // OpenTelemetry name is fixed when the span starts (see `trace::agent_span`).
+        let result = async {
+            // A lease granted here says the store's time; a claimed one was granted earlier.
+            let mut decided_at = DecidedAt::process();
+            let (lease, granted, claim) = match claimed {
+                Some(claimed) => *claimed,
+                None => {
+                    // No lease under the instance's id without the proof that this process holds it.
+                    // Boxed, as in `turn`: the run's task keeps only what it waits on for long.
+                    let claim = Box::pin(rt.claim_instance()).await?;
+                    let owner = rt.owner_id();
+                    let (lease, granted) =
+                        Box::pin(lease::acquire(rt.store.as_ref(), &owner, &run_id, rt.lease_ttl, req.wait_for_lease))
+                            .await?;
+                    decided_at = DecidedAt::granted(&lease, rt.lease_ttl);
+                    (lease, granted, claim)
+                }
+            };
+            tracing::debug!(run_id = %run_id, token = lease.token, owner = %lease.owner, "took the run's lease");
+            let held = Held::start(&rt.renewals, lease, granted, interrupt.clone());
+            if !rt.holds(claim) {
+                // The proof was lost since the claim, and possibly before this lease registered
+                // (so the loss did not stop it): stop here.
+                held.fence().lose();
             }
-        };
-        tracing::debug!(run_id = %run_id, token = lease.token, owner = %lease.owner, "took the run's lease");
-        let held = Held::start(&rt.renewals, lease, granted, interrupt.clone());
-        if !rt.holds(claim) {
-            // The proof was lost since the claim, and possibly before this lease registered
-            // (so the loss did not stop it): stop here.
-            held.fence().lose();
+            let fence = Arc::clone(held.fence());
+            let result = match &decision {
+                Some(d) => Box::pin(record_under(rt.store.as_ref(), &fence, &run_id, d, decided_at)).await,
+                None => Ok(()),
+            };
+            let result = match result {
+                Ok(()) => turn(&rt, &req, &run_id, &events, interrupt, &held).await,
+                Err(e) => Err(e),
+            };
+            let result = fence.settle(result);
+            Box::pin(held.release()).await;
+            result
         }
-        let fence = Arc::clone(held.fence());
-        let result = match &decision {
-            Some(d) => Box::pin(record_under(rt.store.as_ref(), &fence, &run_id, d, decided_at)).await,
-            None => Ok(()),
-        };
+        .await;
         let result = match result {
-            Ok(()) => turn(&rt, &req, &run_id, &events, interrupt, &held).await,
-            Err(e) => Err(e),
+            Err(RunError::LeaseLost { .. }) => Box::pin(cancelled(&rt, &run_id)).await.map_or(result, Ok),
+            other => other,
         };
-        let result = fence.settle(result);
-        Box::pin(held.release()).await;
+        match &result {
+            Err(e) => events.send(Event::Error { message: e.to_string() }).await,
+            Ok(out) if out.status == RunStatus::Cancelled => {
+                events.send(Event::Done { run_id: run_id.clone(), usage: out.usage }).await;
+            }
+            Ok(_) => {}
+        }
         result
     }
-    .await;
-    let result = match result {
-        Err(RunError::LeaseLost { .. }) => Box::pin(cancelled(&rt, &run_id)).await.map_or(result, Ok),
-        other => other,
-    };
-    match &result {
-        Err(e) => events.send(Event::Error { message: e.to_string() }).await,
-        Ok(out) if out.status == RunStatus::Cancelled => {
-            events.send(Event::Done { run_id: run_id.clone(), usage: out.usage }).await;
-        }
-        Ok(_) => {}
-    }
-    result
 }
 
 /// The output of a turn that lost its lease because the run was cancelled (`cancel_run`

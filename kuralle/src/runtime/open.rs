@@ -20,8 +20,12 @@ use crate::{
 pub(super) const INBOUND_KEYS_KEPT: usize = 64;
 
 pub(super) enum Opened {
-    Turn { record: Box<RunRecord>, state: Box<RunState> },
-    Done(RunOutput),
+    Turn {
+        record: Box<RunRecord>,
+        state: Box<RunState>,
+    },
+    /// Boxed: the turn's future keeps what it opened through the run's whole life.
+    Done(Box<RunOutput>),
 }
 
 pub(super) fn agent<'a>(rt: &'a Inner, id: Option<&str>) -> Result<&'a AgentDef, RunError> {
@@ -71,10 +75,10 @@ pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) ->
     let unfinished = matches!(record.status, RunStatus::Running | RunStatus::Paused);
     let seen = req.idempotency_key.as_ref().is_some_and(|k| state.inbound_keys.contains(k));
     match &req.input {
-        _ if seen && !unfinished => return Ok(Opened::Done(output_of(&record, &state))),
+        _ if seen && !unfinished => return Ok(Opened::Done(Box::new(output_of(&record, &state)))),
         None | Some(_) if seen => return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) }),
         None if unfinished => return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) }),
-        None => return Ok(Opened::Done(output_of(&record, &state))),
+        None => return Ok(Opened::Done(Box::new(output_of(&record, &state)))),
         Some(input) if unfinished => {
             return if state.turn_input.as_ref() == Some(input) {
                 Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) })

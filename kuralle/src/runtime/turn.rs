@@ -45,12 +45,9 @@ pub(super) async fn turn(
     // Boxed here and below: a future is as large as its largest await, and a run spends its
     // life waiting on the model, so what only briefly runs (opening, dispatching, closing)
     // is kept off the run's task, which 10,000 runs in flight hold at once.
-    let (record, state) = match Box::pin(open(rt, req, writer)).await? {
-        Opened::Done(out) => {
-            events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
-            events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
-            return Ok(out);
-        }
+    let opened = Box::pin(open(rt, req, writer)).await?;
+    let (record, state) = match opened {
+        Opened::Done(out) => return Box::pin(replayed(events, run_id, *out)).await,
         // Kept boxed: each layer of the turn's future would otherwise hold its own copy.
         Opened::Turn { record, state } => (record, state),
     };
@@ -62,6 +59,13 @@ pub(super) async fn turn(
         Box::pin(mark_ended(writer, ended_status(e))).await;
     }
     result
+}
+
+/// A turn the journal already holds whole (a duplicate request): its events and output.
+async fn replayed(events: &EventSender, run_id: &str, out: RunOutput) -> Result<RunOutput, RunError> {
+    events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
+    events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
+    Ok(out)
 }
 
 /// Errors that resuming cannot fix: the run is marked failed. Model and store outages, and
@@ -113,7 +117,8 @@ async fn drive(
         (Some(m), _) | (None, Some(m)) => Arc::clone(m),
         (None, None) => return Err(RunError::Config(format!("agent `{}` has no model", agent.id))),
     };
-    let limits = limits::of_run(agent, &state);
+    // Boxed: moved into the turn's budget at once, but the future would keep its bytes.
+    let limits = Box::new(limits::of_run(agent, &state));
     limits::priced(limits.max_cost_usd.is_some(), &agent.id, model.as_ref(), &rt.pricing)?;
     let span = crate::trace::agent_span(run_id, &agent.id, model.as_ref());
     let started = std::time::Instant::now();
@@ -149,7 +154,7 @@ async fn drive(
             } else {
                 crate::Redactions::default()
             },
-            budget: Budget::new(limits, record.created_at_ms),
+            budget: Budget::new(*limits, record.created_at_ms),
         });
         steps(rt, run_id, agent, model.as_ref(), record, state, events, &ctx, fence, hand_back).await
     }
@@ -187,7 +192,8 @@ async fn steps(
     // A fork may run with other instructions than its agent's.
     let instructions = state.instructions.as_ref().unwrap_or(&agent.instructions);
     let system = typed.as_ref().map_or_else(|| instructions.clone(), |t| t.output.instructions(instructions));
-    let output_spec = typed.as_ref().map(|t| t.output.spec(!agent.tools.is_empty()));
+    // Boxed: held for the run's whole life, and most agents have none.
+    let output_spec = typed.as_ref().map(|t| Box::new(t.output.spec(!agent.tools.is_empty())));
     let mut value = None;
     let mut failure = None;
     let mut usage = Usage::default();
@@ -205,26 +211,41 @@ async fn steps(
             status = RunStatus::Interrupted;
             break;
         }
-        let request = ModelRequest {
-            system: system.clone(),
-            messages: transcript.clone(),
-            tools: Arc::clone(&specs),
-            output: output_spec.clone(),
+        // Scoped: a local that was ever borrowed keeps its bytes in the future until its
+        // scope ends, even once moved, and this one would through the model's whole latency.
+        let (mut chat, step) = {
+            let request = ModelRequest {
+                system: system.clone(),
+                messages: transcript.clone(),
+                tools: Arc::clone(&specs),
+                output: output_spec.as_deref().cloned(),
+            };
+            let chat = crate::trace::ChatSpan::start(
+                run_id,
+                callsite,
+                model,
+                &request,
+                rt.capture_content.then_some(&ctx.redact),
+            );
+            // Boxed: `ChatSpan::run` and its task-local scope would each hold the step's
+            // future again (about 5 KiB of every run's task while it waits on the model).
+            (chat, Box::pin(model_step(rt, ctx, model, request, callsite)))
         };
-        let mut chat =
-            crate::trace::ChatSpan::start(run_id, callsite, model, &request, rt.capture_content.then_some(&ctx.redact));
-        // Boxed: `ChatSpan::run` and its task-local scope would each hold the step's future
-        // again (about 5 KiB of every run's task while it waits on the model).
-        let step = chat.run(Box::pin(model_step(rt, ctx, model, request, callsite))).await;
-        chat.done(step.as_ref().map(|r| r.as_ref().map(|r| (&r.parts[..], &r.finish, r.usage))));
-        let Some(response) = step? else {
-            status = RunStatus::Interrupted;
-            break;
+        // Scoped, as the request above: the step's result and response end here, before
+        // the awaits below, instead of taking room in the future beside the model's wait.
+        let (mut parts, origin, finish, has_calls) = {
+            let step = chat.run(step).await;
+            chat.done(step.as_ref().map(|r| r.as_ref().map(|r| (&r.parts[..], &r.finish, r.usage))));
+            let Some(response) = step? else {
+                status = RunStatus::Interrupted;
+                break;
+            };
+            usage += response.usage;
+            let has_calls = response.has_calls();
+            let ModelResponse { parts, origin, finish, .. } = response;
+            (parts, origin, finish, has_calls)
         };
         callsite += 1;
-        usage += response.usage;
-        let has_calls = response.has_calls();
-        let ModelResponse { mut parts, origin, finish, .. } = response;
         if !has_calls {
             let message = Message::Assistant { parts, origin };
             text = message.text();
@@ -287,7 +308,7 @@ async fn steps(
     if status == RunStatus::Interrupted && hand_back && !fence.is_lost() {
         // A worker's shutdown: the run stays `running` for another worker. Every call this
         // turn ran was journaled as it ended; a model response may still wait to be written.
-        ctx.journal.flush().await?;
+        Box::pin(ctx.journal.flush()).await?;
         return Err(RunError::HandedBack { run_id: run_id.to_owned() });
     }
     if status == RunStatus::Paused {
@@ -304,7 +325,7 @@ async fn steps(
     // A final answer (or an interrupted or paused turn) may leave its model response
     // unwritten; it is journaled before the run's state says the turn ended.
     if !fence.is_lost() {
-        ctx.journal.flush().await?;
+        Box::pin(ctx.journal.flush()).await?;
     }
     if fence.is_lost() {
         // Another owner carries the run on; this turn writes nothing more.
