@@ -1,9 +1,9 @@
 //! What a run reports while it runs ([`Event`], sent on an [`EventSender`]), and what it ends
 //! with ([`RunOutput`]). Below dispatch: dispatch reports calls with it, the run loop turns.
 
+use flume::TrySendError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::sync::mpsc::error::TrySendError;
 
 use crate::{
     approval::PendingApproval,
@@ -184,19 +184,19 @@ impl RunOutput {
 /// never journaled, and a chatty tool must neither stall on a slow reader nor crowd out the
 /// events that matter. Once the handle is dropped or awaited, sends return at once.
 ///
-/// Events travel boxed: the channel allocates its first block of 32 slots when it is made, one
-/// per run, and a slot of a boxed event is 8 bytes, not the event's 128 (4 KiB of every run in
-/// flight, for the few events a run sends).
+/// Events travel boxed (a buffered event takes 8 bytes, not the event's 128). The channel is
+/// flume's: one per run in flight, its buffer grows only as events wait in it, and it is about
+/// 150 bytes where tokio's bounded channel takes 0.8 KiB when it is made.
 #[derive(Debug, Clone)]
-pub(crate) struct EventSender(tokio::sync::mpsc::Sender<Box<Event>>);
+pub(crate) struct EventSender(flume::Sender<Box<Event>>);
 
 /// The receiving side of a run's event channel.
-pub(crate) type EventReceiver = tokio::sync::mpsc::Receiver<Box<Event>>;
+pub(crate) type EventReceiver = flume::Receiver<Box<Event>>;
 
 impl EventSender {
     /// A bounded channel holding up to `capacity` events (at least 1).
     pub(crate) fn channel(capacity: usize) -> (Self, EventReceiver) {
-        let (tx, rx) = tokio::sync::mpsc::channel(capacity.max(1));
+        let (tx, rx) = flume::bounded(capacity.max(1));
         (Self(tx), rx)
     }
 
@@ -204,20 +204,19 @@ impl EventSender {
     /// awaited the handle) is not an error: the run still completes and journals.
     ///
     /// The event is offered when this is called; the future only waits for room. Not an
-    /// `async fn`, whose future would hold the 128-byte event and the channel's 300-byte
-    /// waiting send inside every future that sends one (a run's task among them, for its
-    /// whole life).
+    /// `async fn`, whose future would hold the 128-byte event and the channel's waiting send
+    /// inside every future that sends one (a run's task among them, for its whole life).
     pub(crate) fn send(&self, event: Event) -> impl Future<Output = ()> + Send + '_ {
-        let waiting = match self.0.is_closed() {
+        let waiting = match self.0.is_disconnected() {
             true => None,
             false => match self.0.try_send(Box::new(event)) {
                 Err(TrySendError::Full(event)) => Some(event),
-                Ok(()) | Err(TrySendError::Closed(_)) => None,
+                Ok(()) | Err(TrySendError::Disconnected(_)) => None,
             },
         };
         async move {
             if let Some(event) = waiting {
-                let _ = Box::pin(self.0.send(event)).await;
+                let _ = Box::pin(self.0.send_async(event)).await;
             }
         }
     }
@@ -226,13 +225,13 @@ impl EventSender {
     /// event would be built only to be dropped: callers skip building the costly ones (each
     /// call's arguments and result are cloned into its events).
     pub(crate) fn is_listening(&self) -> bool {
-        !self.0.is_closed()
+        !self.0.is_disconnected()
     }
 
     /// Sends a progress event if less than half the buffer is in use; returns whether it was
     /// sent.
     pub(crate) fn progress(&self, event: Event) -> bool {
-        let (free, max) = (self.0.capacity(), self.0.max_capacity());
-        free > max / 2 && self.0.try_send(Box::new(event)).is_ok()
+        let max = self.0.capacity().unwrap_or(usize::MAX);
+        max.saturating_sub(self.0.len()) > max / 2 && self.0.try_send(Box::new(event)).is_ok()
     }
 }

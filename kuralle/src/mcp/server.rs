@@ -236,7 +236,7 @@ impl McpServer {
         let arguments = Value::Object(request.arguments.unwrap_or_default()).to_string();
         let call = ToolCallRequest { call_id: format!("mcp:{}", cx.id), name: request.name.to_string(), arguments };
 
-        let (events, mut progress) = crate::event::EventSender::channel(crate::runtime::DEFAULT_EVENT_BUFFER);
+        let (events, progress) = crate::event::EventSender::channel(crate::runtime::DEFAULT_EVENT_BUFFER);
         let token = cx.meta.get_progress_token();
         let mut sent = 0u64;
         let running = call_standalone(&self.shared.tools, &self.shared.policy, &run_id, call, cx.ct.clone(), events);
@@ -244,7 +244,7 @@ impl McpServer {
         let outcome = loop {
             tokio::select! {
                 outcome = &mut running => break outcome,
-                Some(event) = progress.recv() => forward(&cx, token.as_ref(), *event, &mut sent).await,
+                Ok(event) = progress.recv_async() => forward(&cx, token.as_ref(), *event, &mut sent).await,
             }
         };
         // Progress sent just before the outcome is still in the channel: it goes out before

@@ -6,7 +6,7 @@ use std::{
     task::{Context, Poll},
 };
 
-use futures::{Stream, future::BoxFuture};
+use futures::{Stream, StreamExt, future::BoxFuture};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -54,7 +54,7 @@ use crate::{
 /// # }).unwrap();
 /// ```
 pub struct RunHandle {
-    events: EventReceiver,
+    events: flume::r#async::RecvStream<'static, Box<Event>>,
     task: JoinHandle<Result<RunOutput, RunError>>,
     interrupt: CancellationToken,
     /// The run's result, once its task ended (taken by `into_future`).
@@ -75,7 +75,7 @@ impl RunHandle {
         task: JoinHandle<Result<RunOutput, RunError>>,
         interrupt: CancellationToken,
     ) -> Self {
-        Self { events, task, interrupt, output: None, ended: false }
+        Self { events: events.into_stream(), task, interrupt, output: None, ended: false }
     }
 
     /// Barge-in: cancels in-flight interruptible tool calls and the model stream, runs no
@@ -197,7 +197,7 @@ impl Stream for RunHandle {
             return Poll::Ready(None);
         }
         loop {
-            if let Poll::Ready(event) = this.events.poll_recv(cx) {
+            if let Poll::Ready(event) = this.events.poll_next_unpin(cx) {
                 this.ended = event.is_none();
                 return Poll::Ready(event.map(|e| *e));
             }
@@ -221,9 +221,8 @@ impl IntoFuture for RunHandle {
     type IntoFuture = BoxFuture<'static, Self::Output>;
 
     fn into_future(self) -> Self::IntoFuture {
-        let Self { mut events, task, output, .. } = self;
+        let Self { events, task, output, .. } = self;
         // Nobody reads events any more: close the channel so the run never waits on it.
-        events.close();
         drop(events);
         Box::pin(async move {
             match output {

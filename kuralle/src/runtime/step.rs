@@ -127,6 +127,9 @@ pub(super) fn model_step<'a>(
         dedupe_call_ids(&mut calls);
         cap_arguments(&mut calls, rt.max_value_bytes.saturating_sub(response.text_bytes()));
         put_calls(&mut response.parts, calls);
+        // The parts join the transcript for the run's life; a one-call response would keep
+        // room for four 120-byte parts.
+        response.parts.shrink_to_fit();
         // Written once, from the typed response, as the text the store keeps; measured by its
         // length. A `ModelResponse` always serializes (its maps have string keys).
         let value = JsonText::serialize_from(&response).unwrap_or_default();
