@@ -5,9 +5,12 @@
 //! Both fixes are applied before the response is journaled, so a replayed run sees exactly
 //! what the live run saw and gives the model the same answers.
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::{
     input::text::{MAX_TOOL_ARGS_BYTES, oversized_marker, oversized_marker_parts},
@@ -27,10 +30,35 @@ pub(crate) struct ModelResponse {
     /// The names of the tools the request offered, so a replay of the run can tell when a
     /// test offers different ones. `None` in journals written before they were kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) offered: Option<Vec<String>>,
+    pub(crate) offered: Option<Offered>,
     /// What the response cost in dollars, when its model has a [`Pricing`](crate::Pricing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) cost_usd: Option<f64>,
+}
+
+/// The tools a request offered, journaled as their names: the request's own specs while the
+/// step runs (shared, where copying every name was an allocation per tool per step), the
+/// names once read back.
+#[derive(Debug, Clone)]
+pub(crate) enum Offered {
+    Specs(Arc<[crate::tool::ToolSpec]>),
+    Names(Vec<String>),
+}
+
+impl Offered {
+    /// The names, in the request's order.
+    pub(crate) fn names(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+        match self {
+            Self::Specs(specs) => Box::new(specs.iter().map(|t| t.name.as_str())),
+            Self::Names(names) => Box::new(names.iter().map(String::as_str)),
+        }
+    }
+}
+
+impl Serialize for Offered {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.names())
+    }
 }
 
 #[derive(Deserialize)]
@@ -54,7 +82,8 @@ struct ResponseWire {
 impl From<ResponseWire> for ModelResponse {
     fn from(w: ResponseWire) -> Self {
         let parts = w.parts.unwrap_or_else(|| legacy_parts(w.text.unwrap_or_default(), w.tool_calls));
-        Self { parts, origin: w.origin, finish: w.finish, usage: w.usage, offered: w.offered, cost_usd: w.cost_usd }
+        let offered = w.offered.map(Offered::Names);
+        Self { parts, origin: w.origin, finish: w.finish, usage: w.usage, offered, cost_usd: w.cost_usd }
     }
 }
 
@@ -192,6 +221,28 @@ mod tests {
 
     fn call(id: &str, args: &str) -> ToolCallRequest {
         ToolCallRequest { call_id: id.into(), name: "t".into(), arguments: args.into() }
+    }
+
+    #[test]
+    fn offered_tools_are_journaled_as_names_and_read_back_as_such() {
+        let spec = |name: &str| crate::tool::ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            input_schema: serde_json::json!({}),
+            output_schema: None,
+        };
+        let response = ModelResponse {
+            parts: vec![Part::text("hi")],
+            origin: None,
+            finish: FinishReason::Stop,
+            usage: Usage::default(),
+            offered: Some(Offered::Specs(Arc::from(vec![spec("search"), spec("charge")]))),
+            cost_usd: None,
+        };
+        let text = serde_json::to_value(&response).unwrap();
+        assert_eq!(text["offered"], serde_json::json!(["search", "charge"]));
+        let back: ModelResponse = serde_json::from_value(text).unwrap();
+        assert_eq!(back.offered.unwrap().names().collect::<Vec<_>>(), ["search", "charge"]);
     }
 
     #[test]

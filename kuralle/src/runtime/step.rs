@@ -1,12 +1,14 @@
 //! One model step: a response replayed from the journal, or streamed from the model,
 //! assembled into its parts and journaled.
 
+use std::sync::Arc;
+
 use futures::StreamExt;
 use serde_json::json;
 
 use super::{
     Inner,
-    response::{ModelResponse, cap_arguments, dedupe_call_ids, put_calls, take_calls},
+    response::{ModelResponse, Offered, cap_arguments, dedupe_call_ids, put_calls, take_calls},
 };
 use crate::{
     dispatch::TurnCtx,
@@ -62,7 +64,7 @@ pub(super) fn model_step<'a>(
             Lookup::Finished(_) | Lookup::Failed(_) | Lookup::Fresh => None,
         };
 
-        let offered = Some(request.tools.iter().map(|t| t.name.clone()).collect());
+        let offered = Some(Offered::Specs(Arc::clone(&request.tools)));
         let mut stream = model.stream(request);
         let mut response = ModelResponse {
             parts: Vec::new(),

@@ -84,23 +84,25 @@ fn host_and_port(url: &str) -> Option<(String, u16)> {
 pub(crate) type Answered<'a> = (&'a [Part], &'a FinishReason, Usage);
 
 /// The `chat` span of one model step, with what its metrics need.
-pub(crate) struct ChatSpan {
+pub(crate) struct ChatSpan<'m> {
     span: Span,
     started: Instant,
-    wire: String,
-    model: String,
+    /// Borrowed from the model for the step: every step of every run in flight holds its
+    /// span, and owned copies were two allocations per step.
+    wire: &'m str,
+    model: &'m str,
     /// With content capture on, the tools' secrets to hide from it.
     capture: Option<crate::Redactions>,
     reported: Reported,
 }
 
-impl ChatSpan {
+impl<'m> ChatSpan<'m> {
     /// Opens the span of the step at `step` asking `model` for `request`. With `capture`,
     /// the request's messages and system instructions go on the span.
     pub(crate) fn start(
         run_id: &str,
         step: u64,
-        model: &dyn Model,
+        model: &'m dyn Model,
         request: &ModelRequest,
         capture: Option<&crate::Redactions>,
     ) -> Self {
@@ -144,8 +146,8 @@ impl ChatSpan {
         Self {
             span,
             started: Instant::now(),
-            wire: wire.to_owned(),
-            model: model.name().to_owned(),
+            wire,
+            model: model.name(),
             capture: capture.cloned(),
             reported: Reported::default(),
         }
@@ -171,11 +173,11 @@ impl ChatSpan {
         let span = &self.span;
         let replayed = self.reported.replayed;
         let fresh = !replayed;
-        let provider = provider_name(&self.wire);
-        let operation = operation_name(&self.wire);
+        let provider = provider_name(self.wire);
+        let operation = operation_name(self.wire);
         let server = self.reported.server.as_ref();
         // Built only for a request actually sent: a replayed step records no metric.
-        let labels = fresh.then(|| metrics::Labels::new(operation, provider, &self.model, server));
+        let labels = fresh.then(|| metrics::Labels::new(operation, provider, self.model, server));
         match &result {
             Ok(Some((parts, finish, usage))) => {
                 span.record("outcome", "ok");
