@@ -139,11 +139,19 @@ impl PostgresStore {
 
     pub(super) async fn delete_run_row(&self, run_id: &str) -> Result<bool, StoreError> {
         retrying(|| async {
-            let client = self.client().await?;
-            let stmt = client.prepare_cached(&self.inner.sql.delete_run).await.map_err(Fail::write)?;
-            // The journal goes with the run (ON DELETE CASCADE); the lease row stays, so a run
-            // created again under this id still gets higher tokens.
-            Ok(client.execute(&stmt, &[&run_id]).await.map_err(Fail::write)? > 0)
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(Fail::write)?;
+            let run = tx.prepare_cached(&self.inner.sql.delete_run).await.map_err(Fail::write)?;
+            let steps = tx.prepare_cached(&self.inner.sql.delete_steps).await.map_err(Fail::write)?;
+            // The run's row first: deleting it waits for an in-flight journal write (which
+            // updated that row), and a later one finds no row and inserts nothing. The journal
+            // then, in a statement of its own, whose snapshot sees every step committed before.
+            // The lease row stays, so a run created again under this id still gets higher
+            // tokens.
+            let deleted = tx.execute(&run, &[&run_id]).await.map_err(Fail::write)? > 0;
+            tx.execute(&steps, &[&run_id]).await.map_err(Fail::write)?;
+            tx.commit().await.map_err(Fail::write)?;
+            Ok(deleted)
         })
         .await
     }

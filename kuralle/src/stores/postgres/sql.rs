@@ -29,6 +29,7 @@ pub(super) struct Sql {
     pub run_version: String,
     pub list_runs: String,
     pub delete_run: String,
+    pub delete_steps: String,
     pub append_steps: String,
     pub append_finished: String,
     pub existing_keys: String,
@@ -85,6 +86,7 @@ impl Sql {
                  ORDER BY updated_at DESC, run_id ASC LIMIT $2::int8",
             ),
             delete_run: bind("DELETE FROM {s}.kuralle_runs WHERE run_id = $1"),
+            delete_steps: bind("DELETE FROM {s}.kuralle_steps WHERE run_id = $1"),
             append_steps: bind(
                 "WITH {fence},
                 res AS (
