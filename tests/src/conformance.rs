@@ -137,6 +137,7 @@ macro_rules! with_conformance_cases {
     (($($callback:tt)+) $($args:tt)*) => {
         $($callback)+!($($args)*;
             run_create_get_put,
+            put_run_and_release_writes_then_gives_the_lease_up,
             run_list_filter_order_limit,
             run_delete,
             journal_round_trip,
@@ -251,6 +252,43 @@ pub async fn run_create_get_put<S: RunStore>(store: S) {
     store.create_run(late.clone()).await.unwrap();
     assert_eq!(store.get_run("run-late").await.unwrap(), Some(late.clone()));
     assert_eq!(store.put_run(late).await.unwrap(), 8);
+}
+
+/// `put_run_and_release`: writes the run as `put_run` does; when it says the lease was given
+/// up, the lease is released (no current lease, the token fenced, the next holder a higher
+/// token), else it is still held. A refused write (a version conflict, a stale token) writes
+/// nothing and keeps the lease.
+pub async fn put_run_and_release_writes_then_gives_the_lease_up<S: RunStore>(store: S) {
+    let lease = store.acquire_lease("run-1", "a", HOUR).await.unwrap();
+    let original = run("run-1", RunStatus::Running, 10);
+    store.create_run(original.clone(), lease.token).await.unwrap();
+
+    let mut stale = original.clone();
+    stale.version = 5;
+    let conflict = store.put_run_and_release(stale, lease.token).await.unwrap_err();
+    assert_eq!(conflict, StoreError::VersionConflict { run_id: "run-1".into(), expected: 5, actual: 0 });
+    assert_eq!(store.current_lease("run-1").await.unwrap().map(|l| l.token), Some(lease.token), "still held");
+    let fenced = StoreError::Fenced { run_id: "run-1".into(), token: lease.token + 1 };
+    assert_eq!(store.put_run_and_release(original.clone(), lease.token + 1).await.unwrap_err(), fenced);
+    assert_eq!(store.get_run("run-1").await.unwrap(), Some(original.clone()), "refused writes change nothing");
+
+    let mut done = original.clone();
+    done.status = RunStatus::Finished;
+    done.state = json!({"answer": 42}).into();
+    done.updated_at_ms = 20;
+    let (version, released) = store.put_run_and_release(done.clone(), lease.token).await.unwrap();
+    assert_eq!(version, 1);
+    assert_eq!(store.get_run("run-1").await.unwrap(), Some(RunRecord { version: 1, ..done }));
+    if released {
+        assert_eq!(store.current_lease("run-1").await.unwrap(), None);
+        let fenced = StoreError::Fenced { run_id: "run-1".into(), token: lease.token };
+        assert_eq!(store.append_steps("run-1", lease.token, vec![step("a")]).await.unwrap_err(), fenced);
+        assert_eq!(store.release_lease(&lease).await.unwrap_err(), fenced, "released once");
+    } else {
+        assert_eq!(store.current_lease("run-1").await.unwrap().map(|l| l.token), Some(lease.token));
+        store.release_lease(&lease).await.unwrap();
+    }
+    assert_eq!(store.acquire_lease("run-1", "b", HOUR).await.unwrap().token, lease.token + 1);
 }
 
 /// `list_runs`: most recently updated first (ties by run id), filtered by status, limited.

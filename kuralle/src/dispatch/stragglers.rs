@@ -63,6 +63,11 @@ impl Stragglers {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).push(straggler);
     }
 
+    /// Whether no call is kept.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).is_empty()
+    }
+
     /// The kept calls' ends, to wait for: `None` when none is kept. Those that end within
     /// the cancellation grace are waited for at once; for the others (each blocks its thread)
     /// a warning names them.

@@ -3,7 +3,7 @@
 
 use std::{
     sync::{
-        Arc,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
     time::Duration,
@@ -16,17 +16,38 @@ use crate::{
     store::{Lease, StoreError},
 };
 
+/// Asked at a turn's close whether its lease may be given up with the run's last write (and,
+/// if so, stops renewing it): set by the lease's holder (`runtime::lease::Held`).
+pub(crate) type CloseHook = Box<dyn FnOnce() -> bool + Send>;
+
 /// The fencing token a turn writes under, and whether the turn lost it.
-#[derive(Debug)]
 pub(crate) struct Fence {
     run_id: String,
     token: u64,
     lost: AtomicBool,
+    /// Taken (and asked) by the first closing write; `None` after, or for a lease nobody holds
+    /// for long.
+    on_close: Mutex<Option<CloseHook>>,
+    /// What the hook answered: the closing write may give the lease up.
+    release_at_close: AtomicBool,
+    /// The closing write gave the lease up: nothing is left to release.
+    released: AtomicBool,
     /// Fired on loss: the turn's interrupt, so dispatch stops and interruptible calls cancel.
     stop: CancellationToken,
     /// How long a write that failed with a store outage may be tried again: as long as a
     /// renewed lease can stay proven held without a renewal (zero for a lease nobody renews).
     patience: Duration,
+}
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fence")
+            .field("run_id", &self.run_id)
+            .field("token", &self.token)
+            .field("lost", &self.lost)
+            .field("released", &self.released)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Fence {
@@ -40,7 +61,35 @@ impl Fence {
     /// for `patience` (the renewals lose the fence sooner if the lease lapses).
     pub(crate) fn renewed(lease: &Lease, stop: CancellationToken, patience: Duration) -> Arc<Self> {
         let (run_id, token, lost) = (lease.run_id.clone(), lease.token, AtomicBool::new(false));
-        Arc::new(Self { run_id, token, lost, stop, patience })
+        let (on_close, release_at_close, released) = (Mutex::new(None), AtomicBool::new(false), AtomicBool::new(false));
+        Arc::new(Self { run_id, token, lost, on_close, release_at_close, released, stop, patience })
+    }
+
+    /// Sets what a closing write asks before giving the lease up with the run's last write.
+    pub(crate) fn on_close(&self, hook: CloseHook) {
+        *self.on_close.lock().unwrap_or_else(PoisonError::into_inner) = Some(hook);
+    }
+
+    /// Whether the turn's closing write may give the lease up: asks the hook once (which then
+    /// stops renewing the lease), and answers the same to a retried closing write.
+    pub(crate) fn may_release_at_close(&self) -> bool {
+        let hook = self.on_close.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(hook) = hook
+            && hook()
+        {
+            self.release_at_close.store(true, Ordering::SeqCst);
+        }
+        self.release_at_close.load(Ordering::SeqCst)
+    }
+
+    /// Notes that the closing write gave the lease up.
+    pub(crate) fn mark_released(&self) {
+        self.released.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the closing write gave the lease up (so the holder has nothing to release).
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.load(Ordering::SeqCst)
     }
 
     /// How long a failed write of an outcome in hand may be tried again.

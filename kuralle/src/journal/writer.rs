@@ -40,6 +40,19 @@ impl<'a> RunWriter<'a> {
         self.fence.watch(self.store.put_run(record, self.fence.token()).await)
     }
 
+    /// The run's last write of a turn: [`put_run`](Self::put_run), giving the lease up in the
+    /// same write when the fence's holder allows it and the store can.
+    pub(crate) async fn put_run_closing(&self, record: RunRecord) -> Result<u64, StoreError> {
+        if !self.fence.may_release_at_close() {
+            return self.put_run(record).await;
+        }
+        let (version, released) = self.fence.watch(self.store.put_run_and_release(record, self.fence.token()).await)?;
+        if released {
+            self.fence.mark_released();
+        }
+        Ok(version)
+    }
+
     /// Appends `Running` intents; returns their ordinals.
     pub(crate) async fn append_steps(&self, steps: Vec<NewStep>) -> Result<Vec<u64>, StoreError> {
         self.fence.watch(self.store.append_steps(self.run_id(), self.fence.token(), steps).await)

@@ -53,7 +53,13 @@ pub(super) async fn close(
             updated_at_ms: now_ms(),
             ..record.clone()
         };
-        match writer.put_run(attempt).await {
+        // A failed turn's close may be followed by marking the run ended, under the lease.
+        let written = if status == RunStatus::Failed {
+            writer.put_run(attempt).await
+        } else {
+            writer.put_run_closing(attempt).await
+        };
+        match written {
             Ok(version) => {
                 record.version = version;
                 return Ok(output_of(&record, &state));

@@ -91,7 +91,18 @@ impl Held {
     pub(crate) fn start(renewals: &Arc<Renewals>, lease: Lease, granted: Instant, stop: CancellationToken) -> Self {
         let fence = Fence::renewed(&lease, stop, renewals.proven_for());
         let registration = renewals.register(lease.clone(), Arc::clone(&fence), granted);
-        let stragglers = Arc::default();
+        let stragglers: Arc<Stragglers> = Arc::default();
+        // The turn's close may give the lease up with the run's last write (one write less)
+        // when no call of the turn still runs; renewing stops first, so that a renewal that
+        // meets the released lease is not taken for a takeover.
+        let (closing, closing_stragglers) = (Arc::clone(renewals), Arc::clone(&stragglers));
+        fence.on_close(Box::new(move || {
+            let idle = closing_stragglers.is_empty();
+            if idle {
+                closing.deregister(registration);
+            }
+            idle
+        }));
         Self { lease, fence, stragglers, renewals: Arc::clone(renewals), registration }
     }
 
@@ -122,7 +133,7 @@ impl Held {
     /// lost lease is not released (it is not ours).
     async fn release_now(self) {
         self.renewals.deregister(self.registration);
-        if self.fence.is_lost() {
+        if self.fence.is_lost() || self.fence.is_released() {
             return;
         }
         self.renewals.release(self.lease.clone()).await;

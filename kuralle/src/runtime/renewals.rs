@@ -337,8 +337,11 @@ impl Renewals {
                     held.due
                 }
                 Err(StoreError::Fenced { .. }) => {
-                    fence.lose();
-                    state.held.remove(&id);
+                    // A lease no longer registered was given up by its turn (its closing write
+                    // may have released it while this renewal was in flight): not a loss.
+                    if state.held.remove(&id).is_some() {
+                        fence.lose();
+                    }
                     continue;
                 }
                 Err(e) => {
@@ -379,8 +382,9 @@ impl Renewals {
                     }
                 }
                 Err(StoreError::Fenced { .. }) => {
-                    fence.lose();
-                    state.held.remove(&id);
+                    if state.held.remove(&id).is_some() {
+                        fence.lose();
+                    }
                 }
                 Err(_) => {}
             }

@@ -125,6 +125,36 @@ pub trait RunStore: Send + Sync + 'static {
     /// ```
     fn put_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, u64>;
 
+    /// [`put_run`](Self::put_run) for the last write of a turn, which may also give up the
+    /// lease of token `fence` in the same write (as [`release_lease`](Self::release_lease)
+    /// would, after the run is written): returns the new version and whether the lease was
+    /// given up. The run is written (or refused) exactly as by `put_run`; when it is refused,
+    /// the lease is kept.
+    ///
+    /// The default writes the run only (`false`): the caller then releases the lease itself.
+    /// A store overrides it when the two writes cost less as one (PostgreSQL: one statement
+    /// and one commit instead of two).
+    ///
+    /// ```
+    /// use kuralle::{RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(kuralle::RunRecord::new("run-1", "support"), lease.token).await?;
+    /// let read = store.get_run("run-1").await?.expect("created");
+    /// let (version, released) = store.put_run_and_release(read, lease.token).await?;
+    /// assert_eq!(version, 1);
+    /// if !released {
+    ///     store.release_lease(&lease).await?;
+    /// }
+    /// assert_eq!(store.current_lease("run-1").await?, None);
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    fn put_run_and_release(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, (u64, bool)> {
+        Box::pin(async move { Ok((self.put_run(run, fence).await?, false)) })
+    }
+
     /// Runs matching `filter`, most recently updated first.
     ///
     /// ```

@@ -95,6 +95,11 @@ impl RunStore for CountingStore {
         self.inner.put_run(run, fence)
     }
 
+    fn put_run_and_release(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, (u64, bool)> {
+        self.count(0);
+        self.inner.put_run_and_release(run, fence)
+    }
+
     fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>> {
         self.inner.list_runs(filter)
     }

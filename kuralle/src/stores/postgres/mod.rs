@@ -234,6 +234,15 @@ impl crate::store::RunStore for PostgresStore {
         Box::pin(async move { self.put_run_fenced(&run, Some(fence)).await })
     }
 
+    /// One statement: the run written, then the lease released (one commit).
+    fn put_run_and_release(
+        &self,
+        run: crate::store::RunRecord,
+        fence: u64,
+    ) -> crate::store::StoreFuture<'_, (u64, bool)> {
+        Box::pin(async move { self.put_run_statement(&run, Some(fence), true).await })
+    }
+
     fn list_runs(
         &self,
         filter: crate::store::RunFilter,

@@ -59,6 +59,17 @@ impl PostgresStore {
     }
 
     pub(super) async fn put_run_fenced(&self, run: &RunRecord, fence: Option<u64>) -> Result<u64, StoreError> {
+        Ok(self.put_run_statement(run, fence, false).await?.0)
+    }
+
+    /// `put_run_fenced`, and with `release` the lease of token `fence` released in the same
+    /// statement once the run is written; returns the new version and whether it was released.
+    pub(super) async fn put_run_statement(
+        &self,
+        run: &RunRecord,
+        fence: Option<u64>,
+        release: bool,
+    ) -> Result<(u64, bool), StoreError> {
         let fence = fence_param(fence)?;
         let epoch = to_i64("run epoch", run.epoch)?;
         let expected = to_i64("run version", run.version)?;
@@ -70,7 +81,8 @@ impl PostgresStore {
         let status = run.status.as_str();
         retrying(|| async {
             let client = self.client().await?;
-            let stmt = client.prepare_cached(&self.inner.sql.put_run).await.map_err(Fail::write)?;
+            let sql = if release { &self.inner.sql.put_run_release } else { &self.inner.sql.put_run };
+            let stmt = client.prepare_cached(sql).await.map_err(Fail::write)?;
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] =
                 [&run.run_id, &fence, &run.agent_id, &status, &epoch, &next, &state, &run.updated_at_ms, &expected];
             let row = client.query_one(&stmt, &params).await.map_err(Fail::write)?;
@@ -79,7 +91,8 @@ impl PostgresStore {
                 return Err(fenced(&run.run_id, fence).into());
             }
             if updated {
-                return Ok(to_u64("kuralle_runs.version", next)?);
+                let released = release && get::<bool>(&row, 2)?;
+                return Ok((to_u64("kuralle_runs.version", next)?, released));
             }
             // The statement's snapshot may predate the winning writer: read the version anew.
             let stmt = client.prepare_cached(&self.inner.sql.run_version).await.map_err(Fail::read)?;
@@ -139,11 +152,19 @@ impl PostgresStore {
 
     pub(super) async fn delete_run_row(&self, run_id: &str) -> Result<bool, StoreError> {
         retrying(|| async {
-            let client = self.client().await?;
-            let stmt = client.prepare_cached(&self.inner.sql.delete_run).await.map_err(Fail::write)?;
-            // The journal goes with the run (ON DELETE CASCADE); the lease row stays, so a run
-            // created again under this id still gets higher tokens.
-            Ok(client.execute(&stmt, &[&run_id]).await.map_err(Fail::write)? > 0)
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(Fail::write)?;
+            let run = tx.prepare_cached(&self.inner.sql.delete_run).await.map_err(Fail::write)?;
+            let steps = tx.prepare_cached(&self.inner.sql.delete_steps).await.map_err(Fail::write)?;
+            // The run's row first: deleting it waits for an in-flight journal write (which
+            // updated that row), and a later one finds no row and inserts nothing. The journal
+            // then, in a statement of its own, whose snapshot sees every step committed before.
+            // The lease row stays, so a run created again under this id still gets higher
+            // tokens.
+            let deleted = tx.execute(&run, &[&run_id]).await.map_err(Fail::write)? > 0;
+            tx.execute(&steps, &[&run_id]).await.map_err(Fail::write)?;
+            tx.commit().await.map_err(Fail::write)?;
+            Ok(deleted)
         })
         .await
     }

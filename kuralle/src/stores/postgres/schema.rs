@@ -61,6 +61,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
         backend_pid integer NOT NULL,
         claimed_at timestamptz NOT NULL
     );",
+    // 5: no foreign key from steps to runs. Its check (a nested query and a row lock per
+    // inserted step) was a sixth of a journal write's server time, for a guarantee the
+    // writes already give: a step is inserted only by the statement that reserved its
+    // ordinal on the run's row, and `delete_run` deletes the journal with the run.
+    "ALTER TABLE {s}.kuralle_steps DROP CONSTRAINT IF EXISTS kuralle_steps_run_id_fkey;",
 ];
 
 /// The schema version this build reads and writes.

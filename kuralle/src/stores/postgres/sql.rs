@@ -26,9 +26,11 @@ pub(super) struct Sql {
     pub create_run: String,
     pub get_run: String,
     pub put_run: String,
+    pub put_run_release: String,
     pub run_version: String,
     pub list_runs: String,
     pub delete_run: String,
+    pub delete_steps: String,
     pub append_steps: String,
     pub append_finished: String,
     pub existing_keys: String,
@@ -78,6 +80,23 @@ impl Sql {
                 )
                 SELECT (SELECT ok FROM ok), EXISTS (SELECT 1 FROM upd)",
             ),
+            // `put_run`, then the lease released if the run was written: the lease row,
+            // share-locked by the fence, is updated by the same transaction.
+            put_run_release: bind(
+                "WITH {fence},
+                upd AS (
+                    UPDATE {s}.kuralle_runs
+                    SET agent_id = $3, status = $4, epoch = $5, version = $6, state = $7, updated_at = $8
+                    WHERE run_id = $1 AND version = $9 AND (SELECT ok FROM ok)
+                    RETURNING 1
+                ),
+                rel AS (
+                    UPDATE {s}.kuralle_leases SET released = true
+                    WHERE run_id = $1 AND token = $2::int8 AND NOT released AND EXISTS (SELECT 1 FROM upd)
+                    RETURNING 1
+                )
+                SELECT (SELECT ok FROM ok), EXISTS (SELECT 1 FROM upd), EXISTS (SELECT 1 FROM rel)",
+            ),
             run_version: bind("SELECT version FROM {s}.kuralle_runs WHERE run_id = $1"),
             list_runs: bind(
                 "SELECT run_id, agent_id, status, updated_at FROM {s}.kuralle_runs
@@ -85,6 +104,7 @@ impl Sql {
                  ORDER BY updated_at DESC, run_id ASC LIMIT $2::int8",
             ),
             delete_run: bind("DELETE FROM {s}.kuralle_runs WHERE run_id = $1"),
+            delete_steps: bind("DELETE FROM {s}.kuralle_steps WHERE run_id = $1"),
             append_steps: bind(
                 "WITH {fence},
                 res AS (
