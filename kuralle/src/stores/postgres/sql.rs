@@ -13,6 +13,15 @@ const FENCE: &str = "fence AS MATERIALIZED (
     ),
     ok AS (SELECT $2::int8 IS NULL OR EXISTS (SELECT 1 FROM fence) AS ok)";
 
+/// The run row's fenced, versioned update (after the fence prelude), shared by `put_run` and
+/// `put_run_release`; `upd` has a row when the run was written.
+const PUT_RUN: &str = "upd AS (
+        UPDATE {s}.kuralle_runs
+        SET agent_id = $3, status = $4, epoch = $5, version = $6, state = $7, updated_at = $8
+        WHERE run_id = $1 AND version = $9 AND (SELECT ok FROM ok)
+        RETURNING 1
+    )";
+
 /// Milliseconds since the Unix epoch of a `timestamptz` expression.
 macro_rules! ms {
     ($e:literal) => {
@@ -53,7 +62,7 @@ pub(super) struct Sql {
 impl Sql {
     /// The statements for the (already quoted) schema `s`.
     pub fn new(s: &str) -> Self {
-        let bind = |sql: &str| sql.replace("{fence}", FENCE).replace("{s}", s);
+        let bind = |sql: &str| sql.replace("{fence}", FENCE).replace("{put_run}", PUT_RUN).replace("{s}", s);
         Self {
             create_run: bind(
                 "WITH {fence},
@@ -70,26 +79,11 @@ impl Sql {
                 "SELECT run_id, agent_id, status, epoch, version, state, created_at, updated_at
                  FROM {s}.kuralle_runs WHERE run_id = $1",
             ),
-            put_run: bind(
-                "WITH {fence},
-                upd AS (
-                    UPDATE {s}.kuralle_runs
-                    SET agent_id = $3, status = $4, epoch = $5, version = $6, state = $7, updated_at = $8
-                    WHERE run_id = $1 AND version = $9 AND (SELECT ok FROM ok)
-                    RETURNING 1
-                )
-                SELECT (SELECT ok FROM ok), EXISTS (SELECT 1 FROM upd)",
-            ),
+            put_run: bind("WITH {fence}, {put_run} SELECT (SELECT ok FROM ok), EXISTS (SELECT 1 FROM upd)"),
             // `put_run`, then the lease released if the run was written: the lease row,
             // share-locked by the fence, is updated by the same transaction.
             put_run_release: bind(
-                "WITH {fence},
-                upd AS (
-                    UPDATE {s}.kuralle_runs
-                    SET agent_id = $3, status = $4, epoch = $5, version = $6, state = $7, updated_at = $8
-                    WHERE run_id = $1 AND version = $9 AND (SELECT ok FROM ok)
-                    RETURNING 1
-                ),
+                "WITH {fence}, {put_run},
                 rel AS (
                     UPDATE {s}.kuralle_leases SET released = true
                     WHERE run_id = $1 AND token = $2::int8 AND NOT released AND EXISTS (SELECT 1 FROM upd)
