@@ -47,17 +47,20 @@ pub(crate) enum Offered {
 
 impl Offered {
     /// The names, in the request's order.
-    pub(crate) fn names(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+    pub(crate) fn names(&self) -> Vec<&str> {
         match self {
-            Self::Specs(specs) => Box::new(specs.iter().map(|t| t.name.as_str())),
-            Self::Names(names) => Box::new(names.iter().map(String::as_str)),
+            Self::Specs(specs) => specs.iter().map(|t| t.name.as_str()).collect(),
+            Self::Names(names) => names.iter().map(String::as_str).collect(),
         }
     }
 }
 
 impl Serialize for Offered {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.names())
+        match self {
+            Self::Specs(specs) => serializer.collect_seq(specs.iter().map(|t| &t.name)),
+            Self::Names(names) => serializer.collect_seq(names),
+        }
     }
 }
 
@@ -163,6 +166,13 @@ pub(super) fn put_calls(parts: &mut [Part], calls: impl IntoIterator<Item = Tool
 /// passes an id in `seen` that no other search probes (`<id>~<n>` names one `(id, n)`), so
 /// all the searches together fail at most once per call.
 pub(super) fn dedupe_call_ids(calls: &mut [ToolCallRequest]) {
+    if let [call] = calls {
+        // The common response of one call repeats nothing: no sets to build every step.
+        if call.call_id.is_empty() {
+            call.call_id = "call_0".to_owned();
+        }
+        return;
+    }
     let mut seen: HashSet<String> = HashSet::with_capacity(calls.len());
     // The next `n` to try, per repeated id.
     let mut next: HashMap<String, u64> = HashMap::new();
@@ -242,7 +252,7 @@ mod tests {
         let text = serde_json::to_value(&response).unwrap();
         assert_eq!(text["offered"], serde_json::json!(["search", "charge"]));
         let back: ModelResponse = serde_json::from_value(text).unwrap();
-        assert_eq!(back.offered.unwrap().names().collect::<Vec<_>>(), ["search", "charge"]);
+        assert_eq!(back.offered.unwrap().names(), ["search", "charge"]);
     }
 
     #[test]
@@ -251,6 +261,11 @@ mod tests {
         dedupe_call_ids(&mut calls);
         let ids: Vec<_> = calls.iter().map(|c| c.call_id.as_str()).collect();
         assert_eq!(ids, ["a", "a~2", "a~2~2", "a~3", "call_4"]);
+        for (id, kept) in [("", "call_0"), ("b", "b")] {
+            let mut one = vec![call(id, "{}")];
+            dedupe_call_ids(&mut one);
+            assert_eq!(one[0].call_id, kept);
+        }
     }
 
     /// The search from 2 for every repeated id, as it was written before it was made linear.

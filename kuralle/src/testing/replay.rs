@@ -258,7 +258,7 @@ impl Replay {
 
     fn compare(&self, index: usize, request: &ModelRequest, out: &mut Vec<Divergence>) {
         if let Some(offered) = &self.recorded[index].response.offered {
-            let mut before: Vec<&str> = offered.names().collect();
+            let mut before: Vec<&str> = offered.names();
             let mut now: Vec<&str> = request.tools.iter().map(|t| t.name.as_str()).collect();
             before.sort_unstable();
             now.sort_unstable();
