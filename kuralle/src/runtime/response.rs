@@ -166,20 +166,21 @@ pub(super) fn put_calls(parts: &mut [Part], calls: impl IntoIterator<Item = Tool
 /// passes an id in `seen` that no other search probes (`<id>~<n>` names one `(id, n)`), so
 /// all the searches together fail at most once per call.
 pub(super) fn dedupe_call_ids(calls: &mut [ToolCallRequest]) {
-    if let [call] = calls {
-        // The common response of one call repeats nothing: no sets to build every step.
+    // Filled first: an id depends only on its call's place, so it is the same as when each
+    // call is reached below.
+    for (index, call) in calls.iter_mut().enumerate() {
         if call.call_id.is_empty() {
-            call.call_id = "call_0".to_owned();
+            call.call_id = format!("call_{index}");
         }
+    }
+    if calls.len() < 2 {
+        // The common response of one call repeats nothing: no sets to build every step.
         return;
     }
     let mut seen: HashSet<String> = HashSet::with_capacity(calls.len());
     // The next `n` to try, per repeated id.
     let mut next: HashMap<String, u64> = HashMap::new();
-    for (index, call) in calls.iter_mut().enumerate() {
-        if call.call_id.is_empty() {
-            call.call_id = format!("call_{index}");
-        }
+    for call in calls.iter_mut() {
         if !seen.contains(&call.call_id) {
             seen.insert(call.call_id.clone());
             continue;
