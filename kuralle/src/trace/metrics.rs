@@ -4,12 +4,9 @@
 //! exporter. Only requests actually sent are measured: a replayed step spent no tokens and
 //! took no time.
 
-use std::{
-    sync::{Arc, Once},
-    time::Duration,
-};
+use std::{cell::RefCell, rc::Rc, sync::Once, time::Duration};
 
-use metrics::{Label, SharedString, Unit};
+use metrics::{Key, Label, Level, Metadata, Unit};
 
 use crate::model::Usage;
 
@@ -28,52 +25,105 @@ fn describe() {
     });
 }
 
-/// The labels every GenAI client metric of one request carries. The names are shared
-/// (`Arc<str>`), so the three histograms of a request copy reference counts, not strings: with
-/// no recorder installed these labels are all the metrics cost, once per model request.
-pub(super) struct Labels(Vec<Label>);
+/// The keys of one request's metrics: the labels every GenAI client metric carries, with the
+/// token type (two histograms) or not. Built once per thread for each operation, provider,
+/// model and server, and reused while those stay the same (a service's requests mostly go to
+/// one model): with no recorder installed the keys were all the metrics cost, seven
+/// allocations per model request.
+pub(super) struct Labels(Rc<Keys>);
+
+struct Keys {
+    operation: &'static str,
+    provider: String,
+    model: String,
+    server: Option<(String, u16)>,
+    input: Key,
+    output: Key,
+    duration: Key,
+    labels: Vec<Label>,
+}
+
+thread_local! {
+    static LAST: RefCell<Option<Rc<Keys>>> = const { RefCell::new(None) };
+}
+
+/// Where the histograms say they come from (what `metrics::histogram!` would give them).
+static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
 impl Labels {
     pub(super) fn new(operation: &'static str, provider: &str, model: &str, server: Option<&(String, u16)>) -> Self {
-        let shared = |s: &str| SharedString::from_shared(Arc::<str>::from(s));
-        // Room for the server's two and one more (the token type or `error.type`): no regrowth.
-        let mut labels = Vec::with_capacity(6);
+        LAST.with(|last| {
+            let mut last = last.borrow_mut();
+            if let Some(keys) = last.as_ref().filter(|keys| keys.is(operation, provider, model, server)) {
+                return Self(Rc::clone(keys));
+            }
+            let keys = Rc::new(Keys::new(operation, provider, model, server));
+            *last = Some(Rc::clone(&keys));
+            Self(keys)
+        })
+    }
+}
+
+impl Keys {
+    fn new(operation: &'static str, provider: &str, model: &str, server: Option<&(String, u16)>) -> Self {
+        let mut labels = Vec::with_capacity(5);
         labels.push(Label::from_static_parts("gen_ai.operation.name", operation));
-        labels.push(Label::new("gen_ai.provider.name", shared(provider)));
-        labels.push(Label::new("gen_ai.request.model", shared(model)));
+        labels.push(Label::new("gen_ai.provider.name", provider.to_owned()));
+        labels.push(Label::new("gen_ai.request.model", model.to_owned()));
         if let Some((host, port)) = server {
-            labels.push(Label::new("server.address", shared(host)));
+            labels.push(Label::new("server.address", host.clone()));
             labels.push(Label::new("server.port", port.to_string()));
         }
-        Self(labels)
+        let with = |extra: Label| {
+            let mut all = labels.clone();
+            all.push(extra);
+            Key::from_parts(TOKEN_USAGE, all)
+        };
+        Self {
+            operation,
+            provider: provider.to_owned(),
+            model: model.to_owned(),
+            server: server.cloned(),
+            input: with(Label::from_static_parts("gen_ai.token.type", "input")),
+            output: with(Label::from_static_parts("gen_ai.token.type", "output")),
+            duration: Key::from_parts(OPERATION_DURATION, labels.clone()),
+            labels,
+        }
     }
 
-    /// These labels and `extra`, in a vector of their own (a metric's key owns its labels).
-    fn with(&self, extra: Label) -> Vec<Label> {
-        let mut labels = Vec::with_capacity(self.0.len() + 1);
-        labels.extend(self.0.iter().cloned());
-        labels.push(extra);
-        labels
+    fn is(&self, operation: &str, provider: &str, model: &str, server: Option<&(String, u16)>) -> bool {
+        self.operation == operation
+            && self.provider == provider
+            && self.model == model
+            && self.server.as_ref() == server
     }
+}
+
+fn histogram(key: &Key) -> metrics::Histogram {
+    metrics::with_recorder(|recorder| recorder.register_histogram(key, &METADATA))
 }
 
 /// Records a response's input and output tokens.
 pub(super) fn tokens(labels: &Labels, usage: &Usage) {
     describe();
-    for (kind, n) in [("input", usage.input_tokens), ("output", usage.output_tokens)] {
-        let labels = labels.with(Label::from_static_parts("gen_ai.token.type", kind));
-        // Token counts are far below 2^53: the conversion is exact.
-        #[allow(clippy::cast_precision_loss)]
-        metrics::histogram!(TOKEN_USAGE, labels).record(n as f64);
+    // Token counts are far below 2^53: the conversion is exact.
+    #[allow(clippy::cast_precision_loss)]
+    {
+        histogram(&labels.0.input).record(usage.input_tokens as f64);
+        histogram(&labels.0.output).record(usage.output_tokens as f64);
     }
 }
 
 /// Records how long a request took, with `error.type` when it failed.
 pub(super) fn duration(labels: Labels, error_type: Option<String>, took: Duration) {
     describe();
-    let Labels(mut labels) = labels;
-    if let Some(error_type) = error_type {
-        labels.push(Label::new("error.type", error_type));
+    let seconds = took.as_secs_f64();
+    match error_type {
+        None => histogram(&labels.0.duration).record(seconds),
+        Some(error_type) => {
+            let mut all = labels.0.labels.clone();
+            all.push(Label::new("error.type", error_type));
+            histogram(&Key::from_parts(OPERATION_DURATION, all)).record(seconds);
+        }
     }
-    metrics::histogram!(OPERATION_DURATION, labels).record(took.as_secs_f64());
 }
