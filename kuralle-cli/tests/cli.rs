@@ -462,7 +462,7 @@ async fn retry_and_fork_through_the_store_only() {
         .unwrap();
     let out = support.resume("chat-2").await.unwrap();
     assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Hi."));
-    assert_eq!(model.requests()[0].system, "Be terse.");
+    assert_eq!(&*model.requests()[0].system, "Be terse.");
     let far = fails(&["runs", "fork", PAUSED, "--at", "9", "--store", &store]);
     assert!(far.contains("cannot fork it at step 9"), "{far}");
 }

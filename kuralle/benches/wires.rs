@@ -400,7 +400,7 @@ async fn serve(body: Arc<Vec<u8>>) -> String {
 
 fn request() -> ModelRequest {
     ModelRequest {
-        system: String::new(),
+        system: "".into(),
         messages: vec![Message::User { content: "hi".into() }].into(),
         tools: Vec::new().into(),
         output: None,

@@ -253,8 +253,9 @@ pub(crate) fn legacy_parts(text: String, calls: Vec<ToolCallRequest>) -> Vec<Par
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelRequest {
-    /// System text (the agent's instructions).
-    pub system: String,
+    /// System text (the agent's instructions), shared by every request of a run: a long
+    /// system prompt is not copied per step.
+    pub system: Arc<str>,
     /// The transcript so far.
     pub messages: Transcript,
     /// The tools the model may call.
@@ -366,7 +367,7 @@ pub enum ModelError {
 /// use kuralle::{Model, ModelEvent, ModelRequest, testing::{ScriptedModel, Turn}};
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let model = ScriptedModel::new([Turn::text("hello")]);
-/// let req = ModelRequest { system: String::new(), messages: Default::default(), tools: Default::default(), output: None };
+/// let req = ModelRequest { system: "".into(), messages: Default::default(), tools: Default::default(), output: None };
 /// let events: Vec<_> = model.stream(req).collect().await;
 /// assert_eq!(events[0], Ok(ModelEvent::TextDelta { delta: "hello".into() }));
 /// # });

@@ -619,7 +619,7 @@ async fn the_thinking_mode_of_a_tool_turn_in_progress_is_kept() {
     let tools: std::sync::Arc<[ToolSpec]> =
         vec![spec("get_weather", "Weather.", json!({"city": {"type": "string"}}))].into();
     let turn = |parts: Vec<Part>, origin: Option<Origin>| ModelRequest {
-        system: String::new(),
+        system: "".into(),
         messages: vec![
             Message::User { content: "Weather in Oslo?".into() },
             Message::Assistant { parts, origin },

@@ -74,7 +74,7 @@ async fn server(body: Body) -> (String, Arc<AtomicUsize>) {
 
 fn request() -> ModelRequest {
     ModelRequest {
-        system: String::new(),
+        system: "".into(),
         messages: vec![Message::User { content: "hi".into() }].into(),
         tools: Vec::new().into(),
         output: None,

@@ -605,7 +605,7 @@ async fn gemini_ids_go_back_only_where_gemini_gave_them() {
         arguments: format!(r#"{{"order":"{order}"}}"#),
     };
     let request = ModelRequest {
-        system: String::new(),
+        system: "".into(),
         messages: vec![
             Message::User { content: "A-1 and B-2?".into() },
             Message::Assistant {
@@ -648,7 +648,7 @@ async fn another_providers_turn_sends_no_foreign_state() {
     let server = Server::start(vec![sse(&[finishing(text("ok"), "STOP")])]).await;
     let model = client(&server).build().unwrap();
     let request = ModelRequest {
-        system: String::new(),
+        system: "".into(),
         messages: vec![
             Message::User { content: "Weather in Oslo and Rome?".into() },
             Message::Assistant {

@@ -251,7 +251,7 @@ async fn a_fork_replays_the_copied_steps_then_asks_its_new_model() {
     assert_eq!(count.load(Ordering::SeqCst), 2, "no copied call ran again");
     let asked = new_model.requests();
     assert_eq!(asked.len(), 1, "only the step after the fork point asks a model");
-    assert_eq!(asked[0].system, "Refund, never pay.");
+    assert_eq!(&*asked[0].system, "Refund, never pay.");
     assert_eq!(asked[0].messages.iter().filter(|m| matches!(m, kuralle::Message::Tool { .. })).count(), 2);
     // The original is untouched.
     assert_eq!(store.steps("r1").await.unwrap(), original);

@@ -191,7 +191,8 @@ async fn steps(
     let mut typed = agent.output.as_ref().map(Typed::new);
     // A fork may run with other instructions than its agent's.
     let instructions = state.instructions.as_ref().unwrap_or(&agent.instructions);
-    let system = typed.as_ref().map_or_else(|| instructions.clone(), |t| t.output.instructions(instructions));
+    let system: Arc<str> =
+        typed.as_ref().map_or_else(|| Arc::from(instructions.as_str()), |t| t.output.instructions(instructions).into());
     // Boxed: held for the run's whole life, and most agents have none.
     let output_spec = typed.as_ref().map(|t| Box::new(t.output.spec(!agent.tools.is_empty())));
     let mut value = None;
@@ -215,7 +216,7 @@ async fn steps(
         // scope ends, even once moved, and this one would through the model's whole latency.
         let (mut chat, step) = {
             let request = ModelRequest {
-                system: system.clone(),
+                system: Arc::clone(&system),
                 messages: transcript.clone(),
                 tools: Arc::clone(&specs),
                 output: output_spec.as_deref().cloned(),

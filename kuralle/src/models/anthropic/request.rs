@@ -39,9 +39,9 @@ impl Inner {
         body.insert("stream".into(), json!(true));
         if !request.system.is_empty() {
             let system = if self.cache_control {
-                json!([{"type": "text", "text": request.system, "cache_control": {"type": "ephemeral"}}])
+                json!([{"type": "text", "text": &*request.system, "cache_control": {"type": "ephemeral"}}])
             } else {
-                json!(request.system)
+                json!(&*request.system)
             };
             body.insert("system".into(), system);
         }

@@ -40,7 +40,7 @@ impl Inner {
         let mut body = Map::new();
         body.insert("contents".into(), Value::Array(contents(request.messages.iter())));
         if !request.system.is_empty() {
-            body.insert("systemInstruction".into(), json!({"parts": [{"text": request.system}]}));
+            body.insert("systemInstruction".into(), json!({"parts": [{"text": &*request.system}]}));
         }
         if !request.tools.is_empty() {
             let declarations = request.tools.iter().map(function_declaration).collect::<Result<Vec<_>, _>>()?;

@@ -13,7 +13,7 @@ impl Inner {
     pub(super) fn body(&self, request: &ModelRequest) -> Result<Value, ModelError> {
         let mut messages = Vec::with_capacity(request.messages.len() + 1);
         if !request.system.is_empty() {
-            messages.push(json!({"role": "system", "content": request.system}));
+            messages.push(json!({"role": "system", "content": &*request.system}));
         }
         messages.extend(request.messages.iter().map(encode_message));
 
@@ -239,7 +239,7 @@ mod tests {
             .build()
             .unwrap();
         let request = ModelRequest {
-            system: String::new(),
+            system: "".into(),
             messages: vec![Message::User { content: "x".into() }].into(),
             tools: Vec::new().into(),
             output: None,

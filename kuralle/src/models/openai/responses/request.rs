@@ -23,7 +23,7 @@ impl Inner {
         let mut body = Map::new();
         body.insert("model".into(), json!(self.model));
         if !request.system.is_empty() {
-            body.insert("instructions".into(), json!(request.system));
+            body.insert("instructions".into(), json!(&*request.system));
         }
         body.insert("input".into(), Value::Array(input));
         if !request.tools.is_empty() {
