@@ -1,9 +1,11 @@
 //! `MemoryStore`: runs and journals in a process-local map.
 
 use std::collections::hash_map::Entry;
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use hashbrown::HashTable;
 use tokio::time::Instant;
 
 use super::{DEFAULT_MAX_VALUE_BYTES, check_len};
@@ -65,6 +67,8 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct State {
     runs: KeyMap<RunEntry>,
+    /// Hashes the journal keys of every run's `keys` table.
+    hasher: foldhash::fast::RandomState,
     /// Kept when a run is deleted, so a reused id never reuses a token.
     leases: KeyMap<LeaseRow>,
 }
@@ -100,8 +104,10 @@ struct RunEntry {
     record: RunRecord,
     /// Dense: `steps[i].ordinal == i`.
     steps: Vec<StepRecord>,
-    /// Effect key → ordinal.
-    keys: KeyMap<u64>,
+    /// Effect key → ordinal: the table holds ordinals and hashes the key of the step each
+    /// names, so a key is stored once (a map keyed by a copy held about a kilobyte more per
+    /// run of seven steps).
+    keys: HashTable<usize>,
 }
 
 impl Default for MemoryStore {
@@ -151,7 +157,7 @@ impl MemoryStore {
         match state.runs.entry(run.run_id.clone()) {
             Entry::Occupied(_) => Err(StoreError::RunExists(run.run_id)),
             Entry::Vacant(slot) => {
-                slot.insert(RunEntry { record: run, steps: Vec::new(), keys: KeyMap::default() });
+                slot.insert(RunEntry { record: run, steps: Vec::new(), keys: HashTable::new() });
                 Ok(())
             }
         }
@@ -347,17 +353,25 @@ impl State {
             return Err(StoreError::RunNotFound(run_id.to_owned()));
         };
         // All or nothing: claim every key (one hash each), and give them back on a duplicate.
-        let first = entry.steps.len() as u64;
-        for (i, (ordinal, step)) in (first..).zip(&steps).enumerate() {
-            if let Entry::Vacant(slot) = entry.keys.entry(step.key.clone()) {
-                slot.insert(ordinal);
+        // A claimed ordinal past the journal's end names a step of `steps`, not yet appended.
+        let first = entry.steps.len();
+        let (table, stored, hasher) = (&mut entry.keys, &entry.steps, &self.hasher);
+        let key_at =
+            |ordinal: usize| stored.get(ordinal).map_or_else(|| steps[ordinal - first].key.as_str(), |s| &s.key);
+        for (i, step) in steps.iter().enumerate() {
+            let hash = hasher.hash_one(step.key.as_str());
+            if table.find(hash, |&o| key_at(o) == step.key).is_none() {
+                table.insert_unique(hash, first + i, |&o| hasher.hash_one(key_at(o)));
                 continue;
             }
-            for earlier in &steps[..i] {
-                entry.keys.remove(&earlier.key);
+            for (j, earlier) in steps[..i].iter().enumerate() {
+                if let Ok(claimed) = table.find_entry(hasher.hash_one(earlier.key.as_str()), |&o| o == first + j) {
+                    claimed.remove();
+                }
             }
             return Err(StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key.clone() });
         }
+        let first = first as u64;
         let mut ordinals = Vec::with_capacity(steps.len());
         entry.steps.reserve(steps.len());
         for (ordinal, step) in (first..).zip(steps) {
