@@ -6,6 +6,7 @@
 //! outcomes, each through the run's one fenced writer (`RunWriter`), which the run loop
 //! also writes the run's row with.
 
+mod cache_key;
 mod fence;
 mod key;
 mod retry;
@@ -24,10 +25,10 @@ use crate::{
     clock::now_ms,
     error::RunError,
     json::JsonText,
-    keymap::KeyMap,
     limits::Spent,
     store::{FinishedWithIntents, NewStep, RunStore, StepKind, StepOutcome, StepRecord, StepStatus, StoreError},
 };
+use cache_key::CacheKey;
 pub(crate) use fence::Fence;
 use retry::Retrying;
 pub(crate) use writer::RunWriter;
@@ -54,7 +55,7 @@ pub(crate) struct Journal {
 
 #[derive(Default)]
 struct State {
-    by_key: KeyMap<Cached>,
+    by_key: std::collections::HashMap<CacheKey, Cached, foldhash::fast::RandomState>,
     len: u64,
     /// A finished step not yet written: journaled with the next intents (one commit).
     deferred: Option<Deferred>,
@@ -122,7 +123,10 @@ impl Journal {
             spent.add_step(step, usage);
         }
         // The key moves into the map; the cached record's own copy is never read.
-        let by_key = steps.into_iter().map(|mut s| (std::mem::take(&mut s.key), Cached::from(s))).collect();
+        let by_key = steps
+            .into_iter()
+            .map(|mut s| (CacheKey::from_owned(std::mem::take(&mut s.key)), Cached::from(s)))
+            .collect();
         Ok(Self {
             store,
             fence,
@@ -207,7 +211,7 @@ impl Journal {
     /// A finished step's result as its JSON text (shared, not copied), for a caller that
     /// decodes it straight into its own type.
     pub(crate) fn result_text(&self, key: &str) -> Option<JsonText> {
-        match self.state().by_key.get(key)? {
+        match self.state().by_key.get(&CacheKey::of(key))? {
             Cached::Finished(result) => Some(result.clone().unwrap_or_default()),
             Cached::Running(_) | Cached::Failed(_) => None,
         }
@@ -215,7 +219,7 @@ impl Journal {
 
     pub(crate) fn lookup(&self, key: &str) -> Lookup {
         // The text is cloned (a reference count) under the lock and parsed outside it.
-        let found = match self.state().by_key.get(key) {
+        let found = match self.state().by_key.get(&CacheKey::of(key)) {
             None => return Lookup::Fresh,
             Some(Cached::Running(ordinal)) => return Lookup::Running(*ordinal),
             Some(Cached::Finished(result)) => Ok(result.clone()),
@@ -285,11 +289,11 @@ impl Journal {
             ordinals.remove(0);
             // This turn never reads a finished model response again (its callsite is behind
             // it): the cache notes only that it finished.
-            st.by_key.insert(d.key, Cached::Finished(None));
+            st.by_key.insert(CacheKey::from_owned(d.key), Cached::Finished(None));
         }
         for ((key, kind, _), ordinal) in intents.into_iter().zip(&ordinals) {
             st.spent.count(kind);
-            st.by_key.insert(key, Cached::Running(*ordinal));
+            st.by_key.insert(CacheKey::from_owned(key), Cached::Running(*ordinal));
         }
         Ok(ordinals)
     }
@@ -421,7 +425,7 @@ impl Journal {
             StepOutcome::Finished(_) => None,
         };
         self.write_outcome(ordinal, outcome, at).await?;
-        if let Some(entry) = self.state().by_key.get_mut(key) {
+        if let Some(entry) = self.state().by_key.get_mut(&CacheKey::of(key)) {
             *entry = match failed {
                 None => Cached::Finished(cached),
                 Some(e) => Cached::Failed(e),
