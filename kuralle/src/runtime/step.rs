@@ -24,31 +24,23 @@ use crate::{
 /// deltas) and journaled. `None` when the caller interrupted the stream.
 ///
 /// An `async` block, not an `async fn`, which would store the request twice (as it came in
-/// and as the body's local) through the model's whole latency.
+/// and as the body's local) through the model's whole latency. The request comes boxed: a
+/// captured value keeps its bytes in the future even once moved into the model's stream, and
+/// this future is held through the model's whole latency.
 #[allow(clippy::manual_async_fn)] // on purpose: see above
 pub(super) fn model_step<'a>(
     rt: &'a Inner,
     ctx: &'a TurnCtx,
     model: &'a dyn Model,
-    request: ModelRequest,
+    request: Box<ModelRequest>,
     callsite: u64,
 ) -> impl Future<Output = Result<Option<ModelResponse>, RunError>> + Send + 'a {
     async move {
         let journal = &ctx.journal;
         let key = journal.key(&callsite.to_string(), &json!("model"));
         if let Some(replayed) = journal.result_text(&key) {
-            // Straight from the journal's text into the typed response: no tree in between.
-            let response = replayed.decode::<ModelResponse>().map_err(|e| {
-                RunError::Store(StoreError::Corrupt(format!("journaled model response is unreadable: {e}").into()))
-            })?;
-            if ctx.events.is_listening() {
-                let text = response.text();
-                if !text.is_empty() {
-                    ctx.events.send(Event::TextDelta { delta: text }).await;
-                }
-            }
-            crate::trace::replayed(true);
-            return Ok(Some(response));
+            // Boxed: a replay is the rare path, and its locals would widen the live one's future.
+            return Box::pin(replay(ctx, replayed)).await.map(Some);
         }
         crate::trace::replayed(false);
         if let Some(exceeded) = ctx.budget.before_request(&journal.spent()) {
@@ -65,7 +57,7 @@ pub(super) fn model_step<'a>(
         };
 
         let offered = Some(Offered::Specs(Arc::clone(&request.tools)));
-        let mut stream = model.stream(request);
+        let mut stream = model.stream(*request);
         let mut response = ModelResponse {
             parts: Vec::new(),
             origin: None,
@@ -148,6 +140,22 @@ pub(super) fn model_step<'a>(
         journal.spend(response.usage, response.cost_usd);
         Ok(Some(response))
     }
+}
+
+/// A response journaled by an earlier attempt, decoded straight from the journal's text into
+/// the typed response (no tree in between), its text sent as one delta.
+async fn replay(ctx: &TurnCtx, replayed: JsonText) -> Result<ModelResponse, RunError> {
+    let response = replayed.decode::<ModelResponse>().map_err(|e| {
+        RunError::Store(StoreError::Corrupt(format!("journaled model response is unreadable: {e}").into()))
+    })?;
+    if ctx.events.is_listening() {
+        let text = response.text();
+        if !text.is_empty() {
+            ctx.events.send(Event::TextDelta { delta: text }).await;
+        }
+    }
+    crate::trace::replayed(true);
+    Ok(response)
 }
 
 /// Ends the text streamed since the last part as a text part of its own.

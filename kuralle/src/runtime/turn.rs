@@ -215,12 +215,12 @@ async fn steps(
         // Scoped: a local that was ever borrowed keeps its bytes in the future until its
         // scope ends, even once moved, and this one would through the model's whole latency.
         let (mut chat, step) = {
-            let request = ModelRequest {
+            let request = Box::new(ModelRequest {
                 system: Arc::clone(&system),
                 messages: transcript.clone(),
                 tools: Arc::clone(&specs),
                 output: output_spec.as_deref().cloned(),
-            };
+            });
             let chat = crate::trace::ChatSpan::start(
                 run_id,
                 callsite,
