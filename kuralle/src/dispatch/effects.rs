@@ -131,7 +131,7 @@ impl Scope {
         let what = kind.as_str();
         let callsite = self.next_callsite();
         let turn = &self.turn;
-        let key = turn.journal.key(&callsite, &Value::String(what.to_owned()));
+        let key = turn.journal.string_key(&callsite, what);
         let ordinal = match turn.journal.lookup(&key) {
             Lookup::Finished(v) => return Ok(v),
             Lookup::Failed(e) => return Err(replayed_error(what, e)),

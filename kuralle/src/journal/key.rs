@@ -124,7 +124,7 @@ pub fn approval_key(run_id: &str, epoch: u64, effect_key: &str, name: &str, args
 /// );
 /// ```
 pub fn helper_key(run_id: &str, epoch: u64, callsite: &str, what: &str) -> String {
-    effect_key(run_id, epoch, callsite, &Value::String(what.to_owned()))
+    string_key_at(&namespace(run_id, epoch), callsite, what)
 }
 
 /// The key of any effect: `hash({"callsite","payload","runId":"<run>#<epoch>"})`.
@@ -135,6 +135,12 @@ pub fn effect_key(run_id: &str, epoch: u64, callsite: &str, payload: &Value) -> 
 /// As [`effect_key`], with the namespace (`"<run>#<epoch>"`, or a flow-scoped one) given whole.
 pub fn effect_key_for(namespace: &str, callsite: &str, payload: &Value) -> String {
     hash_material(namespace, callsite, |h| write_canonical(payload, h))
+}
+
+/// As [`effect_key_for`] with the string `payload` (a model step's `"model"`, a helper's
+/// `"now"`), written straight into the hash instead of through a `Value` built for it.
+pub(crate) fn string_key_at(namespace: &str, callsite: &str, payload: &str) -> String {
+    hash_material(namespace, callsite, |h| h.string(payload))
 }
 
 /// Scopes a tool's own `idempotency_key` to the run and tool, so two tools (or two runs)
@@ -184,6 +190,13 @@ impl Sink for HashWriter {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_string_payload_keys_as_its_json_value_does() {
+        for what in ["model", "now", "uuid", "", "quote \" and \u{1}"] {
+            assert_eq!(string_key_at("run-1#0", "3", what), effect_key_for("run-1#0", "3", &Value::String(what.into())));
+        }
+    }
 
     #[test]
     fn reference_vectors_reproduce() {

@@ -198,6 +198,16 @@ impl Journal {
         effect_key_for(&self.namespace, callsite, payload)
     }
 
+    /// The key of the step at `callsite` whose payload is the string `what` (`"now"`, `"uuid"`).
+    pub(crate) fn string_key(&self, callsite: &str, what: &str) -> String {
+        key::string_key_at(&self.namespace, callsite, what)
+    }
+
+    /// The key of the model step at `callsite` (its payload is the string `"model"`).
+    pub(crate) fn model_key(&self, callsite: u64) -> String {
+        key::string_key_at(&self.namespace, itoa::Buffer::new().format(callsite), "model")
+    }
+
     /// The key of the tool call `name(args)` at `callsite`.
     pub(crate) fn tool_key(&self, callsite: &str, name: &str, args: &Value) -> String {
         key::tool_key_at(&self.namespace, callsite, name, args)

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use serde_json::json;
 
 use super::{
     Inner,
@@ -37,7 +36,7 @@ pub(super) fn model_step<'a>(
 ) -> impl Future<Output = Result<Option<ModelResponse>, RunError>> + Send + 'a {
     async move {
         let journal = &ctx.journal;
-        let key = journal.key(&callsite.to_string(), &json!("model"));
+        let key = journal.model_key(callsite);
         if let Some(replayed) = journal.result_text(&key) {
             // Boxed: a replay is the rare path, and its locals would widen the live one's future.
             return Box::pin(replay(ctx, replayed)).await.map(Some);
