@@ -88,8 +88,9 @@ pub(super) async fn run(
     for event in announce {
         turn.emit(event).await;
     }
-    let intents = fresh.iter().map(|r| (r.key.clone(), StepKind::Tool, r.tool.name().to_owned())).collect();
-    let ordinals = turn.journal.begin(intents).await?;
+    let intents: Vec<_> = fresh.iter().map(|r| (r.key.as_str(), StepKind::Tool, r.tool.name())).collect();
+    let ordinals = turn.journal.begin(&intents).await?;
+    drop(intents);
     for (r, ordinal) in fresh.into_iter().zip(ordinals) {
         r.ordinal = Some(ordinal);
     }

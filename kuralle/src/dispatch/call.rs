@@ -124,26 +124,28 @@ async fn execute(
     key: &str,
     site: CallSite<'_>,
 ) -> Result<Value, ToolError> {
-    let name = tool.name().to_owned();
+    let name = tool.name();
     if turn.journal.lease_lost() {
         // Another owner took the run over: nothing more starts here.
-        return Err(ToolError::Cancelled { tool: name });
+        return Err(ToolError::Cancelled { tool: name.to_owned() });
     }
     let CallSite { call_id, callsite, parent, top_level, alone } = site;
     let token = parent.map_or_else(CancellationToken::new, CancellationToken::child_token);
     let scope = Scope::new(Arc::clone(turn), callsite.to_owned(), token.clone());
     let ctx = ToolContext::in_run(turn.journal.run_id(), call_id, key, token.clone(), scope);
+    // A progress event's ids are read from the call's context and tool when one is sent:
+    // most calls send none, and copies made up front were two allocations per call.
+    let ids = (ctx.clone(), Arc::clone(tool));
     let mut events = call.execute(ctx);
     let sink = turn.events.clone();
-    let (progress_id, progress_name) = (call_id.to_owned(), name.clone());
     let drive = async move {
         while let Some(ev) = events.next().await {
             match ev {
                 ToolEvent::Progress(value) if top_level => {
                     // Dropped when the consumer lags: see `EventSender`.
                     sink.progress(Event::ToolProgress {
-                        call_id: progress_id.clone(),
-                        name: progress_name.clone(),
+                        call_id: ids.0.call_id().to_owned(),
+                        name: ids.1.name().to_owned(),
                         value,
                     });
                 }
@@ -183,10 +185,10 @@ async fn execute(
     };
     let stop = tokio::select! {
         biased;
-        joined = &mut task => return finish_join(&name, joined, turn.max_result_bytes),
-        () = timer => ToolError::Timeout { tool: name.clone(), limit: timeout.unwrap_or_default() },
-        () = interrupted => ToolError::Cancelled { tool: name.clone() },
-        () = cancelled_opt(parent) => ToolError::Cancelled { tool: name.clone() },
+        joined = &mut task => return finish_join(name, joined, turn.max_result_bytes),
+        () = timer => ToolError::Timeout { tool: name.to_owned(), limit: timeout.unwrap_or_default() },
+        () = interrupted => ToolError::Cancelled { tool: name.to_owned() },
+        () = cancelled_opt(parent) => ToolError::Cancelled { tool: name.to_owned() },
     };
     // The outcome is decided by the timer or the interrupt, not by whatever the tool returns
     // after noticing its token; a tool that ignores the token is dropped after a grace period.
@@ -197,7 +199,7 @@ async fn execute(
         // running (and holding what it captured) until it does. The model gets its answer now;
         // the turn waits for the call's end before it gives up the lease.
         if let Running::Task(task) = task {
-            turn.stragglers.keep(&name, stop.to_string(), task);
+            turn.stragglers.keep(name, stop.to_string(), task);
         }
     }
     Err(stop)

@@ -31,11 +31,11 @@ use crate::{
 
 /// A running call's place in the run, handed to its [`ToolContext`]: nested effects get
 /// callsites `"<parent>.<n>"`, deterministic whatever order sibling calls finish in.
-#[derive(Clone)]
 pub(crate) struct Scope {
     turn: Arc<TurnCtx>,
     prefix: String,
-    next: Arc<AtomicU64>,
+    /// Shared by every clone of the call's context: it lives in the context's one allocation.
+    next: AtomicU64,
     token: CancellationToken,
 }
 
@@ -48,7 +48,7 @@ impl std::fmt::Debug for Scope {
 impl Scope {
     /// The scope of the call at `callsite`, whose nested calls are cancelled with `token`.
     pub(crate) fn new(turn: Arc<TurnCtx>, prefix: String, token: CancellationToken) -> Self {
-        Self { turn, prefix, next: Arc::new(AtomicU64::new(0)), token }
+        Self { turn, prefix, next: AtomicU64::new(0), token }
     }
 
     fn next_callsite(&self) -> String {
@@ -105,7 +105,7 @@ impl Scope {
             }
             Plan::Job(Job::Run(mut ready)) => {
                 if ready.ordinal.is_none() {
-                    match turn.journal.begin(vec![(ready.key.clone(), StepKind::Tool, name.to_owned())]).await {
+                    match turn.journal.begin(&[(&ready.key, StepKind::Tool, name)]).await {
                         Ok(o) => ready.ordinal = o.first().copied(),
                         Err(e) => return (Err(journal_failure(turn, name, "record the call", e)), false),
                     }
@@ -136,7 +136,7 @@ impl Scope {
             Lookup::Finished(v) => return Ok(v),
             Lookup::Failed(e) => return Err(replayed_error(what, e)),
             Lookup::Running(ordinal) => ordinal,
-            Lookup::Fresh => match turn.journal.begin(vec![(key.clone(), kind, what.to_owned())]).await {
+            Lookup::Fresh => match turn.journal.begin(&[(&key, kind, what)]).await {
                 Ok(o) => o[0],
                 Err(e) => return Err(journal_failure(turn, what, "record the step", e)),
             },

@@ -194,7 +194,10 @@ mod tests {
     #[test]
     fn a_string_payload_keys_as_its_json_value_does() {
         for what in ["model", "now", "uuid", "", "quote \" and \u{1}"] {
-            assert_eq!(string_key_at("run-1#0", "3", what), effect_key_for("run-1#0", "3", &Value::String(what.into())));
+            assert_eq!(
+                string_key_at("run-1#0", "3", what),
+                effect_key_for("run-1#0", "3", &Value::String(what.into()))
+            );
         }
     }
 

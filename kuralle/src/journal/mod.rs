@@ -83,6 +83,9 @@ impl From<StepRecord> for Cached {
     }
 }
 
+/// An intent to write: a step's key, kind and name.
+pub(crate) type Intent<'a> = (&'a str, StepKind, &'a str);
+
 /// A finished step waiting to be written with the intents that follow it.
 struct Deferred {
     key: String,
@@ -275,19 +278,20 @@ impl Journal {
 
     /// Writes a deferred finished step, if any, on its own.
     pub(crate) async fn flush(&self) -> Result<(), RunError> {
-        self.begin(Vec::new()).await.map(drop)
+        self.begin(&[]).await.map(drop)
     }
 
     /// Writes intents for `(key, kind, name)` in order, in one append (preceded by a deferred
-    /// finished step, if any, in the same commit); returns the intents' ordinals.
-    pub(crate) async fn begin(&self, intents: Vec<(String, StepKind, String)>) -> Result<Vec<u64>, RunError> {
+    /// finished step, if any, in the same commit); returns the intents' ordinals. Borrowed:
+    /// the store gets its own copies, and the cache keeps a key's digest, not its text.
+    pub(crate) async fn begin(&self, intents: &[Intent<'_>]) -> Result<Vec<u64>, RunError> {
         let deferred = self.state().deferred.take();
         if intents.is_empty() && deferred.is_none() {
             return Ok(Vec::new());
         }
         let n = intents.len() as u64;
         self.reserve(n)?;
-        let mut ordinals = match self.append(deferred.as_ref(), &intents).await {
+        let mut ordinals = match self.append(deferred.as_ref(), intents).await {
             Ok(o) => o,
             Err(e) => {
                 self.state().len -= n + u64::from(deferred.is_some());
@@ -301,9 +305,9 @@ impl Journal {
             // it): the cache notes only that it finished.
             st.by_key.insert(CacheKey::from_owned(d.key), Cached::Finished(None));
         }
-        for ((key, kind, _), ordinal) in intents.into_iter().zip(&ordinals) {
+        for (&(key, kind, _), ordinal) in intents.iter().zip(&ordinals) {
             st.spent.count(kind);
-            st.by_key.insert(CacheKey::from_owned(key), Cached::Running(*ordinal));
+            st.by_key.insert(CacheKey::of(key), Cached::Running(*ordinal));
         }
         Ok(ordinals)
     }
@@ -315,11 +319,7 @@ impl Journal {
     /// broke): under our fence nobody else appends, so the ordinals are read back and the calls
     /// run now. Ending the turn instead would leave their intents `Running` for the next turn,
     /// which must then report an `at_most_once` call that never started as indeterminate.
-    async fn append(
-        &self,
-        deferred: Option<&Deferred>,
-        intents: &[(String, StepKind, String)],
-    ) -> Result<Vec<u64>, StoreError> {
+    async fn append(&self, deferred: Option<&Deferred>, intents: &[Intent<'_>]) -> Result<Vec<u64>, StoreError> {
         let started_at_ms = now_ms();
         let step = |key: &str, kind: StepKind, name: &str, started_at_ms: i64| NewStep {
             key: key.to_owned(),
@@ -367,7 +367,7 @@ impl Journal {
     async fn appended_before(
         &self,
         deferred: Option<&Deferred>,
-        intents: &[(String, StepKind, String)],
+        intents: &[Intent<'_>],
     ) -> Result<Option<Vec<u64>>, StoreError> {
         let steps = self.store.steps(&self.run_id).await?;
         let ours = |key: &str| steps.iter().find(|s| s.key == key && s.epoch == self.epoch);
