@@ -8,6 +8,14 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+/// The largest serialization buffer a thread keeps between calls: a larger one (a long
+/// conversation's state) is given back.
+const KEPT_BUFFER_BYTES: usize = 64 * 1024;
+
+thread_local! {
+    static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// A JSON value held as JSON text: a run's state ([`RunRecord::state`](crate::RunRecord::state))
 /// and a journal step's result or error ([`StepOutcome`](crate::StepOutcome),
 /// [`StepRecord::result`](crate::StepRecord::result)).
@@ -50,7 +58,26 @@ impl JsonText {
     /// # Errors
     /// When `value`'s `Serialize` fails (a map with non-string keys, or an error of its own).
     pub fn serialize_from<T: Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
-        serde_json::to_string(value).map(|text| Self(text.into()))
+        // Written into a buffer this thread keeps, then copied once into the shared text: a
+        // fresh string grew by doubling, three to six allocations for a response or a run's
+        // state, every step. A `Serialize` that serializes a `JsonText` itself finds the
+        // buffer taken and writes into a string of its own.
+        BUFFER.with(|buffer| {
+            let Ok(mut buffer) = buffer.try_borrow_mut() else {
+                return serde_json::to_string(value).map(|text| Self(text.into()));
+            };
+            buffer.clear();
+            let written = serde_json::to_writer(&mut *buffer, value);
+            // serde_json writes UTF-8 only; were that ever not so, the caller hears of it.
+            let text = written.and_then(|()| match std::str::from_utf8(&buffer) {
+                Ok(text) => Ok(Self(text.into())),
+                Err(e) => Err(serde::ser::Error::custom(e)),
+            });
+            if buffer.capacity() > KEPT_BUFFER_BYTES {
+                *buffer = Vec::new();
+            }
+            text
+        })
     }
 
     /// `text`, checked to be one JSON value, kept as given (spacing included).
@@ -157,6 +184,31 @@ mod tests {
     use serde_json::json;
 
     use super::JsonText;
+
+    /// A value whose `Serialize` serializes another into a `JsonText` while the thread's
+    /// buffer is in use.
+    struct Nested(u32);
+
+    impl serde::Serialize for Nested {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            let inner = if self.0 == 0 {
+                JsonText::serialize_from(&json!({"leaf": true})).map_err(serde::ser::Error::custom)?
+            } else {
+                JsonText::serialize_from(&Nested(self.0 - 1)).map_err(serde::ser::Error::custom)?
+            };
+            serializer.serialize_str(inner.as_str())
+        }
+    }
+
+    #[test]
+    fn serializing_inside_a_serialization_and_after_a_large_one_gives_the_same_text() {
+        let nested = JsonText::serialize_from(&Nested(2)).unwrap();
+        let expected = serde_json::to_string(&Nested(2)).unwrap();
+        assert_eq!(nested.as_str(), expected);
+        let large = "x".repeat(100_000);
+        assert_eq!(JsonText::serialize_from(&large).unwrap().as_str().len(), 100_002);
+        assert_eq!(JsonText::serialize_from(&json!([1, "two"])).unwrap().as_str(), r#"[1,"two"]"#);
+    }
 
     #[test]
     fn a_record_round_trips_through_serde_json_as_its_value() {
