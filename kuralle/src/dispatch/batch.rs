@@ -55,17 +55,18 @@ pub(super) async fn run(
     }
 
     let interrupted = turn.interrupt.is_cancelled();
-    let (heads, checks): (Vec<Head>, Vec<plan::Check>) = batch.into_iter().map(|p| (p.head, p.check)).unzip();
-    let mut plans: Vec<Plan> = heads
-        .iter()
-        .zip(checks)
-        .map(|(head, check)| match check.tool() {
-            // An interrupt before the batch started: nothing in it runs, but every call
-            // still gets a result so the transcript never holds a dangling call.
-            Some(t) if interrupted => Plan::Done(Err(ToolError::Cancelled { tool: t.name().to_owned() }), false),
-            _ => plan::plan(turn, head, check),
+    let (heads, mut plans): (Vec<Head>, Vec<Plan>) = batch
+        .into_iter()
+        .map(|Planned { head, check }| {
+            let plan = match check.tool() {
+                // An interrupt before the batch started: nothing in it runs, but every call
+                // still gets a result so the transcript never holds a dangling call.
+                Some(t) if interrupted => Plan::Done(Err(ToolError::Cancelled { tool: t.name().to_owned() }), false),
+                _ => plan::plan(turn, &head, check),
+            };
+            (head, plan)
         })
-        .collect();
+        .unzip();
 
     // Calls of the batch that share a key (a tool's own idempotency key, called twice with the
     // same arguments) are one effect: the first runs, the others take its answer. Without this
@@ -98,9 +99,11 @@ pub(super) async fn run(
     // Answers known without running (replays, validation errors, pending approvals) fill
     // their slot at once; only calls that run go through the bounded pool.
     let mut slots: Vec<Option<Slot>> = Vec::with_capacity(heads.len());
-    let mut jobs = Vec::new();
     let followers = leaders.iter().filter(|l| l.is_some()).count();
     let runs = plans.iter().filter(|pl| matches!(pl, Plan::Job(_))).count() - followers;
+    // Sized exactly: a job is a whole call's future (about a kilobyte), and a vector grown
+    // by pushes starts with room for four.
+    let mut jobs = Vec::with_capacity(runs);
     // A lone call (every serial call) runs without a task of its own; see `execute`.
     let alone = runs == 1;
     for (i, (p, plan)) in heads.iter().zip(plans).enumerate() {
@@ -125,27 +128,20 @@ pub(super) async fn run(
             Plan::Job(_) if leaders.get(i).is_some_and(Option::is_some) => slots.push(None),
             Plan::Job(job) => {
                 slots.push(None);
-                let turn = Arc::clone(turn);
-                let call_id = p.req.call_id.clone();
-                let callsite = p.callsite.clone();
-                let name = p.req.name.clone();
+                // Borrowed, not copied: the jobs are polled here, and end before the heads
+                // are taken apart below.
+                let (call_id, callsite, name) = (p.req.call_id.as_str(), p.callsite.as_str(), p.req.name.as_str());
                 jobs.push(async move {
                     let result = match job {
                         Job::Run(ready) => {
-                            let call = CallSite {
-                                call_id: &call_id,
-                                callsite: &callsite,
-                                parent: None,
-                                top_level: true,
-                                alone,
-                            };
-                            call::execute_journaled(&turn, ready, call).instrument(span.clone()).await
+                            let call = CallSite { call_id, callsite, parent: None, top_level: true, alone };
+                            call::execute_journaled(turn, ready, call).instrument(span.clone()).await
                         }
                         Job::Indeterminate { key, ordinal } => {
-                            call::indeterminate(&turn, &name, key, ordinal).instrument(span.clone()).await
+                            call::indeterminate(turn, name, key, ordinal).instrument(span.clone()).await
                         }
                     };
-                    trace::tool_done(&span, &result, false, started, capture.then_some((&name, &turn.redact)));
+                    trace::tool_done(&span, &result, false, started, capture.then_some((name, &turn.redact)));
                     (i, result)
                 });
             }
@@ -153,16 +149,21 @@ pub(super) async fn run(
     }
     // A batch answered wholly from the journal (every call of a resumed run) builds no pool:
     // one per serial call was a twentieth of resuming 10,000 serial calls.
-    let ran: Vec<_> = match jobs.len() {
-        0 => Vec::new(),
+    match jobs.len() {
+        0 => drop(jobs),
         1 => {
             let mut jobs = jobs;
-            vec![jobs.remove(0).await]
+            if let Some(job) = jobs.pop() {
+                let (i, result) = job.await;
+                slots[i] = Some(Ok((result, false)));
+            }
         }
-        _ => stream::iter(jobs).buffer_unordered(turn.max_concurrency.max(1)).collect().await,
-    };
-    for (i, result) in ran {
-        slots[i] = Some(Ok((result, false)));
+        _ => {
+            let ran: Vec<_> = stream::iter(jobs).buffer_unordered(turn.max_concurrency.max(1)).collect().await;
+            for (i, result) in ran {
+                slots[i] = Some(Ok((result, false)));
+            }
+        }
     }
     for (i, leader) in leaders.iter().enumerate() {
         if let Some(leader) = *leader {

@@ -139,24 +139,23 @@ pub(crate) async fn dispatch(
     first_callsite: u64,
 ) -> Result<Dispatched, RunError> {
     let planned = plan::parse(turn, calls, first_callsite);
-    let sizes = batch_sizes(&planned);
-
-    let one_batch = sizes.len() == 1;
-    // Outcomes are moved once: a lone batch's are the answer, several batches' go into one
-    // buffer sized for all of them.
-    let outcomes = Vec::with_capacity(if one_batch { 0 } else { planned.len() });
-    let mut done = Dispatched { outcomes, pending: Vec::new() };
+    let total = planned.len();
+    let mut done = Dispatched::default();
     let mut rest = planned.into_iter();
-    for size in sizes {
-        // A planned call is a few hundred bytes, so batches are cut with their sizes known
-        // instead of grown call by call; the last one (every call, when they share one batch)
-        // is collected from the whole remaining iterator, which keeps the planned calls' buffer.
+    while rest.len() > 0 {
+        // A planned call is a few hundred bytes, so a batch is cut with its size known instead
+        // of grown call by call; the last one (every call, when they share one batch) is
+        // collected from the whole remaining iterator, which keeps the planned calls' buffer.
+        let size = batch_len(rest.as_slice());
         let calls: Vec<plan::Planned> =
             if size == rest.len() { std::mem::take(&mut rest).collect() } else { rest.by_ref().take(size).collect() };
         let (outcomes, pending) = batch::run(turn, calls).await?;
-        if one_batch {
+        // Outcomes are moved once: the first batch's are the answer (all of it, for a lone
+        // batch), later ones join them in a buffer sized once for every call.
+        if done.outcomes.capacity() == 0 {
             done.outcomes = outcomes;
         } else {
+            done.outcomes.reserve(total - done.outcomes.len());
             done.outcomes.extend(outcomes);
         }
         if let Some(e) = turn.take_fatal() {
@@ -172,22 +171,13 @@ pub(crate) async fn dispatch(
     Ok(done)
 }
 
-/// How many calls each batch takes, in order: a parallel-safe call joins the parallel-safe
-/// calls right after it; any other call is a batch of its own.
-fn batch_sizes(planned: &[plan::Planned]) -> Vec<usize> {
-    let mut sizes = Vec::new();
-    let mut i = 0;
-    while i < planned.len() {
-        let mut end = i + 1;
-        if planned[i].head.parallel {
-            while planned.get(end).is_some_and(|p| p.head.parallel) {
-                end += 1;
-            }
-        }
-        sizes.push(end - i);
-        i = end;
+/// How many calls the next batch takes: a parallel-safe call joins the parallel-safe calls
+/// right after it; any other call is a batch of its own.
+fn batch_len(planned: &[plan::Planned]) -> usize {
+    match planned.first() {
+        Some(first) if first.head.parallel => planned.iter().take_while(|p| p.head.parallel).count(),
+        _ => 1,
     }
-    sizes
 }
 
 /// What one model response's calls came to.

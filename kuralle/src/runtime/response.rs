@@ -144,6 +144,23 @@ pub(super) fn take_calls(parts: &mut [Part]) -> Vec<ToolCallRequest> {
         .collect()
 }
 
+/// Runs `f` on the calls of `parts` as one slice: in place for a response of at most one call
+/// (the common one), which then allocates nothing; otherwise taken out and put back.
+pub(super) fn with_calls(parts: &mut [Part], f: impl FnOnce(&mut [ToolCallRequest])) {
+    let mut calls = parts.iter_mut().filter_map(|p| match p {
+        Part::ToolCall { call, .. } => Some(call),
+        _ => None,
+    });
+    let first = calls.next();
+    if calls.next().is_none() {
+        f(first.map(std::slice::from_mut).unwrap_or_default());
+        return;
+    }
+    let mut taken = take_calls(parts);
+    f(&mut taken);
+    put_calls(parts, taken);
+}
+
 /// Puts `calls` back into the call parts of `parts`, in order.
 pub(super) fn put_calls(parts: &mut [Part], calls: impl IntoIterator<Item = ToolCallRequest>) {
     let mut calls = calls.into_iter();
@@ -232,6 +249,27 @@ mod tests {
 
     fn call(id: &str, args: &str) -> ToolCallRequest {
         ToolCallRequest { call_id: id.into(), name: "t".into(), arguments: args.into() }
+    }
+
+    #[test]
+    fn with_calls_sees_every_call_in_order_and_keeps_what_it_changes() {
+        for n in 0..4 {
+            let mut parts = vec![Part::text("a")];
+            for i in 0..n {
+                parts.push(Part::call(call(&format!("c{i}"), "{}")));
+                parts.push(Part::text("between"));
+            }
+            with_calls(&mut parts, |calls| {
+                let ids: Vec<&str> = calls.iter().map(|c| c.call_id.as_str()).collect();
+                assert_eq!(ids, (0..n).map(|i| format!("c{i}")).collect::<Vec<_>>());
+                for c in calls.iter_mut() {
+                    c.arguments = format!("{{\"id\":\"{}\"}}", c.call_id);
+                }
+            });
+            let args: Vec<String> = take_calls(&mut parts).into_iter().map(|c| c.arguments).collect();
+            assert_eq!(args, (0..n).map(|i| format!("{{\"id\":\"c{i}\"}}")).collect::<Vec<_>>());
+            assert_eq!(parts.len(), 1 + 2 * n, "no part added or lost");
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use futures::StreamExt;
 
 use super::{
     Inner,
-    response::{ModelResponse, Offered, cap_arguments, dedupe_call_ids, put_calls, take_calls},
+    response::{ModelResponse, Offered, cap_arguments, dedupe_call_ids, with_calls},
 };
 use crate::{
     dispatch::TurnCtx,
@@ -116,10 +116,11 @@ pub(super) fn model_step<'a>(
             response.origin = Some(Origin::new(model.provider(), model.name()));
         }
         // Before journaling, so a replay gives the model the same answers.
-        let mut calls = take_calls(&mut response.parts);
-        dedupe_call_ids(&mut calls);
-        cap_arguments(&mut calls, rt.max_value_bytes.saturating_sub(response.text_bytes()));
-        put_calls(&mut response.parts, calls);
+        let budget = rt.max_value_bytes.saturating_sub(response.text_bytes());
+        with_calls(&mut response.parts, |calls| {
+            dedupe_call_ids(calls);
+            cap_arguments(calls, budget);
+        });
         // The parts join the transcript for the run's life; a one-call response would keep
         // room for four 120-byte parts.
         response.parts.shrink_to_fit();
