@@ -30,23 +30,33 @@ impl CacheKey {
 /// The 32 bytes of a key spelled in exactly 64 lowercase hex digits. Uppercase digits are not
 /// read as a digest: `"AB…"` and `"ab…"` are different keys and must stay apart.
 fn digest(key: &str) -> Option<[u8; 32]> {
-    fn nibble(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            _ => None,
-        }
-    }
-    let bytes = key.as_bytes();
-    if bytes.len() != 64 {
-        return None;
-    }
+    let bytes: &[u8; 64] = key.as_bytes().try_into().ok()?;
     let mut out = [0u8; 32];
+    // No branch per digit: a digit that is not one sets the high bit of `bad`, checked once.
+    let mut bad = 0u8;
     for (b, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-        *b = nibble(pair[0])? << 4 | nibble(pair[1])?;
+        let (hi, lo) = (NIBBLE[usize::from(pair[0])], NIBBLE[usize::from(pair[1])]);
+        bad |= hi | lo;
+        *b = (hi << 4) | (lo & 0x0f);
     }
-    Some(out)
+    (bad & 0x80 == 0).then_some(out)
 }
+
+/// A lowercase hex digit's value; `0x80` for any other byte.
+static NIBBLE: [u8; 256] = {
+    let mut table = [0x80u8; 256];
+    let mut i = 0;
+    while i < 10 {
+        table[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        table[b'a' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    table
+};
 
 #[cfg(test)]
 mod tests {
