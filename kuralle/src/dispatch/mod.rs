@@ -43,7 +43,8 @@ pub(crate) struct TurnCtx {
     /// The agent's approval policy, checked in [`plan`] before anything else can answer a call.
     pub(crate) policy: Policy,
     /// A store failure inside a nested effect: it ends the run after the current batch.
-    pub(crate) fatal: Mutex<Option<RunError>>,
+    /// Boxed: a run error is about a hundred bytes, and a turn's context lives as long as it.
+    pub(crate) fatal: Mutex<Option<Box<RunError>>>,
     /// Calls cut off (timed out or interrupted) that have not ended yet: the lease is given
     /// up only once they have.
     pub(crate) stragglers: Arc<Stragglers>,
@@ -62,11 +63,11 @@ impl TurnCtx {
     }
 
     pub(crate) fn set_fatal(&self, e: RunError) {
-        self.fatal.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(e);
+        self.fatal.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert_with(|| Box::new(e));
     }
 
     pub(crate) fn take_fatal(&self) -> Option<RunError> {
-        self.fatal.lock().unwrap_or_else(PoisonError::into_inner).take()
+        self.fatal.lock().unwrap_or_else(PoisonError::into_inner).take().map(|e| *e)
     }
 }
 

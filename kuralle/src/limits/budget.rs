@@ -9,7 +9,8 @@ use super::{Exceeded, RunLimits, Spent};
 /// the turn opened, plus the turn's own time on tokio's clock (which tests can pause).
 #[derive(Debug, Clone)]
 pub(crate) struct Budget {
-    limits: RunLimits,
+    /// Boxed: checked a few times a step, and held by every turn in flight.
+    limits: Box<RunLimits>,
     before_turn: Duration,
     opened: tokio::time::Instant,
 }
@@ -18,11 +19,11 @@ impl Budget {
     /// No limits (a call outside any run).
     #[cfg(feature = "mcp")]
     pub(crate) fn none() -> Self {
-        Self::new(RunLimits::new(), 0)
+        Self::new(Box::new(RunLimits::new()), 0)
     }
 
     /// `limits` for a run created at `created_at_ms` (milliseconds since the Unix epoch).
-    pub(crate) fn new(limits: RunLimits, created_at_ms: i64) -> Self {
+    pub(crate) fn new(limits: Box<RunLimits>, created_at_ms: i64) -> Self {
         let before_turn = u64::try_from(crate::clock::now_ms().saturating_sub(created_at_ms)).unwrap_or(0);
         Self { limits, before_turn: Duration::from_millis(before_turn), opened: tokio::time::Instant::now() }
     }

@@ -42,7 +42,7 @@ pub(super) async fn close(
     state.output = text;
     state.usage = usage;
     state.pending = pending;
-    state.value = value;
+    state.value = value.map(Box::new);
     record.status = status;
     // The record is moved into the store (its state can be a long transcript); only a lost
     // race rebuilds it.

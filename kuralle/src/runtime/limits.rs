@@ -63,7 +63,7 @@ pub(super) fn for_turn(agent: &AgentDef, req: &RunRequest) -> RunLimits {
 /// The limits a run holds to: those kept with it when its turn opened (the agent's, for a
 /// run recorded before limits were kept).
 pub(super) fn of_run(agent: &AgentDef, state: &RunState) -> RunLimits {
-    state.limits.unwrap_or(agent.limits)
+    state.limits.as_deref().copied().unwrap_or(agent.limits)
 }
 
 /// Ends the turn for `exceeded`: the model response the refused batch came from (if not yet

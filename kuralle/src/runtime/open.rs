@@ -57,7 +57,7 @@ pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) ->
             turn_input: Some(input),
             inbound_keys: req.idempotency_key.iter().cloned().collect(),
             redact: redactions(agent),
-            limits: Some(turn_limits(rt, agent, req)?),
+            limits: Some(Box::new(turn_limits(rt, agent, req)?)),
             ..RunState::default()
         };
         let record =
@@ -88,7 +88,7 @@ pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) ->
         }
         Some(input) => {
             // A new user turn: a new epoch, so the same call made again is a new effect.
-            state.limits = Some(turn_limits(rt, agent(rt, Some(&record.agent_id))?, req)?);
+            state.limits = Some(Box::new(turn_limits(rt, agent(rt, Some(&record.agent_id))?, req)?));
             record.epoch += 1;
             record.status = RunStatus::Running;
             state.turn_input = Some(input.clone());

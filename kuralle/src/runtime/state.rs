@@ -44,13 +44,14 @@ pub(super) struct RunState {
     /// before it, so `Runtime::retry` can open the turn again from its start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) turn_start: Option<usize>,
-    /// The last finished turn's accepted typed output.
+    /// The last finished turn's accepted typed output. Boxed, as the limits below: a turn
+    /// holds its run's state until it closes, and most runs have neither.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) value: Option<serde_json::Value>,
+    pub(super) value: Option<Box<serde_json::Value>>,
     /// The limits the run holds to, set when a turn opens with input (agent's and request's),
     /// so a resumed run, or a worker's, holds to the same ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) limits: Option<RunLimits>,
+    pub(super) limits: Option<Box<RunLimits>>,
 }
 
 pub(super) fn decode_state(record: &RunRecord) -> Result<RunState, RunError> {
@@ -65,7 +66,7 @@ pub(super) fn output_of(record: &RunRecord, state: &RunState) -> RunOutput {
         text: state.output.clone(),
         status: record.status,
         usage: state.usage,
-        value: state.value.clone(),
+        value: state.value.as_deref().cloned(),
     }
 }
 

@@ -154,7 +154,7 @@ async fn drive(
             } else {
                 crate::Redactions::default()
             },
-            budget: Budget::new(*limits, record.created_at_ms),
+            budget: Budget::new(limits, record.created_at_ms),
         });
         steps(rt, run_id, agent, model.as_ref(), record, state, events, &ctx, fence, hand_back).await
     }
