@@ -6,7 +6,6 @@
 //! outcomes, each through the run's one fenced writer (`RunWriter`), which the run loop
 //! also writes the run's row with.
 
-mod cache_key;
 mod fence;
 mod key;
 mod retry;
@@ -25,10 +24,10 @@ use crate::{
     clock::now_ms,
     error::RunError,
     json::JsonText,
+    keymap::CompactKey,
     limits::Spent,
     store::{FinishedWithIntents, NewStep, RunStore, StepKind, StepOutcome, StepRecord, StepStatus, StoreError},
 };
-use cache_key::CacheKey;
 pub(crate) use fence::Fence;
 use retry::Retrying;
 pub(crate) use writer::RunWriter;
@@ -55,7 +54,7 @@ pub(crate) struct Journal {
 
 #[derive(Default)]
 struct State {
-    by_key: std::collections::HashMap<CacheKey, Cached, foldhash::fast::RandomState>,
+    by_key: std::collections::HashMap<CompactKey, Cached, foldhash::fast::RandomState>,
     len: u64,
     /// A finished step not yet written: journaled with the next intents (one commit).
     deferred: Option<Deferred>,
@@ -128,7 +127,7 @@ impl Journal {
         // The key moves into the map; the cached record's own copy is never read.
         let by_key = steps
             .into_iter()
-            .map(|mut s| (CacheKey::from_owned(std::mem::take(&mut s.key)), Cached::from(s)))
+            .map(|mut s| (CompactKey::from_owned(std::mem::take(&mut s.key)), Cached::from(s)))
             .collect();
         Ok(Self {
             store,
@@ -224,7 +223,7 @@ impl Journal {
     /// A finished step's result as its JSON text (shared, not copied), for a caller that
     /// decodes it straight into its own type.
     pub(crate) fn result_text(&self, key: &str) -> Option<JsonText> {
-        match self.state().by_key.get(&CacheKey::of(key))? {
+        match self.state().by_key.get(&CompactKey::of(key))? {
             Cached::Finished(result) => Some(result.clone().unwrap_or_default()),
             Cached::Running(_) | Cached::Failed(_) => None,
         }
@@ -232,7 +231,7 @@ impl Journal {
 
     pub(crate) fn lookup(&self, key: &str) -> Lookup {
         // The text is cloned (a reference count) under the lock and parsed outside it.
-        let found = match self.state().by_key.get(&CacheKey::of(key)) {
+        let found = match self.state().by_key.get(&CompactKey::of(key)) {
             None => return Lookup::Fresh,
             Some(Cached::Running(ordinal)) => return Lookup::Running(*ordinal),
             Some(Cached::Finished(result)) => Ok(result.clone()),
@@ -303,11 +302,11 @@ impl Journal {
             ordinals.remove(0);
             // This turn never reads a finished model response again (its callsite is behind
             // it): the cache notes only that it finished.
-            st.by_key.insert(CacheKey::from_owned(d.key), Cached::Finished(None));
+            st.by_key.insert(CompactKey::from_owned(d.key), Cached::Finished(None));
         }
         for (&(key, kind, _), ordinal) in intents.iter().zip(&ordinals) {
             st.spent.count(kind);
-            st.by_key.insert(CacheKey::of(key), Cached::Running(*ordinal));
+            st.by_key.insert(CompactKey::of(key), Cached::Running(*ordinal));
         }
         Ok(ordinals)
     }
@@ -435,7 +434,7 @@ impl Journal {
             StepOutcome::Finished(_) => None,
         };
         self.write_outcome(ordinal, outcome, at).await?;
-        if let Some(entry) = self.state().by_key.get_mut(&CacheKey::of(key)) {
+        if let Some(entry) = self.state().by_key.get_mut(&CompactKey::of(key)) {
             *entry = match failed {
                 None => Cached::Finished(cached),
                 Some(e) => Cached::Failed(e),

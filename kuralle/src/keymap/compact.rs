@@ -1,29 +1,38 @@
-//! The journal cache's key: a journal key in half the bytes, with no allocation of its own.
+//! A journal key in half the bytes, with no allocation of its own.
 //!
 //! Every key the runtime makes is a SHA-256 digest spelled in 64 lowercase hex digits
-//! (`key.rs`). The cache holds a run's keys for the whole turn, one per step, so it keeps the
-//! digest's 32 bytes inline instead of a 64-byte string on the heap beside its 24-byte handle:
-//! about half a kilobyte less per run of seven steps. Any other text (a key written by an
-//! older build or another tool) is kept as it is, so no two keys ever share an entry.
+//! (`journal/key.rs`). The journal's cache and `MemoryStore` hold a run's keys, one per step,
+//! so they keep the digest's 32 bytes inline instead of a 64-byte string on the heap beside
+//! its 24-byte handle: about half a kilobyte less per run of seven steps, each. Any other text
+//! (a key written by an older build or another tool) is kept as it is, so no two keys ever
+//! share an entry, and every key reads back as it was written.
 
-/// A journal key as the cache holds it.
+/// A journal key, held compactly.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(super) enum CacheKey {
+pub(crate) enum CompactKey {
     /// The digest that 64 lowercase hex digits spell.
     Digest([u8; 32]),
     /// Any other key, as written.
     Text(Box<str>),
 }
 
-impl CacheKey {
-    /// The cache key of `key`; allocates only for a key that is not a digest's hex.
-    pub(super) fn of(key: &str) -> Self {
+impl CompactKey {
+    /// The compact form of `key`; allocates only for a key that is not a digest's hex.
+    pub(crate) fn of(key: &str) -> Self {
         digest(key).map_or_else(|| Self::Text(key.into()), Self::Digest)
     }
 
     /// As [`of`](Self::of), keeping `key`'s buffer when it is not a digest's hex.
-    pub(super) fn from_owned(key: String) -> Self {
+    pub(crate) fn from_owned(key: String) -> Self {
         digest(&key).map_or_else(|| Self::Text(key.into_boxed_str()), Self::Digest)
+    }
+
+    /// The key as it was written.
+    pub(crate) fn to_text(&self) -> String {
+        match self {
+            Self::Digest(bytes) => hex(bytes),
+            Self::Text(text) => text.to_string(),
+        }
     }
 }
 
@@ -40,6 +49,17 @@ fn digest(key: &str) -> Option<[u8; 32]> {
         *b = (hi << 4) | (lo & 0x0f);
     }
     (bad & 0x80 == 0).then_some(out)
+}
+
+/// Lowercase hex of `bytes`: what [`digest`] reads back.
+fn hex(bytes: &[u8; 32]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(64);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    out
 }
 
 /// A lowercase hex digit's value; `0x80` for any other byte.
@@ -60,18 +80,21 @@ static NIBBLE: [u8; 256] = {
 
 #[cfg(test)]
 mod tests {
-    use super::CacheKey;
+    use super::CompactKey;
 
     #[test]
     fn a_digests_hex_is_held_as_its_bytes_and_anything_else_as_text() {
         let hex = "00ff10a9".repeat(8);
-        let CacheKey::Digest(bytes) = CacheKey::of(&hex) else { panic!("64 lowercase hex digits are a digest") };
+        let CompactKey::Digest(bytes) = CompactKey::of(&hex) else { panic!("64 lowercase hex digits are a digest") };
         assert_eq!(bytes[..4], [0x00, 0xff, 0x10, 0xa9]);
-        assert_eq!(CacheKey::from_owned(hex.clone()), CacheKey::of(&hex));
+        assert_eq!(CompactKey::from_owned(hex.clone()), CompactKey::of(&hex));
         for other in ["k1", &hex.to_uppercase(), &hex[..62], &format!("{hex}0"), &"g".repeat(64)] {
-            assert_eq!(CacheKey::of(other), CacheKey::Text(other.into()), "{other}");
+            assert_eq!(CompactKey::of(other), CompactKey::Text(other.into()), "{other}");
+        }
+        for key in [hex.as_str(), "k1", &hex.to_uppercase()] {
+            assert_eq!(CompactKey::of(key).to_text(), key, "reads back as written");
         }
         // A key that only differs in case is another key.
-        assert_ne!(CacheKey::of(&hex.replace('a', "A")), CacheKey::of(&hex));
+        assert_ne!(CompactKey::of(&hex.replace('a', "A")), CompactKey::of(&hex));
     }
 }

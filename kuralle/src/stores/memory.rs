@@ -10,10 +10,11 @@ use tokio::time::Instant;
 
 use super::{DEFAULT_MAX_VALUE_BYTES, check_len};
 use crate::clock::now_ms;
-use crate::keymap::KeyMap;
+use crate::json::JsonText;
+use crate::keymap::{CompactKey, KeyMap};
 use crate::store::{
     FinishedWithIntents, InstanceLock, Lease, NewStep, Registered, Registry, RunFilter, RunRecord, RunStatus, RunStore,
-    RunSummary, StepOutcome, StepRecord, StepStatus, StoreError, StoreFuture, owner_prefix,
+    RunSummary, StepKind, StepOutcome, StepRecord, StepStatus, StoreError, StoreFuture, owner_prefix,
 };
 
 /// A [`RunStore`] that keeps runs and journals in memory, behind one mutex.
@@ -102,12 +103,64 @@ impl Clock {
 #[derive(Debug)]
 struct RunEntry {
     record: RunRecord,
-    /// Dense: `steps[i].ordinal == i`.
-    steps: Vec<StepRecord>,
+    /// Dense: the step at `steps[i]` has ordinal `i`.
+    steps: Vec<Step>,
     /// Effect key → ordinal: the table holds ordinals and hashes the key of the step each
     /// names, so a key is stored once (a map keyed by a copy held about a kilobyte more per
     /// run of seven steps).
     keys: HashTable<usize>,
+}
+
+/// A journal step as the store keeps it: its key compact ([`CompactKey`]), its result or its
+/// error in one field (the status says which), and no ordinal (its place in the journal is
+/// its ordinal). About a hundred bytes, where a [`StepRecord`] is 128 and holds two strings
+/// on the heap besides.
+#[derive(Debug)]
+struct Step {
+    key: CompactKey,
+    name: Box<str>,
+    kind: StepKind,
+    status: StepStatus,
+    epoch: u64,
+    value: Option<JsonText>,
+    started_at_ms: i64,
+    finished_at_ms: Option<i64>,
+}
+
+impl Step {
+    fn running(step: NewStep) -> Self {
+        Self {
+            key: CompactKey::from_owned(step.key),
+            name: step.name.into_boxed_str(),
+            kind: step.kind,
+            status: StepStatus::Running,
+            epoch: step.epoch,
+            value: None,
+            started_at_ms: step.started_at_ms,
+            finished_at_ms: None,
+        }
+    }
+
+    /// The step as the store's callers see it.
+    fn record(&self, ordinal: u64) -> StepRecord {
+        let (result, error) = match self.status {
+            StepStatus::Running => (None, None),
+            StepStatus::Finished => (self.value.clone(), None),
+            StepStatus::Failed => (None, self.value.clone()),
+        };
+        StepRecord {
+            ordinal,
+            key: self.key.to_text(),
+            kind: self.kind,
+            name: self.name.to_string(),
+            epoch: self.epoch,
+            status: self.status,
+            result,
+            error,
+            started_at_ms: self.started_at_ms,
+            finished_at_ms: self.finished_at_ms,
+        }
+    }
 }
 
 impl Default for MemoryStore {
@@ -352,44 +405,28 @@ impl State {
         let Some(entry) = self.runs.get_mut(run_id) else {
             return Err(StoreError::RunNotFound(run_id.to_owned()));
         };
-        // All or nothing: claim every key (one hash each), and give them back on a duplicate.
-        // A claimed ordinal past the journal's end names a step of `steps`, not yet appended.
+        // All or nothing: the steps go on the journal's end, each claims its key (one hash
+        // each), and on a duplicate the claims are given back and the steps taken off again.
         let first = entry.steps.len();
+        entry.steps.extend(steps.into_iter().map(Step::running));
         let (table, stored, hasher) = (&mut entry.keys, &entry.steps, &self.hasher);
-        let key_at =
-            |ordinal: usize| stored.get(ordinal).map_or_else(|| steps[ordinal - first].key.as_str(), |s| &s.key);
-        for (i, step) in steps.iter().enumerate() {
-            let hash = hasher.hash_one(step.key.as_str());
-            if table.find(hash, |&o| key_at(o) == step.key).is_none() {
-                table.insert_unique(hash, first + i, |&o| hasher.hash_one(key_at(o)));
+        for o in first..stored.len() {
+            let key = &stored[o].key;
+            let hash = hasher.hash_one(key);
+            if table.find(hash, |&p| stored[p].key == *key).is_none() {
+                table.insert_unique(hash, o, |&p| hasher.hash_one(&stored[p].key));
                 continue;
             }
-            for (j, earlier) in steps[..i].iter().enumerate() {
-                if let Ok(claimed) = table.find_entry(hasher.hash_one(earlier.key.as_str()), |&o| o == first + j) {
+            for (p, earlier) in (first..o).zip(&stored[first..o]) {
+                if let Ok(claimed) = table.find_entry(hasher.hash_one(&earlier.key), |&q| q == p) {
                     claimed.remove();
                 }
             }
-            return Err(StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key.clone() });
+            let key = key.to_text();
+            entry.steps.truncate(first);
+            return Err(StoreError::DuplicateKey { run_id: run_id.to_owned(), key });
         }
-        let first = first as u64;
-        let mut ordinals = Vec::with_capacity(steps.len());
-        entry.steps.reserve(steps.len());
-        for (ordinal, step) in (first..).zip(steps) {
-            entry.steps.push(StepRecord {
-                ordinal,
-                key: step.key,
-                kind: step.kind,
-                name: step.name,
-                epoch: step.epoch,
-                status: StepStatus::Running,
-                result: None,
-                error: None,
-                started_at_ms: step.started_at_ms,
-                finished_at_ms: None,
-            });
-            ordinals.push(ordinal);
-        }
-        Ok(ordinals)
+        Ok((first as u64..entry.steps.len() as u64).collect())
     }
 
     /// Records the outcome of the `Running` step at `ordinal`; the caller has checked the fence
@@ -408,16 +445,12 @@ impl State {
         let Some(step) = step.filter(|step| step.status == StepStatus::Running) else {
             return Err(StoreError::StepNotRunning { run_id: run_id.to_owned(), ordinal });
         };
-        match outcome {
-            StepOutcome::Finished(value) => {
-                step.status = StepStatus::Finished;
-                step.result = Some(value);
-            }
-            StepOutcome::Failed(value) => {
-                step.status = StepStatus::Failed;
-                step.error = Some(value);
-            }
-        }
+        let (status, value) = match outcome {
+            StepOutcome::Finished(value) => (StepStatus::Finished, value),
+            StepOutcome::Failed(value) => (StepStatus::Failed, value),
+        };
+        step.status = status;
+        step.value = Some(value);
         step.finished_at_ms = Some(finished_at_ms);
         Ok(())
     }
@@ -483,7 +516,11 @@ impl RunStore for MemoryStore {
     }
 
     fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>> {
-        Box::pin(async move { Ok(self.lock().runs.get(run_id).map(|entry| entry.steps.clone()).unwrap_or_default()) })
+        Box::pin(async move {
+            let state = self.lock();
+            let steps = state.runs.get(run_id).map(|entry| &entry.steps[..]).unwrap_or_default();
+            Ok((0..).zip(steps).map(|(ordinal, step)| step.record(ordinal)).collect())
+        })
     }
 
     fn acquire_lease<'a>(&'a self, run_id: &'a str, owner: &'a str, ttl: Duration) -> StoreFuture<'a, Lease> {
