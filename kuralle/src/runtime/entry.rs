@@ -85,7 +85,7 @@ pub(super) fn run_leased(
                 None => Ok(()),
             };
             let result = match result {
-                Ok(()) => turn(&rt, &req, &run_id, &events, interrupt, &held).await,
+                Ok(()) => turn(&rt, req, &run_id, &events, interrupt, &held).await,
                 Err(e) => Err(e),
             };
             let result = fence.settle(result);
@@ -149,7 +149,8 @@ mod tests {
 
     /// Every run in flight is one such future on the heap, for as long as it waits on its
     /// model: 10,000 runs hold 10,000 of them. It was 5.2 KiB (an async fn stores its
-    /// arguments twice, and a local once borrowed keeps its bytes while later awaits run).
+    /// arguments twice, and a local once borrowed keeps its bytes while later awaits run),
+    /// then 2.6 KiB, and is 2.4 KiB.
     #[test]
     fn a_runs_task_stays_small() {
         let runtime =
@@ -157,6 +158,6 @@ mod tests {
         let (events, _receiver) = EventSender::channel(1);
         let task = run(Arc::clone(&runtime.inner), RunRequest::new("hi"), events, CancellationToken::new(), None);
         let size = std::mem::size_of_val(&task);
-        assert!(size <= 3 * 1024, "a run's task is {size} bytes");
+        assert!(size <= 2560, "a run's task is {size} bytes");
     }
 }

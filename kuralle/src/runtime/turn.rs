@@ -32,33 +32,42 @@ use crate::{
     truncate::truncate_owned,
 };
 
-pub(super) async fn turn(
-    rt: &Arc<Inner>,
-    req: &RunRequest,
-    run_id: &str,
-    events: &EventSender,
+/// An `async` block, not an `async fn`, here and in [`drive`] and [`steps`]: an async fn's
+/// future stores each argument twice (as it came in and as the body's local), and these
+/// futures are layers of every run's task, waiting on the model. The request comes by value,
+/// and is dropped once the run is open: only whether to hand the run back is read after that.
+#[allow(clippy::manual_async_fn)] // on purpose: see above
+pub(super) fn turn<'a>(
+    rt: &'a Arc<Inner>,
+    req: Box<RunRequest>,
+    run_id: &'a str,
+    events: &'a EventSender,
     interrupt: CancellationToken,
-    held: &Held,
-) -> Result<RunOutput, RunError> {
-    let fence = held.fence();
-    let writer = RunWriter::new(rt.store.as_ref(), fence);
-    // Boxed here and below: a future is as large as its largest await, and a run spends its
-    // life waiting on the model, so what only briefly runs (opening, dispatching, closing)
-    // is kept off the run's task, which 10,000 runs in flight hold at once.
-    let opened = Box::pin(open(rt, req, writer)).await?;
-    let (record, state) = match opened {
-        Opened::Done(out) => return Box::pin(replayed(events, run_id, *out)).await,
-        // Kept boxed: each layer of the turn's future would otherwise hold its own copy.
-        Opened::Turn { record, state } => (record, state),
-    };
-    let result = drive(rt, record, state, events, interrupt, held, req.hand_back).await;
-    if let Err(e) = &result
-        && ends_the_run(e)
-        && !fence.is_lost()
-    {
-        Box::pin(mark_ended(writer, ended_status(e))).await;
+    held: &'a Held,
+) -> impl Future<Output = Result<RunOutput, RunError>> + Send + 'a {
+    async move {
+        let fence = held.fence();
+        let writer = RunWriter::new(rt.store.as_ref(), fence);
+        // Boxed here and below: a future is as large as its largest await, and a run spends its
+        // life waiting on the model, so what only briefly runs (opening, dispatching, closing)
+        // is kept off the run's task, which 10,000 runs in flight hold at once.
+        let hand_back = req.hand_back;
+        let opened = Box::pin(open(rt, &req, writer)).await?;
+        drop(req);
+        let (record, state) = match opened {
+            Opened::Done(out) => return Box::pin(replayed(events, run_id, *out)).await,
+            // Kept boxed: each layer of the turn's future would otherwise hold its own copy.
+            Opened::Turn { record, state } => (record, state),
+        };
+        let result = drive(rt, record, state, events, interrupt, held, hand_back).await;
+        if let Err(e) = &result
+            && ends_the_run(e)
+            && !fence.is_lost()
+        {
+            Box::pin(mark_ended(writer, ended_status(e))).await;
+        }
+        result
     }
-    result
 }
 
 /// A turn the journal already holds whole (a duplicate request): its events and output.
@@ -101,248 +110,254 @@ pub(super) async fn mark_ended(writer: RunWriter<'_>, status: RunStatus) {
 }
 
 /// Runs the turn of an opened run.
-async fn drive(
-    rt: &Arc<Inner>,
+#[allow(clippy::manual_async_fn)] // on purpose: see `turn`
+fn drive<'a>(
+    rt: &'a Arc<Inner>,
     record: Box<RunRecord>,
     state: Box<RunState>,
-    events: &EventSender,
+    events: &'a EventSender,
     interrupt: CancellationToken,
-    held: &Held,
+    held: &'a Held,
     hand_back: bool,
-) -> Result<RunOutput, RunError> {
-    let fence = held.fence();
-    let run_id = fence.run_id();
-    let agent = agent(rt, Some(&record.agent_id))?;
-    let model: Arc<dyn Model> = match (&agent.model, &rt.model) {
-        (Some(m), _) | (None, Some(m)) => Arc::clone(m),
-        (None, None) => return Err(RunError::Config(format!("agent `{}` has no model", agent.id))),
-    };
-    // Boxed: moved into the turn's budget at once, but the future would keep its bytes.
-    let limits = Box::new(limits::of_run(agent, &state));
-    limits::priced(limits.max_cost_usd.is_some(), &agent.id, model.as_ref(), &rt.pricing)?;
-    let span = crate::trace::agent_span(run_id, &agent.id, model.as_ref());
-    let started = std::time::Instant::now();
-    let result = async {
-        events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
+) -> impl Future<Output = Result<RunOutput, RunError>> + Send + 'a {
+    async move {
+        let fence = held.fence();
+        let run_id = fence.run_id();
+        let agent = agent(rt, Some(&record.agent_id))?;
+        let model: Arc<dyn Model> = match (&agent.model, &rt.model) {
+            (Some(m), _) | (None, Some(m)) => Arc::clone(m),
+            (None, None) => return Err(RunError::Config(format!("agent `{}` has no model", agent.id))),
+        };
+        // Boxed: moved into the turn's budget at once, but the future would keep its bytes.
+        let limits = Box::new(limits::of_run(agent, &state));
+        limits::priced(limits.max_cost_usd.is_some(), &agent.id, model.as_ref(), &rt.pricing)?;
+        let span = crate::trace::agent_span(run_id, &agent.id, model.as_ref());
+        let started = std::time::Instant::now();
+        let result = async {
+            events.send(Event::RunStarted { run_id: run_id.to_owned() }).await;
 
-        // A fork's journal keeps its original's keys.
-        let key_run = state.key_run.as_deref().unwrap_or(run_id);
-        let journal = Box::pin(Journal::open(
-            Arc::clone(&rt.store),
-            Arc::clone(fence),
-            run_id,
-            key_run,
-            record.epoch,
-            rt.max_journal_entries,
-            limits.counts_usage(),
-        ))
-        .await?;
-        let ctx = Arc::new(TurnCtx {
-            journal,
-            tools: super::output::tools(agent),
-            events: events.clone(),
-            interrupt: interrupt.clone(),
-            max_concurrency: agent.max_tool_concurrency,
-            max_result_bytes: rt.max_value_bytes,
-            policy: agent.policy.clone(),
-            fatal: Mutex::new(None),
-            // Calls cut off but still running are the lease's to wait for: see `Held::release`.
-            stragglers: Arc::clone(held.stragglers()),
-            capture_content: rt.capture_content,
-            redact: if rt.capture_content {
-                crate::Redactions::of_tools(agent.tools.iter().map(|t| &**t))
-            } else {
-                crate::Redactions::default()
-            },
-            budget: Budget::new(limits, record.created_at_ms),
-        });
-        steps(rt, run_id, agent, model.as_ref(), record, state, events, &ctx, fence, hand_back).await
+            // A fork's journal keeps its original's keys.
+            let key_run = state.key_run.as_deref().unwrap_or(run_id);
+            let journal = Box::pin(Journal::open(
+                Arc::clone(&rt.store),
+                Arc::clone(fence),
+                run_id,
+                key_run,
+                record.epoch,
+                rt.max_journal_entries,
+                limits.counts_usage(),
+            ))
+            .await?;
+            let ctx = Arc::new(TurnCtx {
+                journal,
+                tools: super::output::tools(agent),
+                events: events.clone(),
+                interrupt: interrupt.clone(),
+                max_concurrency: agent.max_tool_concurrency,
+                max_result_bytes: rt.max_value_bytes,
+                policy: agent.policy.clone(),
+                fatal: Mutex::new(None),
+                // Calls cut off but still running are the lease's to wait for: see `Held::release`.
+                stragglers: Arc::clone(held.stragglers()),
+                capture_content: rt.capture_content,
+                redact: if rt.capture_content {
+                    crate::Redactions::of_tools(agent.tools.iter().map(|t| &**t))
+                } else {
+                    crate::Redactions::default()
+                },
+                budget: Budget::new(limits, record.created_at_ms),
+            });
+            steps(rt, run_id, agent, model.as_ref(), record, state, events, &ctx, fence, hand_back).await
+        }
+        .instrument(span.clone())
+        .await;
+        crate::trace::agent_done(&span, &result, started);
+        result
     }
-    .instrument(span.clone())
-    .await;
-    crate::trace::agent_done(&span, &result, started);
-    result
 }
 
 /// The turn's steps: model, dispatch, model, ... until an answer, a pause, an interrupt or
 /// the step limit; then the run's close.
-#[allow(clippy::too_many_arguments)]
-async fn steps(
-    rt: &Arc<Inner>,
-    run_id: &str,
-    agent: &AgentDef,
-    model: &dyn Model,
+#[allow(clippy::too_many_arguments, clippy::manual_async_fn)] // on purpose: see `turn`
+fn steps<'a>(
+    rt: &'a Arc<Inner>,
+    run_id: &'a str,
+    agent: &'a AgentDef,
+    model: &'a dyn Model,
     record: Box<RunRecord>,
     state: Box<RunState>,
-    events: &EventSender,
-    ctx: &Arc<TurnCtx>,
-    fence: &Arc<Fence>,
+    events: &'a EventSender,
+    ctx: &'a Arc<TurnCtx>,
+    fence: &'a Arc<Fence>,
     hand_back: bool,
-) -> Result<RunOutput, RunError> {
-    let interrupt = &ctx.interrupt;
+) -> impl Future<Output = Result<RunOutput, RunError>> + Send + 'a {
+    async move {
+        let interrupt = &ctx.interrupt;
 
-    // Shared with every request (never copied per step): a step costs the same at step 5,000
-    // as at step 1.
-    let mut transcript = state.messages.clone();
-    if let Some(input) = &state.turn_input {
-        transcript.push(Message::User { content: input.clone() });
-    }
-    let specs: Arc<[ToolSpec]> = rt.specs_of(agent);
-    let mut typed = agent.output.as_ref().map(Typed::new);
-    // A fork may run with other instructions than its agent's.
-    let instructions = state.instructions.as_ref().unwrap_or(&agent.instructions);
-    let system: Arc<str> =
-        typed.as_ref().map_or_else(|| Arc::from(instructions.as_str()), |t| t.output.instructions(instructions).into());
-    // Boxed: held for the run's whole life, and most agents have none.
-    let output_spec = typed.as_ref().map(|t| Box::new(t.output.spec(!agent.tools.is_empty())));
-    let mut value = None;
-    let mut failure = None;
-    let mut usage = Usage::default();
-    let mut callsite: u64 = 0;
-    let mut status = RunStatus::MaxSteps;
-    let mut text = String::new();
-    let mut pending = Vec::new();
-
-    for _ in 0..agent.max_steps {
-        // On an in-memory store with quick tools nothing here waits, and a lone call runs in
-        // this task: spend the task's cooperative budget so a long run still yields its
-        // thread to others now and then.
-        tokio::task::coop::consume_budget().await;
-        if interrupt.is_cancelled() {
-            status = RunStatus::Interrupted;
-            break;
+        // Shared with every request (never copied per step): a step costs the same at step 5,000
+        // as at step 1.
+        let mut transcript = state.messages.clone();
+        if let Some(input) = &state.turn_input {
+            transcript.push(Message::User { content: input.clone() });
         }
-        // Scoped: a local that was ever borrowed keeps its bytes in the future until its
-        // scope ends, even once moved, and this one would through the model's whole latency.
-        let (mut chat, step) = {
-            let request = Box::new(ModelRequest {
-                system: Arc::clone(&system),
-                messages: transcript.clone(),
-                tools: Arc::clone(&specs),
-                output: output_spec.as_deref().cloned(),
-            });
-            let chat = crate::trace::ChatSpan::start(
-                run_id,
-                callsite,
-                model,
-                &request,
-                rt.capture_content.then_some(&ctx.redact),
-            );
-            // Boxed: `ChatSpan::run` and its task-local scope would each hold the step's
-            // future again (about 5 KiB of every run's task while it waits on the model).
-            (chat, Box::pin(model_step(rt, ctx, model, request, callsite)))
-        };
-        // Scoped, as the request above: the step's result and response end here, before
-        // the awaits below, instead of taking room in the future beside the model's wait.
-        let (mut parts, origin, finish, has_calls) = {
-            let step = chat.run(step).await;
-            chat.done(step.as_ref().map(|r| r.as_ref().map(|r| (&r.parts[..], &r.finish, r.usage))));
-            let Some(response) = step? else {
+        let specs: Arc<[ToolSpec]> = rt.specs_of(agent);
+        let mut typed = agent.output.as_ref().map(Typed::new);
+        // A fork may run with other instructions than its agent's.
+        let instructions = state.instructions.as_ref().unwrap_or(&agent.instructions);
+        let system: Arc<str> = typed
+            .as_ref()
+            .map_or_else(|| Arc::from(instructions.as_str()), |t| t.output.instructions(instructions).into());
+        // Boxed: held for the run's whole life, and most agents have none.
+        let output_spec = typed.as_ref().map(|t| Box::new(t.output.spec(!agent.tools.is_empty())));
+        let mut value = None;
+        let mut failure = None;
+        let mut usage = Usage::default();
+        let mut callsite: u64 = 0;
+        let mut status = RunStatus::MaxSteps;
+        let mut text = String::new();
+        let mut pending = Vec::new();
+
+        for _ in 0..agent.max_steps {
+            // On an in-memory store with quick tools nothing here waits, and a lone call runs in
+            // this task: spend the task's cooperative budget so a long run still yields its
+            // thread to others now and then.
+            tokio::task::coop::consume_budget().await;
+            if interrupt.is_cancelled() {
                 status = RunStatus::Interrupted;
                 break;
-            };
-            usage += response.usage;
-            let has_calls = response.has_calls();
-            let ModelResponse { parts, origin, finish, .. } = response;
-            (parts, origin, finish, has_calls)
-        };
-        callsite += 1;
-        if !has_calls {
-            let message = Message::Assistant { parts, origin };
-            text = message.text();
-            transcript.push(message);
-            if let Some(t) = typed.as_mut() {
-                let judged = t.judge_text(&text, &finish);
-                match Box::pin(settle(t, judged, ctx, callsite, Some(&mut transcript), &mut failure)).await? {
-                    Some(v) => value = Some(v),
-                    None if failure.is_none() => continue,
-                    None => break,
-                }
             }
-            status = RunStatus::Finished;
-            break;
-        }
-        let calls = take_calls(&mut parts);
-        let n = calls.len() as u64;
-        let dispatched = Box::pin(dispatch::dispatch(ctx, calls, callsite)).await?;
-        callsite += n;
-        if !dispatched.pending.is_empty() {
-            // The turn resumes from its start once decided: everything before the pending
-            // calls replays from the journal, so only the decision is missing. (The transcript
-            // is rolled back to the turn's start below, so it never gets this response.)
-            pending = dispatched.pending;
-            status = RunStatus::Paused;
-            break;
-        }
-        // Dispatch reads nothing of the transcript, so the response joins it only now, its
-        // calls rebuilt from what dispatch gives back instead of copied before dispatch: every
-        // call answered, in source order, since nothing is pending.
-        let judged = typed.as_ref().and_then(|t| t.judge_calls(&dispatched.outcomes, &finish, &text_of(&parts)));
-        let mut tool_calls = Vec::with_capacity(dispatched.outcomes.len());
-        let mut results = Vec::with_capacity(dispatched.outcomes.len());
-        for o in dispatched.outcomes {
-            let content = truncate_owned(dispatch::into_model_value(o.result), agent.max_tool_result_tokens);
-            results.push(Message::Tool { call_id: o.call_id.clone(), name: o.name.clone(), content });
-            tool_calls.push(ToolCallRequest { call_id: o.call_id, name: o.name, arguments: o.arguments });
-        }
-        put_calls(&mut parts, tool_calls);
-        transcript.push(Message::Assistant { parts, origin });
-        for message in results {
-            transcript.push(message);
-        }
-        if let (Some(t), Some(judged)) = (typed.as_mut(), judged) {
-            // A rejected call's error is its result, already in the transcript: the repair prompt.
-            if let Some(v) = Box::pin(settle(t, judged, ctx, callsite, None, &mut failure)).await? {
-                value = Some(v);
+            // Scoped: a local that was ever borrowed keeps its bytes in the future until its
+            // scope ends, even once moved, and this one would through the model's whole latency.
+            let (mut chat, step) = {
+                let request = Box::new(ModelRequest {
+                    system: Arc::clone(&system),
+                    messages: transcript.clone(),
+                    tools: Arc::clone(&specs),
+                    output: output_spec.as_deref().cloned(),
+                });
+                let chat = crate::trace::ChatSpan::start(
+                    run_id,
+                    callsite,
+                    model,
+                    &request,
+                    rt.capture_content.then_some(&ctx.redact),
+                );
+                // Boxed: `ChatSpan::run` and its task-local scope would each hold the step's
+                // future again (about 5 KiB of every run's task while it waits on the model).
+                (chat, Box::pin(model_step(rt, ctx, model, request, callsite)))
+            };
+            // Scoped, as the request above: the step's result and response end here, before
+            // the awaits below, instead of taking room in the future beside the model's wait.
+            let (mut parts, origin, finish, has_calls) = {
+                let step = chat.run(step).await;
+                chat.done(step.as_ref().map(|r| r.as_ref().map(|r| (&r.parts[..], &r.finish, r.usage))));
+                let Some(response) = step? else {
+                    status = RunStatus::Interrupted;
+                    break;
+                };
+                usage += response.usage;
+                let has_calls = response.has_calls();
+                let ModelResponse { parts, origin, finish, .. } = response;
+                (parts, origin, finish, has_calls)
+            };
+            callsite += 1;
+            if !has_calls {
+                let message = Message::Assistant { parts, origin };
+                text = message.text();
+                transcript.push(message);
+                if let Some(t) = typed.as_mut() {
+                    let judged = t.judge_text(&text, &finish);
+                    match Box::pin(settle(t, judged, ctx, callsite, Some(&mut transcript), &mut failure)).await? {
+                        Some(v) => value = Some(v),
+                        None if failure.is_none() => continue,
+                        None => break,
+                    }
+                }
                 status = RunStatus::Finished;
                 break;
             }
-            if failure.is_some() {
+            let calls = take_calls(&mut parts);
+            let n = calls.len() as u64;
+            let dispatched = Box::pin(dispatch::dispatch(ctx, calls, callsite)).await?;
+            callsite += n;
+            if !dispatched.pending.is_empty() {
+                // The turn resumes from its start once decided: everything before the pending
+                // calls replays from the journal, so only the decision is missing. (The transcript
+                // is rolled back to the turn's start below, so it never gets this response.)
+                pending = dispatched.pending;
+                status = RunStatus::Paused;
                 break;
             }
+            // Dispatch reads nothing of the transcript, so the response joins it only now, its
+            // calls rebuilt from what dispatch gives back instead of copied before dispatch: every
+            // call answered, in source order, since nothing is pending.
+            let judged = typed.as_ref().and_then(|t| t.judge_calls(&dispatched.outcomes, &finish, &text_of(&parts)));
+            let mut tool_calls = Vec::with_capacity(dispatched.outcomes.len());
+            let mut results = Vec::with_capacity(dispatched.outcomes.len());
+            for o in dispatched.outcomes {
+                let content = truncate_owned(dispatch::into_model_value(o.result), agent.max_tool_result_tokens);
+                results.push(Message::Tool { call_id: o.call_id.clone(), name: o.name.clone(), content });
+                tool_calls.push(ToolCallRequest { call_id: o.call_id, name: o.name, arguments: o.arguments });
+            }
+            put_calls(&mut parts, tool_calls);
+            transcript.push(Message::Assistant { parts, origin });
+            for message in results {
+                transcript.push(message);
+            }
+            if let (Some(t), Some(judged)) = (typed.as_mut(), judged) {
+                // A rejected call's error is its result, already in the transcript: the repair prompt.
+                if let Some(v) = Box::pin(settle(t, judged, ctx, callsite, None, &mut failure)).await? {
+                    value = Some(v);
+                    status = RunStatus::Finished;
+                    break;
+                }
+                if failure.is_some() {
+                    break;
+                }
+            }
         }
-    }
-    if let Some(v) = &value {
-        text = v.to_string();
-    }
+        if let Some(v) = &value {
+            text = v.to_string();
+        }
 
-    if status == RunStatus::Interrupted && hand_back && !fence.is_lost() {
-        // A worker's shutdown: the run stays `running` for another worker. Every call this
-        // turn ran was journaled as it ended; a model response may still wait to be written.
-        Box::pin(ctx.journal.flush()).await?;
-        return Err(RunError::HandedBack { run_id: run_id.to_owned() });
+        if status == RunStatus::Interrupted && hand_back && !fence.is_lost() {
+            // A worker's shutdown: the run stays `running` for another worker. Every call this
+            // turn ran was journaled as it ended; a model response may still wait to be written.
+            Box::pin(ctx.journal.flush()).await?;
+            return Err(RunError::HandedBack { run_id: run_id.to_owned() });
+        }
+        if status == RunStatus::Paused {
+            events
+                .send(Event::Paused {
+                    run_id: run_id.to_owned(),
+                    pending: pending.iter().map(|p: &Pending| p.request.clone()).collect(),
+                })
+                .await;
+            // The transcript of a paused turn is rebuilt by replay on resume; keep the one
+            // before the turn.
+            transcript = state.messages.clone();
+        }
+        // A final answer (or an interrupted or paused turn) may leave its model response
+        // unwritten; it is journaled before the run's state says the turn ended.
+        if !fence.is_lost() {
+            Box::pin(ctx.journal.flush()).await?;
+        }
+        if fence.is_lost() {
+            // Another owner carries the run on; this turn writes nothing more.
+            return Err(RunError::LeaseLost { run_id: run_id.to_owned(), token: fence.token() });
+        }
+        if let Some(e) = failure {
+            // The turn's transcript and usage are kept (every repair shows in them); the run fails.
+            let closing = Closing { transcript, status: RunStatus::Failed, text, usage, pending, value: None };
+            Box::pin(close(RunWriter::new(rt.store.as_ref(), fence), *record, *state, closing)).await?;
+            events.send(Event::Error { message: e.to_string() }).await;
+            return Err(e.into());
+        }
+        let closing = Closing { transcript, status, text, usage, pending, value };
+        let out = Box::pin(close(RunWriter::new(rt.store.as_ref(), fence), *record, *state, closing)).await?;
+        events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
+        Ok(out)
     }
-    if status == RunStatus::Paused {
-        events
-            .send(Event::Paused {
-                run_id: run_id.to_owned(),
-                pending: pending.iter().map(|p: &Pending| p.request.clone()).collect(),
-            })
-            .await;
-        // The transcript of a paused turn is rebuilt by replay on resume; keep the one
-        // before the turn.
-        transcript = state.messages.clone();
-    }
-    // A final answer (or an interrupted or paused turn) may leave its model response
-    // unwritten; it is journaled before the run's state says the turn ended.
-    if !fence.is_lost() {
-        Box::pin(ctx.journal.flush()).await?;
-    }
-    if fence.is_lost() {
-        // Another owner carries the run on; this turn writes nothing more.
-        return Err(RunError::LeaseLost { run_id: run_id.to_owned(), token: fence.token() });
-    }
-    if let Some(e) = failure {
-        // The turn's transcript and usage are kept (every repair shows in them); the run fails.
-        let closing = Closing { transcript, status: RunStatus::Failed, text, usage, pending, value: None };
-        Box::pin(close(RunWriter::new(rt.store.as_ref(), fence), *record, *state, closing)).await?;
-        events.send(Event::Error { message: e.to_string() }).await;
-        return Err(e.into());
-    }
-    let closing = Closing { transcript, status, text, usage, pending, value };
-    let out = Box::pin(close(RunWriter::new(rt.store.as_ref(), fence), *record, *state, closing)).await?;
-    events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
-    Ok(out)
 }
 
 /// An answer's end: the accepted value (journaled), or `None` with either a repair prompt
