@@ -150,21 +150,23 @@ pub(super) async fn run(
     // A batch answered wholly from the journal (every call of a resumed run) builds no pool:
     // one per serial call was a twentieth of resuming 10,000 serial calls.
     match jobs.len() {
-        0 => drop(jobs),
+        0 => {}
         1 => {
-            let mut jobs = jobs;
-            if let Some(job) = jobs.pop() {
-                let (i, result) = job.await;
-                slots[i] = Some(Ok((result, false)));
-            }
+            // Awaited straight from the vector: a job held in a binding or an `Option` across
+            // the await would take its kilobyte twice in this future.
+            let (i, result) = jobs.remove(0).await;
+            slots[i] = Some(Ok((result, false)));
         }
         _ => {
-            let ran: Vec<_> = stream::iter(jobs).buffer_unordered(turn.max_concurrency.max(1)).collect().await;
+            let jobs = stream::iter(std::mem::take(&mut jobs));
+            let ran: Vec<_> = jobs.buffer_unordered(turn.max_concurrency.max(1)).collect().await;
             for (i, result) in ran {
                 slots[i] = Some(Ok((result, false)));
             }
         }
     }
+    // The jobs borrowed the heads, which are taken apart below.
+    drop(jobs);
     for (i, leader) in leaders.iter().enumerate() {
         if let Some(leader) = *leader {
             let answer = slots[leader].clone();
