@@ -1,8 +1,9 @@
 //! The group-commit writer: one thread owns the only write connection, drains every queued
-//! write (up to `max_batch`), runs them in one `BEGIN IMMEDIATE … COMMIT`, each in its own
-//! `SAVEPOINT` (so a duplicate key, a lost compare-and-swap or a fenced write fails that write
-//! only), and replies after the commit returned: an acknowledged write is durable. The WAL is
-//! checkpointed by another thread (`checkpoint.rs`), not inside this thread's commits.
+//! write (up to `max_batch`), runs them in one `BEGIN IMMEDIATE … COMMIT`, and replies after
+//! the commit returned: an acknowledged write is durable. A duplicate key, a lost
+//! compare-and-swap or a fenced write fails that write only: a write of one statement is
+//! atomic by itself, a write of several runs in its own `SAVEPOINT`. The WAL is checkpointed
+//! by another thread (`checkpoint.rs`), not inside this thread's commits.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -14,8 +15,24 @@ use super::checkpoint::Checkpointer;
 use super::errors::Mapper;
 use crate::store::StoreError;
 
+/// How many statements of a write change the database: this decides whether it needs a
+/// savepoint of its own to fail alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Writes {
+    /// At most one statement writes (after any number of reads). SQLite undoes a failed
+    /// statement by itself (a constraint failure aborts the statement, not the transaction;
+    /// a full disk or an I/O error rolls the whole transaction back, which `commit_batch`
+    /// sees), so no savepoint: a savepoint copied every page the write touched first into its
+    /// sub-journal, and cost two more statements.
+    One,
+    /// Several statements write: a savepoint undoes the earlier ones when a later one fails.
+    Many,
+}
+
 /// A write queued for the writer thread.
 pub(super) trait Job: Send {
+    /// Whether the write needs a savepoint.
+    fn writes(&self) -> Writes;
     /// Runs the write on the writer's connection, inside the batch transaction.
     fn run(&mut self, conn: &Connection) -> Result<(), StoreError>;
     /// Replies once the transaction is settled; `Err` replaces a successful output when the
@@ -24,6 +41,7 @@ pub(super) trait Job: Send {
 }
 
 pub(super) struct FnJob<T, F> {
+    pub(super) writes: Writes,
     pub(super) f: Option<F>,
     pub(super) out: Option<T>,
     pub(super) reply: oneshot::Sender<Result<T, StoreError>>,
@@ -34,6 +52,10 @@ where
     T: Send,
     F: FnOnce(&Connection) -> Result<T, StoreError> + Send,
 {
+    fn writes(&self) -> Writes {
+        self.writes
+    }
+
     fn run(&mut self, conn: &Connection) -> Result<(), StoreError> {
         let f = self.f.take().ok_or_else(|| StoreError::Unavailable("write ran twice".into()))?;
         self.out = Some(f(conn)?);
@@ -95,7 +117,10 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>, errors: Mapper
         let mut done: Vec<(Box<dyn Job>, Result<(), StoreError>)> = Vec::new();
         let mut aborted = None;
         while let Some(mut job) = next.take() {
-            let result = run_in_savepoint(conn, job.as_mut(), errors);
+            let result = match job.writes() {
+                Writes::One => job.run(conn),
+                Writes::Many => run_in_savepoint(conn, job.as_mut(), errors),
+            };
             // SQLite rolls back the whole transaction on some errors (full disk, I/O error).
             if let Err(e) = &result
                 && conn.is_autocommit()
