@@ -50,8 +50,10 @@ pub(super) fn acquire(
     owner: &str,
     ttl_ms: i64,
 ) -> Result<Lease, StoreError> {
-    // One statement: take the lease iff there is none, or it is released or expired by the
-    // store's clock; the token only grows.
+    // One write: take the lease iff there is none, or it is released or expired by the
+    // store's clock; the token only grows. The row is read back by a second statement: a
+    // `RETURNING` clause made SQLite buffer the row in a temporary table and journal the
+    // write's pages for a statement rollback.
     const ACQUIRE: &str = concat!(
         "INSERT INTO leases (run_id, owner, token, expires_at, released) VALUES (?1, ?2, 1, ",
         now_ms!(),
@@ -59,30 +61,27 @@ pub(super) fn acquire(
          ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, token = leases.token + 1,
              expires_at = excluded.expires_at, released = 0
          WHERE leases.released = 1 OR leases.expires_at <= ",
-        now_ms!(),
-        " RETURNING token, expires_at"
+        now_ms!()
     );
-    let granted: Option<(i64, i64)> = conn
+    let granted = conn
         .prepare_cached(ACQUIRE)
-        .and_then(|mut stmt| {
-            stmt.query_row(params![run_id, owner, ttl_ms], |row| Ok((row.get(0)?, row.get(1)?))).optional()
-        })
+        .and_then(|mut stmt| stmt.execute(params![run_id, owner, ttl_ms]))
         .map_err(|e| errors.map(e))?;
-    if let Some((token, expires_at_ms)) = granted {
+    let row: Option<(String, i64, i64)> = conn
+        .prepare_cached("SELECT owner, token, expires_at FROM leases WHERE run_id = ?1")
+        .and_then(|mut stmt| stmt.query_row([run_id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?))).optional())
+        .map_err(|e| errors.map(e))?;
+    let (holder, token, expires_at_ms) =
+        row.ok_or_else(|| StoreError::Corrupt(format!("lease of run `{run_id}` vanished").into()))?;
+    if granted == 1 {
         return Ok(Lease {
             run_id: run_id.to_owned(),
-            owner: owner.to_owned(),
+            owner: holder,
             token: to_u64("leases.token", token)?,
             expires_at_ms,
         });
     }
-    let holder: Option<(String, i64)> = conn
-        .prepare_cached("SELECT owner, expires_at FROM leases WHERE run_id = ?1")
-        .and_then(|mut stmt| stmt.query_row([run_id], |row| Ok((row.get(0)?, row.get(1)?))).optional())
-        .map_err(|e| errors.map(e))?;
-    let (owner, expires_at_ms) =
-        holder.ok_or_else(|| StoreError::Corrupt(format!("lease of run `{run_id}` vanished").into()))?;
-    Err(StoreError::LeaseHeld { run_id: run_id.to_owned(), owner, expires_at_ms })
+    Err(StoreError::LeaseHeld { run_id: run_id.to_owned(), owner: holder, expires_at_ms })
 }
 
 pub(super) fn renew(conn: &Connection, errors: Mapper, lease: &Lease, ttl_ms: i64) -> Result<Lease, StoreError> {
