@@ -344,7 +344,7 @@ impl SqliteStore {
     {
         if self.inner.readers.is_none() {
             // A read changes nothing: no savepoint.
-            return Box::pin(self.write(Writes::One, f));
+            return Box::pin(self.write(Writes::Direct, f));
         }
         let inner = self.inner.clone();
         Box::pin(async move {
@@ -392,7 +392,7 @@ impl RunStore for SqliteStore {
     fn create_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, ()> {
         let prepared = prepare_run(&run, self.inner.options.max_value_bytes);
         let errors = self.inner.errors;
-        Box::pin(self.write(Writes::One, move |conn| runs::insert_run(conn, errors, &run, fence, &prepared?)))
+        Box::pin(self.write(Writes::Direct, move |conn| runs::insert_run(conn, errors, &run, fence, &prepared?)))
     }
 
     fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunRecord>> {
@@ -404,16 +404,16 @@ impl RunStore for SqliteStore {
     fn put_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, u64> {
         let prepared = prepare_run(&run, self.inner.options.max_value_bytes);
         let errors = self.inner.errors;
-        Box::pin(self.write(Writes::One, move |conn| runs::update_run(conn, errors, &run, fence, &prepared?)))
+        Box::pin(self.write(Writes::Direct, move |conn| runs::update_run(conn, errors, &run, fence, &prepared?)))
     }
 
-    /// One write job: the run's row, then the lease released, in one savepoint (a run's end
-    /// was two jobs, two savepoints and two replies).
+    /// One write job: the run's row, then the lease released (a run's end was two jobs and
+    /// two replies). Only the run's write can be refused, and before it changed anything.
     fn put_run_and_release(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, (u64, bool)> {
         let prepared = prepare_run(&run, self.inner.options.max_value_bytes);
         let errors = self.inner.errors;
         Box::pin(
-            self.write(Writes::Many, move |conn| runs::update_run_and_release(conn, errors, &run, fence, &prepared?)),
+            self.write(Writes::Direct, move |conn| runs::update_run_and_release(conn, errors, &run, fence, &prepared?)),
         )
     }
 
@@ -425,16 +425,14 @@ impl RunStore for SqliteStore {
     fn delete_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, bool> {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
-        Box::pin(self.write(Writes::Many, move |conn| runs::delete_run(conn, errors, &run_id)))
+        Box::pin(self.write(Writes::InSavepoint, move |conn| runs::delete_run(conn, errors, &run_id)))
     }
 
     fn append_steps<'a>(&'a self, run_id: &'a str, fence: u64, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>> {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
         let epochs = steps.iter().map(|step| to_i64("step epoch", step.epoch)).collect::<Result<Vec<_>, _>>();
-        // Past one intent, several inserts: a savepoint makes them one.
-        let writes = if steps.len() > 1 { Writes::Many } else { Writes::One };
-        Box::pin(self.write(writes, move |conn| steps::append(conn, errors, &run_id, fence, steps, &epochs?)))
+        Box::pin(self.write(Writes::Direct, move |conn| steps::append(conn, errors, &run_id, fence, &steps, &epochs?)))
     }
 
     fn finish_step<'a>(
@@ -449,7 +447,7 @@ impl RunStore for SqliteStore {
         let errors = self.inner.errors;
         let max = self.inner.options.max_value_bytes;
         let prepared = prepare_outcome(outcome, max);
-        Box::pin(self.write(Writes::One, move |conn| {
+        Box::pin(self.write(Writes::Direct, move |conn| {
             steps::finish(conn, errors, &run_id, fence, ordinal, &prepared?, finished_at_ms)
         }))
     }
@@ -469,26 +467,20 @@ impl RunStore for SqliteStore {
         steps.extend(intents);
         let epochs = steps.iter().map(|step| to_i64("step epoch", step.epoch)).collect::<Result<Vec<_>, _>>();
         let prepared = prepare_outcome(outcome, max);
-        // One job, so the response and its calls' intents land together or not at all (in a
-        // savepoint when there are intents). The response is inserted finished: it was
-        // inserted running and then updated, a second write of the same row.
-        let writes = if steps.len() > 1 { Writes::Many } else { Writes::One };
-        Box::pin(self.write(writes, move |conn| {
+        // One job, so the response and its calls' intents land together or not at all. The
+        // response is inserted finished: it was inserted running and then updated, a second
+        // write of the same row.
+        Box::pin(self.write(Writes::Direct, move |conn| {
             let (epochs, outcome) = (epochs?, prepared?);
             let first = steps::next_ordinal(conn, errors, &run_id, fence)?;
-            let rows = steps.into_iter().zip(epochs).enumerate().map(|(i, (step, epoch))| steps::Row {
-                step,
-                epoch,
-                outcome: (i == 0).then_some((&outcome, finished_at_ms)),
-            });
-            steps::insert(conn, errors, &run_id, first, rows)
+            steps::insert(conn, errors, &run_id, first, &steps, &epochs, Some((&outcome, finished_at_ms)))
         }))
     }
 
     fn cancel_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<crate::store::RunStatus>> {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
-        Box::pin(self.write(Writes::Many, move |conn| runs::cancel_run(conn, errors, &run_id)))
+        Box::pin(self.write(Writes::InSavepoint, move |conn| runs::cancel_run(conn, errors, &run_id)))
     }
 
     fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>> {
@@ -500,13 +492,13 @@ impl RunStore for SqliteStore {
     fn acquire_lease<'a>(&'a self, run_id: &'a str, owner: &'a str, ttl: Duration) -> StoreFuture<'a, Lease> {
         let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
         let errors = self.inner.errors;
-        Box::pin(self.write(Writes::One, move |conn| leases::acquire(conn, errors, &run_id, &owner, ttl_ms(ttl))))
+        Box::pin(self.write(Writes::Direct, move |conn| leases::acquire(conn, errors, &run_id, &owner, ttl_ms(ttl))))
     }
 
     fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease> {
         let lease = lease.clone();
         let errors = self.inner.errors;
-        Box::pin(self.write(Writes::One, move |conn| leases::renew(conn, errors, &lease, ttl_ms(ttl))))
+        Box::pin(self.write(Writes::Direct, move |conn| leases::renew(conn, errors, &lease, ttl_ms(ttl))))
     }
 
     fn renew_leases<'a>(
@@ -517,13 +509,13 @@ impl RunStore for SqliteStore {
         // One write job: one savepoint in the writer's shared transaction, one reply.
         let leases = leases.to_vec();
         let errors = self.inner.errors;
-        Box::pin(self.write(Writes::Many, move |conn| leases::renew_many(conn, errors, &leases, ttl_ms(ttl))))
+        Box::pin(self.write(Writes::InSavepoint, move |conn| leases::renew_many(conn, errors, &leases, ttl_ms(ttl))))
     }
 
     fn release_lease<'a>(&'a self, lease: &'a Lease) -> StoreFuture<'a, ()> {
         let (run_id, token) = (lease.run_id.clone(), lease.token);
         let errors = self.inner.errors;
-        Box::pin(self.write(Writes::One, move |conn| leases::release(conn, errors, &run_id, token)))
+        Box::pin(self.write(Writes::Direct, move |conn| leases::release(conn, errors, &run_id, token)))
     }
 
     fn current_lease<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<Lease>> {

@@ -96,8 +96,9 @@ pub(super) fn update_run(
 }
 
 /// [`RunStore::put_run_and_release`](crate::RunStore::put_run_and_release): the run written
-/// as by [`update_run`], then its lease released; two writes, so the caller runs them in a
-/// savepoint (a refused run write leaves the lease held).
+/// as by [`update_run`], then its lease released. A refused run write changed nothing and
+/// leaves the lease held; once the run is written under the fence, in this transaction, the
+/// release cannot be refused.
 pub(super) fn update_run_and_release(
     conn: &Connection,
     errors: Mapper,

@@ -1,6 +1,6 @@
 //! The journal's SQL: reserving ordinals with intents, finishing steps, reading them back.
-//! Each write checks the run's fence in its own transaction: folded into the statement where
-//! the write is one statement, read first where it is several.
+//! Each write checks the run's fence in its own transaction: folded into its statement where
+//! it is one, read before the first change where it is several.
 
 use rusqlite::{Connection, params};
 
@@ -38,31 +38,31 @@ const NEXT_ORDINAL: &str = concat!(
     ", (SELECT (SELECT coalesce(max(ordinal) + 1, 0) FROM steps WHERE run_id = ?1) FROM runs WHERE run_id = ?1)"
 );
 
-/// A step to insert at an ordinal: an intent (`Running`), or a step journaled finished.
-pub(super) struct Row<'a> {
-    pub(super) step: NewStep,
-    pub(super) epoch: i64,
-    pub(super) outcome: Option<(&'a PreparedOutcome, i64)>,
-}
-
-/// Inserts `rows` at the ordinals from `first` on; returns them. Each insert is one statement:
-/// a caller inserting more than one row writes in a savepoint.
-pub(super) fn insert<'a>(
+/// Inserts `steps` at the ordinals from `first` on, the first one finished with `outcome`
+/// when there is one (a response journaled with its calls' intents); returns the ordinals.
+/// Past one step, the keys are checked by reads before the first insert, so that a duplicate
+/// key refuses the write before it changed a row (see `Writes::Direct`).
+pub(super) fn insert(
     conn: &Connection,
     errors: Mapper,
     run_id: &str,
     first: i64,
-    rows: impl ExactSizeIterator<Item = Row<'a>>,
+    steps: &[NewStep],
+    epochs: &[i64],
+    outcome: Option<(&PreparedOutcome, i64)>,
 ) -> Result<Vec<u64>, StoreError> {
+    if steps.len() > 1 {
+        check_keys(conn, errors, run_id, steps)?;
+    }
     let mut insert = conn
         .prepare_cached(
             "INSERT INTO steps (run_id, ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         )
         .map_err(|e| errors.map(e))?;
-    let mut ordinals = Vec::with_capacity(rows.len());
-    for (ordinal, Row { step, epoch, outcome }) in (first..).zip(rows) {
-        let (status, result, error, finished_at) = match outcome {
+    let mut ordinals = Vec::with_capacity(steps.len());
+    for (i, ((ordinal, step), epoch)) in (first..).zip(steps).zip(epochs).enumerate() {
+        let (status, result, error, finished_at) = match outcome.filter(|_| i == 0) {
             None => ("running", None, None, None),
             Some(((status, result, error), finished_at)) => (
                 *status,
@@ -87,7 +87,7 @@ pub(super) fn insert<'a>(
         match inserted {
             Ok(_) => ordinals.push(to_u64("steps.ordinal", ordinal)?),
             Err(rusqlite::Error::SqliteFailure(e, _)) if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE => {
-                return Err(StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key });
+                return Err(StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key.clone() });
             }
             Err(rusqlite::Error::SqliteFailure(e, _))
                 if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY =>
@@ -105,18 +105,33 @@ pub(super) fn insert<'a>(
     Ok(ordinals)
 }
 
+/// `DuplicateKey` for the first of `steps` whose key the journal holds, or an earlier step of
+/// the same write: the step whose insert would have failed first.
+fn check_keys(conn: &Connection, errors: Mapper, run_id: &str, steps: &[NewStep]) -> Result<(), StoreError> {
+    let mut journaled = conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = ?1 AND key = ?2)")
+        .map_err(|e| errors.map(e))?;
+    for (i, step) in steps.iter().enumerate() {
+        let taken = steps[..i].iter().any(|earlier| earlier.key == step.key)
+            || journaled.query_row(params![run_id, step.key], |row| row.get(0)).map_err(|e| errors.map(e))?;
+        if taken {
+            return Err(StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key.clone() });
+        }
+    }
+    Ok(())
+}
+
 /// Intents at the next ordinals, under lease `fence`.
 pub(super) fn append(
     conn: &Connection,
     errors: Mapper,
     run_id: &str,
     fence: u64,
-    steps: Vec<NewStep>,
+    steps: &[NewStep],
     epochs: &[i64],
 ) -> Result<Vec<u64>, StoreError> {
     let first = next_ordinal(conn, errors, run_id, fence)?;
-    let rows = steps.into_iter().zip(epochs).map(|(step, &epoch)| Row { step, epoch, outcome: None });
-    insert(conn, errors, run_id, first, rows)
+    insert(conn, errors, run_id, first, steps, epochs, None)
 }
 
 /// A step outcome ready to write: `(status, result JSON, error JSON)`.
@@ -224,7 +239,7 @@ mod tests {
                     epoch: 0,
                     started_at_ms: 0,
                 };
-                assert_eq!(append(&conn, errors, &run_id, 1, vec![step], &[0]).unwrap(), [n]);
+                assert_eq!(append(&conn, errors, &run_id, 1, &[step], &[0]).unwrap(), [n]);
             }
         }
         let stmt = conn.prepare_cached(NEXT_ORDINAL).unwrap();
