@@ -728,6 +728,14 @@ mod tests {
                 store.append_finished_with_intents("r", lease.token, response(&["a"])).await.unwrap_err(),
                 duplicate
             );
+            // The step whose insert would fail first is named, whichever check finds it.
+            let steps = vec![intent("a"), intent("q"), intent("q")];
+            assert_eq!(store.append_steps("r", lease.token, steps).await.unwrap_err(), duplicate);
+            let steps = vec![intent("a"), intent("q")];
+            assert_eq!(store.append_steps("r", lease.token, steps).await.unwrap_err(), duplicate);
+            let repeated = StoreError::DuplicateKey { run_id: "r".into(), key: "q".into() };
+            let steps = vec![intent("p"), intent("q"), intent("q")];
+            assert_eq!(store.append_steps("r", lease.token, steps).await.unwrap_err(), repeated);
             let mut stale = record("r");
             stale.version = 3;
             let conflict = StoreError::VersionConflict { run_id: "r".into(), expected: 3, actual: 0 };

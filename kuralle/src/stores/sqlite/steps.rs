@@ -111,11 +111,18 @@ fn check_keys(conn: &Connection, errors: Mapper, run_id: &str, steps: &[NewStep]
     let mut journaled = conn
         .prepare_cached("SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = ?1 AND key = ?2)")
         .map_err(|e| errors.map(e))?;
-    for (i, step) in steps.iter().enumerate() {
-        let taken = steps[..i].iter().any(|earlier| earlier.key == step.key)
-            || journaled.query_row(params![run_id, step.key], |row| row.get(0)).map_err(|e| errors.map(e))?;
-        if taken {
-            return Err(StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key.clone() });
+    let mut taken = |step: &NewStep| -> Result<bool, StoreError> {
+        journaled.query_row(params![run_id, step.key], |row| row.get(0)).map_err(|e| errors.map(e))
+    };
+    let duplicate = |step: &NewStep| StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key.clone() };
+    // The first step is read only when a later one is refused: its own insert comes first, and
+    // a refused first insert has changed nothing.
+    for (i, step) in steps.iter().enumerate().skip(1) {
+        if steps[..i].iter().any(|earlier| earlier.key == step.key) || taken(step)? {
+            return Err(match steps.first() {
+                Some(first) if taken(first)? => duplicate(first),
+                _ => duplicate(step),
+            });
         }
     }
     Ok(())
