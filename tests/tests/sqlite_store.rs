@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use kuralle::stores::{SqliteOptions, SqliteStore};
-use kuralle::{RunFilter, RunRecord, RunStatus, RunStore, StepOutcome, StepStatus, StoreError};
+use kuralle::{FinishedWithIntents, RunFilter, RunRecord, RunStatus, RunStore, StepOutcome, StepStatus, StoreError};
 use kuralle_tests::conformance::{run, step};
 use serde_json::json;
 
@@ -363,6 +363,78 @@ async fn concurrent_appends_share_commits() {
     assert!(commits < 64 / 2, "64 spawned appends took {commits} commits");
     eprintln!("64 spawned appends: {commits} commits");
     assert_eq!(store.steps("run-1").await.unwrap().len(), 128);
+}
+
+/// The journal's writes run without a savepoint of their own: the ones refused in a shared
+/// commit (a duplicate key, also among a response's intents, a stale token, a lost
+/// compare-and-swap, a finished step) fail alone, change nothing, and the batch's other writes
+/// commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_writes_in_a_shared_commit_fail_alone() {
+    let (_dir, path) = db_path();
+    let options = SqliteOptions { commit_delay: Duration::from_millis(300), ..SqliteOptions::default() };
+    let store = std::sync::Arc::new(SqliteStore::open_with(&path, options).unwrap());
+    let fence = own(&store, "run-1").await;
+    let original = run("run-1", RunStatus::Running, 1);
+    store.create_run(original.clone(), fence).await.unwrap();
+    assert_eq!(store.append_steps("run-1", fence, vec![step("done")]).await.unwrap(), [0]);
+    store.finish_step("run-1", fence, 0, StepOutcome::Finished(json!(0).into()), 2).await.unwrap();
+
+    // The writer commits the first write alone, for 300 ms; the others queue behind it and
+    // share the next commit.
+    let before = store.commit_count();
+    let first = tokio::spawn({
+        let store = store.clone();
+        async move { store.append_steps("run-1", fence, vec![step("x")]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut stale = original.clone();
+    stale.version = 9;
+    let response = |key: &str, intents: &[&str]| FinishedWithIntents {
+        finished: step(key),
+        outcome: StepOutcome::Finished(json!("response").into()),
+        finished_at_ms: 3,
+        intents: intents.iter().map(|key| step(key)).collect(),
+    };
+    let (a, b, duplicate, fenced, conflict, not_running, c) = tokio::join!(
+        store.append_steps("run-1", fence, vec![step("a")]),
+        store.append_steps("run-1", fence, vec![step("b")]),
+        store.append_steps("run-1", fence, vec![step("a")]),
+        store.append_steps("run-1", fence + 1, vec![step("f")]),
+        store.put_run(stale.clone(), fence),
+        store.finish_step("run-1", fence, 0, StepOutcome::Finished(json!(1).into()), 3),
+        store.append_steps("run-1", fence, vec![step("c")]),
+    );
+    assert_eq!(store.commit_count() - before, 2, "the refused writes shared one commit with the others");
+    // These share at most two commits (the writer may take the first alone).
+    let before = store.commit_count();
+    let (taken_intent, repeated_intent, taken_in_many, kept_lease, d) = tokio::join!(
+        store.append_finished_with_intents("run-1", fence, response("m1", &["i1", "b"])),
+        store.append_finished_with_intents("run-1", fence, response("m2", &["i2", "m2"])),
+        store.append_steps("run-1", fence, vec![step("i3"), step("c")]),
+        store.put_run_and_release(stale, fence),
+        store.append_finished_with_intents("run-1", fence, response("m3", &["i4"])),
+    );
+    assert!(store.commit_count() - before <= 2);
+    assert_eq!(first.await.unwrap().unwrap(), [1]);
+    assert_eq!((a.unwrap(), b.unwrap(), c.unwrap()), (vec![2], vec![3], vec![4]));
+    assert_eq!(duplicate.unwrap_err(), StoreError::DuplicateKey { run_id: "run-1".into(), key: "a".into() });
+    assert_eq!(fenced.unwrap_err(), StoreError::Fenced { run_id: "run-1".into(), token: fence + 1 });
+    assert_eq!(conflict.unwrap_err(), StoreError::VersionConflict { run_id: "run-1".into(), expected: 9, actual: 0 });
+    assert_eq!(not_running.unwrap_err(), StoreError::StepNotRunning { run_id: "run-1".into(), ordinal: 0 });
+    let duplicate = |key: &str| StoreError::DuplicateKey { run_id: "run-1".into(), key: key.into() };
+    assert_eq!(taken_intent.unwrap_err(), duplicate("b"));
+    assert_eq!(repeated_intent.unwrap_err(), duplicate("m2"));
+    assert_eq!(taken_in_many.unwrap_err(), duplicate("c"));
+    assert_eq!(kept_lease.unwrap_err(), StoreError::VersionConflict { run_id: "run-1".into(), expected: 9, actual: 0 });
+    assert_eq!(d.unwrap(), [5, 6]);
+    assert_eq!(store.current_lease("run-1").await.unwrap().map(|l| l.token), Some(fence));
+
+    let steps = store.steps("run-1").await.unwrap();
+    let keys: Vec<(u64, &str)> = steps.iter().map(|s| (s.ordinal, s.key.as_str())).collect();
+    assert_eq!(keys, [(0, "done"), (1, "x"), (2, "a"), (3, "b"), (4, "c"), (5, "m3"), (6, "i4")]);
+    assert_eq!(steps[0].result.as_ref().map(kuralle::JsonText::to_value), Some(json!(0)));
+    assert_eq!(store.get_run("run-1").await.unwrap(), Some(original));
 }
 
 #[test]

@@ -6,6 +6,7 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use super::writer::Writes;
 use super::{SqliteStore, leases};
 use crate::store::{InstanceLock, Registered, StoreError, StoreFuture, owner_prefix};
 
@@ -91,6 +92,6 @@ impl InstanceLock for SqliteInstance {
     fn take_back(&self) -> StoreFuture<'_, Vec<String>> {
         let prefix = self.prefix.clone();
         let errors = self.store.inner.errors;
-        Box::pin(self.store.write(move |conn| leases::take_back(conn, errors, &prefix)))
+        Box::pin(self.store.write(Writes::Direct, move |conn| leases::take_back(conn, errors, &prefix)))
     }
 }

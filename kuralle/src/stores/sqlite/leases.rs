@@ -8,14 +8,34 @@ use super::errors::Mapper;
 use crate::store::{Lease, StoreError};
 
 /// The store's clock in SQL: milliseconds since the Unix epoch. Lease expiry is computed and
-/// compared with it inside the statement, never with the client's clock.
-const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+/// compared with it inside the statement, never with the client's clock. A macro so that the
+/// statements using it are `&'static str` (they were formatted anew at every call).
+macro_rules! now_ms {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+    };
+}
+
+/// The fence as an SQL condition, for a write that folds it into its one statement: true iff
+/// the lease of run `?1` is unreleased and its token is `?{token}`. On a write that changed
+/// nothing, [`check_fence`] tells whether this was why.
+macro_rules! fence_holds {
+    ($token:literal) => {
+        concat!("EXISTS (SELECT 1 FROM leases WHERE run_id = ?1 AND token = ?", $token, " AND released = 0)")
+    };
+}
+pub(super) use fence_holds;
+
+/// `fence` as stored, or `Fenced` for a token SQLite cannot hold (no lease has it).
+pub(super) fn stored_token(run_id: &str, fence: u64) -> Result<i64, StoreError> {
+    i64::try_from(fence).map_err(|_| StoreError::Fenced { run_id: run_id.to_owned(), token: fence })
+}
 
 /// Rejects a write unless the run's lease is unreleased and its token is `fence`; runs in the
 /// write's own transaction, so the check and the write commit together.
 pub(super) fn check_fence(conn: &Connection, errors: Mapper, run_id: &str, fence: u64) -> Result<(), StoreError> {
     let fenced = || StoreError::Fenced { run_id: run_id.to_owned(), token: fence };
-    let Ok(token) = i64::try_from(fence) else { return Err(fenced()) };
+    let token = stored_token(run_id, fence)?;
     let current = conn
         .prepare_cached("SELECT 1 FROM leases WHERE run_id = ?1 AND token = ?2 AND released = 0")
         .and_then(|mut stmt| stmt.query_row(params![run_id, token], |_| Ok(())).optional())
@@ -30,47 +50,50 @@ pub(super) fn acquire(
     owner: &str,
     ttl_ms: i64,
 ) -> Result<Lease, StoreError> {
-    // One statement: take the lease iff there is none, or it is released or expired by the
-    // store's clock; the token only grows.
-    let sql = format!(
-        "INSERT INTO leases (run_id, owner, token, expires_at, released) VALUES (?1, ?2, 1, {NOW_MS} + ?3, 0)
+    // One write: take the lease iff there is none, or it is released or expired by the
+    // store's clock; the token only grows. The row is read back by a second statement: a
+    // `RETURNING` clause made SQLite buffer the row in a temporary table and journal the
+    // write's pages for a statement rollback.
+    const ACQUIRE: &str = concat!(
+        "INSERT INTO leases (run_id, owner, token, expires_at, released) VALUES (?1, ?2, 1, ",
+        now_ms!(),
+        " + ?3, 0)
          ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, token = leases.token + 1,
              expires_at = excluded.expires_at, released = 0
-         WHERE leases.released = 1 OR leases.expires_at <= {NOW_MS}
-         RETURNING token, expires_at"
+         WHERE leases.released = 1 OR leases.expires_at <= ",
+        now_ms!()
     );
-    let granted: Option<(i64, i64)> = conn
-        .prepare_cached(&sql)
-        .and_then(|mut stmt| {
-            stmt.query_row(params![run_id, owner, ttl_ms], |row| Ok((row.get(0)?, row.get(1)?))).optional()
-        })
+    let granted = conn
+        .prepare_cached(ACQUIRE)
+        .and_then(|mut stmt| stmt.execute(params![run_id, owner, ttl_ms]))
         .map_err(|e| errors.map(e))?;
-    if let Some((token, expires_at_ms)) = granted {
+    let row: Option<(String, i64, i64)> = conn
+        .prepare_cached("SELECT owner, token, expires_at FROM leases WHERE run_id = ?1")
+        .and_then(|mut stmt| stmt.query_row([run_id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?))).optional())
+        .map_err(|e| errors.map(e))?;
+    let (holder, token, expires_at_ms) =
+        row.ok_or_else(|| StoreError::Corrupt(format!("lease of run `{run_id}` vanished").into()))?;
+    if granted == 1 {
         return Ok(Lease {
             run_id: run_id.to_owned(),
-            owner: owner.to_owned(),
+            owner: holder,
             token: to_u64("leases.token", token)?,
             expires_at_ms,
         });
     }
-    let holder: Option<(String, i64)> = conn
-        .prepare_cached("SELECT owner, expires_at FROM leases WHERE run_id = ?1")
-        .and_then(|mut stmt| stmt.query_row([run_id], |row| Ok((row.get(0)?, row.get(1)?))).optional())
-        .map_err(|e| errors.map(e))?;
-    let (owner, expires_at_ms) =
-        holder.ok_or_else(|| StoreError::Corrupt(format!("lease of run `{run_id}` vanished").into()))?;
-    Err(StoreError::LeaseHeld { run_id: run_id.to_owned(), owner, expires_at_ms })
+    Err(StoreError::LeaseHeld { run_id: run_id.to_owned(), owner: holder, expires_at_ms })
 }
 
 pub(super) fn renew(conn: &Connection, errors: Mapper, lease: &Lease, ttl_ms: i64) -> Result<Lease, StoreError> {
     let fenced = || StoreError::Fenced { run_id: lease.run_id.clone(), token: lease.token };
     let Ok(token) = i64::try_from(lease.token) else { return Err(fenced()) };
-    let sql = format!(
-        "UPDATE leases SET expires_at = {NOW_MS} + ?3 WHERE run_id = ?1 AND token = ?2 AND released = 0
-         RETURNING expires_at"
+    const RENEW: &str = concat!(
+        "UPDATE leases SET expires_at = ",
+        now_ms!(),
+        " + ?3 WHERE run_id = ?1 AND token = ?2 AND released = 0 RETURNING expires_at"
     );
     let renewed: Option<i64> = conn
-        .prepare_cached(&sql)
+        .prepare_cached(RENEW)
         .and_then(|mut stmt| stmt.query_row(params![lease.run_id, token, ttl_ms], |row| row.get(0)).optional())
         .map_err(|e| errors.map(e))?;
     let expires_at_ms = renewed.ok_or_else(fenced)?;
@@ -95,22 +118,23 @@ pub(super) fn renew_many(
         .collect()
 }
 
-pub(super) fn release(conn: &Connection, errors: Mapper, lease: &Lease) -> Result<(), StoreError> {
-    let fenced = || StoreError::Fenced { run_id: lease.run_id.clone(), token: lease.token };
-    let Ok(token) = i64::try_from(lease.token) else { return Err(fenced()) };
+/// Releases the lease of `run_id` held under token `fence`.
+pub(super) fn release(conn: &Connection, errors: Mapper, run_id: &str, fence: u64) -> Result<(), StoreError> {
+    let token = stored_token(run_id, fence)?;
     let released = conn
         .prepare_cached("UPDATE leases SET released = 1 WHERE run_id = ?1 AND token = ?2 AND released = 0")
-        .and_then(|mut stmt| stmt.execute(params![lease.run_id, token]))
+        .and_then(|mut stmt| stmt.execute(params![run_id, token]))
         .map_err(|e| errors.map(e))?;
-    if released == 1 { Ok(()) } else { Err(fenced()) }
+    if released == 1 { Ok(()) } else { Err(StoreError::Fenced { run_id: run_id.to_owned(), token: fence }) }
 }
 
 pub(super) fn current_lease(conn: &Connection, errors: Mapper, run_id: &str) -> Result<Option<Lease>, StoreError> {
-    let sql = format!(
-        "SELECT owner, token, expires_at FROM leases WHERE run_id = ?1 AND released = 0 AND expires_at > {NOW_MS}"
+    const CURRENT: &str = concat!(
+        "SELECT owner, token, expires_at FROM leases WHERE run_id = ?1 AND released = 0 AND expires_at > ",
+        now_ms!()
     );
     let row: Option<(String, i64, i64)> = conn
-        .prepare_cached(&sql)
+        .prepare_cached(CURRENT)
         .and_then(|mut stmt| stmt.query_row([run_id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?))).optional())
         .map_err(|e| errors.map(e))?;
     row.map(|(owner, token, expires_at_ms)| {

@@ -36,7 +36,7 @@ use self::checkpoint::Checkpointer;
 use self::codec::{prepare_run, to_i64};
 use self::errors::Mapper;
 use self::schema::configure_writer;
-use self::writer::{FnJob, Job, writer_loop};
+use self::writer::{FnJob, Job, Writes, writer_loop};
 use super::{DEFAULT_MAX_VALUE_BYTES, check_len};
 use crate::store::{
     FinishedWithIntents, InstanceLock, Lease, NewStep, Registry, RunFilter, RunRecord, RunStore, RunSummary,
@@ -319,7 +319,7 @@ impl SqliteStore {
     }
 
     /// Queues a write for the writer thread; resolves after its transaction committed.
-    fn write<T, F>(&self, f: F) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
+    fn write<T, F>(&self, writes: Writes, f: F) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
@@ -327,7 +327,7 @@ impl SqliteStore {
         let inner = self.inner.clone();
         async move {
             let (reply, result) = oneshot::channel();
-            let job: Box<dyn Job> = Box::new(FnJob { f: Some(f), out: None, reply });
+            let job: Box<dyn Job> = Box::new(FnJob { writes, f: Some(f), out: None, reply });
             let stopped = || StoreError::Unavailable("the SQLite writer thread is not running".into());
             inner.writes.as_ref().ok_or_else(stopped)?.send(job).map_err(|_| stopped())?;
             // Drop our handle before waiting: if this is the last one, the writer may stop.
@@ -343,7 +343,8 @@ impl SqliteStore {
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         if self.inner.readers.is_none() {
-            return Box::pin(self.write(f));
+            // A read changes nothing: no savepoint.
+            return Box::pin(self.write(Writes::Direct, f));
         }
         let inner = self.inner.clone();
         Box::pin(async move {
@@ -391,10 +392,7 @@ impl RunStore for SqliteStore {
     fn create_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, ()> {
         let prepared = prepare_run(&run, self.inner.options.max_value_bytes);
         let errors = self.inner.errors;
-        Box::pin(self.write(move |conn| {
-            leases::check_fence(conn, errors, &run.run_id, fence)?;
-            runs::insert_run(conn, errors, &run, prepared?)
-        }))
+        Box::pin(self.write(Writes::Direct, move |conn| runs::insert_run(conn, errors, &run, fence, &prepared?)))
     }
 
     fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunRecord>> {
@@ -406,10 +404,17 @@ impl RunStore for SqliteStore {
     fn put_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, u64> {
         let prepared = prepare_run(&run, self.inner.options.max_value_bytes);
         let errors = self.inner.errors;
-        Box::pin(self.write(move |conn| {
-            leases::check_fence(conn, errors, &run.run_id, fence)?;
-            runs::update_run(conn, errors, &run, prepared?)
-        }))
+        Box::pin(self.write(Writes::Direct, move |conn| runs::update_run(conn, errors, &run, fence, &prepared?)))
+    }
+
+    /// One write job: the run's row, then the lease released (a run's end was two jobs and
+    /// two replies). Only the run's write can be refused, and before it changed anything.
+    fn put_run_and_release(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, (u64, bool)> {
+        let prepared = prepare_run(&run, self.inner.options.max_value_bytes);
+        let errors = self.inner.errors;
+        Box::pin(
+            self.write(Writes::Direct, move |conn| runs::update_run_and_release(conn, errors, &run, fence, &prepared?)),
+        )
     }
 
     fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>> {
@@ -420,17 +425,14 @@ impl RunStore for SqliteStore {
     fn delete_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, bool> {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
-        Box::pin(self.write(move |conn| runs::delete_run(conn, errors, &run_id)))
+        Box::pin(self.write(Writes::InSavepoint, move |conn| runs::delete_run(conn, errors, &run_id)))
     }
 
     fn append_steps<'a>(&'a self, run_id: &'a str, fence: u64, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>> {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
         let epochs = steps.iter().map(|step| to_i64("step epoch", step.epoch)).collect::<Result<Vec<_>, _>>();
-        Box::pin(self.write(move |conn| {
-            leases::check_fence(conn, errors, &run_id, fence)?;
-            steps::append(conn, errors, &run_id, steps, &epochs?)
-        }))
+        Box::pin(self.write(Writes::Direct, move |conn| steps::append(conn, errors, &run_id, fence, &steps, &epochs?)))
     }
 
     fn finish_step<'a>(
@@ -445,9 +447,8 @@ impl RunStore for SqliteStore {
         let errors = self.inner.errors;
         let max = self.inner.options.max_value_bytes;
         let prepared = prepare_outcome(outcome, max);
-        Box::pin(self.write(move |conn| {
-            leases::check_fence(conn, errors, &run_id, fence)?;
-            steps::finish(conn, errors, &run_id, ordinal, prepared?, finished_at_ms)
+        Box::pin(self.write(Writes::Direct, move |conn| {
+            steps::finish(conn, errors, &run_id, fence, ordinal, &prepared?, finished_at_ms)
         }))
     }
 
@@ -466,22 +467,20 @@ impl RunStore for SqliteStore {
         steps.extend(intents);
         let epochs = steps.iter().map(|step| to_i64("step epoch", step.epoch)).collect::<Result<Vec<_>, _>>();
         let prepared = prepare_outcome(outcome, max);
-        // One job, so one savepoint in one commit: the response and its calls' intents land
-        // together or not at all.
-        Box::pin(self.write(move |conn| {
-            leases::check_fence(conn, errors, &run_id, fence)?;
-            let ordinals = steps::append(conn, errors, &run_id, steps, &epochs?)?;
-            let first =
-                *ordinals.first().ok_or_else(|| StoreError::Corrupt("no ordinal for an appended step".into()))?;
-            steps::finish(conn, errors, &run_id, first, prepared?, finished_at_ms)?;
-            Ok(ordinals)
+        // One job, so the response and its calls' intents land together or not at all. The
+        // response is inserted finished: it was inserted running and then updated, a second
+        // write of the same row.
+        Box::pin(self.write(Writes::Direct, move |conn| {
+            let (epochs, outcome) = (epochs?, prepared?);
+            let first = steps::next_ordinal(conn, errors, &run_id, fence)?;
+            steps::insert(conn, errors, &run_id, first, &steps, &epochs, Some((&outcome, finished_at_ms)))
         }))
     }
 
     fn cancel_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<crate::store::RunStatus>> {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
-        Box::pin(self.write(move |conn| runs::cancel_run(conn, errors, &run_id)))
+        Box::pin(self.write(Writes::InSavepoint, move |conn| runs::cancel_run(conn, errors, &run_id)))
     }
 
     fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>> {
@@ -493,13 +492,13 @@ impl RunStore for SqliteStore {
     fn acquire_lease<'a>(&'a self, run_id: &'a str, owner: &'a str, ttl: Duration) -> StoreFuture<'a, Lease> {
         let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
         let errors = self.inner.errors;
-        Box::pin(self.write(move |conn| leases::acquire(conn, errors, &run_id, &owner, ttl_ms(ttl))))
+        Box::pin(self.write(Writes::Direct, move |conn| leases::acquire(conn, errors, &run_id, &owner, ttl_ms(ttl))))
     }
 
     fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease> {
         let lease = lease.clone();
         let errors = self.inner.errors;
-        Box::pin(self.write(move |conn| leases::renew(conn, errors, &lease, ttl_ms(ttl))))
+        Box::pin(self.write(Writes::Direct, move |conn| leases::renew(conn, errors, &lease, ttl_ms(ttl))))
     }
 
     fn renew_leases<'a>(
@@ -510,13 +509,13 @@ impl RunStore for SqliteStore {
         // One write job: one savepoint in the writer's shared transaction, one reply.
         let leases = leases.to_vec();
         let errors = self.inner.errors;
-        Box::pin(self.write(move |conn| leases::renew_many(conn, errors, &leases, ttl_ms(ttl))))
+        Box::pin(self.write(Writes::InSavepoint, move |conn| leases::renew_many(conn, errors, &leases, ttl_ms(ttl))))
     }
 
     fn release_lease<'a>(&'a self, lease: &'a Lease) -> StoreFuture<'a, ()> {
-        let lease = lease.clone();
+        let (run_id, token) = (lease.run_id.clone(), lease.token);
         let errors = self.inner.errors;
-        Box::pin(self.write(move |conn| leases::release(conn, errors, &lease)))
+        Box::pin(self.write(Writes::Direct, move |conn| leases::release(conn, errors, &run_id, token)))
     }
 
     fn current_lease<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<Lease>> {
@@ -620,6 +619,196 @@ mod tests {
         assert!(matches!(&full, StoreError::StorageFull(m) if m.contains("free disk space")), "{full}");
         let capped = Mapper { max_size_bytes: Some(4096), ..errors }.map(failure(rusqlite::ffi::SQLITE_FULL));
         assert!(capped.to_string().contains("raise SqliteOptions::max_size_bytes"), "{capped}");
+    }
+
+    fn record(run_id: &str) -> RunRecord {
+        RunRecord {
+            run_id: run_id.into(),
+            agent_id: "a".into(),
+            status: RunStatus::Running,
+            epoch: 0,
+            version: 0,
+            state: serde_json::json!({"x": 1}).into(),
+            created_at_ms: 1,
+            updated_at_ms: 1,
+        }
+    }
+
+    fn intent(key: &str) -> NewStep {
+        NewStep { key: key.into(), kind: StepKind::Tool, name: "t".into(), epoch: 0, started_at_ms: 2 }
+    }
+
+    fn response(intents: &[&str]) -> FinishedWithIntents {
+        FinishedWithIntents {
+            finished: NewStep {
+                key: "m".into(),
+                kind: StepKind::Model,
+                name: "model".into(),
+                epoch: 0,
+                started_at_ms: 2,
+            },
+            outcome: StepOutcome::Finished(serde_json::json!("response").into()),
+            finished_at_ms: 3,
+            intents: intents.iter().map(|key| intent(key)).collect(),
+        }
+    }
+
+    fn finished(value: i64) -> StepOutcome {
+        StepOutcome::Finished(serde_json::json!(value).into())
+    }
+
+    /// The writes whose fence check is now part of their one statement (or of the read before
+    /// it) refuse a stale token with `Fenced`, and write nothing.
+    #[test]
+    fn a_fenced_write_of_one_statement_is_refused_and_writes_nothing() {
+        let store = SqliteStore::in_memory().unwrap();
+        futures::executor::block_on(async {
+            let lease = store.acquire_lease("r", "me", Duration::from_secs(60)).await.unwrap();
+            store.create_run(record("r"), lease.token).await.unwrap();
+            assert_eq!(store.append_steps("r", lease.token, vec![intent("a")]).await.unwrap(), [0]);
+            let stale = lease.token + 1;
+            let fenced = StoreError::Fenced { run_id: "r".into(), token: stale };
+            let mut changed = record("r");
+            changed.state = serde_json::json!({"x": 2}).into();
+            assert_eq!(store.put_run(changed.clone(), stale).await.unwrap_err(), fenced);
+            assert_eq!(store.put_run_and_release(changed, stale).await.unwrap_err(), fenced);
+            assert_eq!(store.finish_step("r", stale, 0, finished(1), 3).await.unwrap_err(), fenced);
+            assert_eq!(store.append_steps("r", stale, vec![intent("b")]).await.unwrap_err(), fenced);
+            assert_eq!(store.append_steps("r", stale, vec![intent("b"), intent("c")]).await.unwrap_err(), fenced);
+            assert_eq!(store.append_finished_with_intents("r", stale, response(&[])).await.unwrap_err(), fenced);
+            assert_eq!(store.append_finished_with_intents("r", stale, response(&["b"])).await.unwrap_err(), fenced);
+            // A token beyond SQLite's integers is no lease's either.
+            let huge = StoreError::Fenced { run_id: "r".into(), token: u64::MAX };
+            assert_eq!(store.finish_step("r", u64::MAX, 0, finished(1), 3).await.unwrap_err(), huge);
+            assert_eq!(store.put_run(record("r"), u64::MAX).await.unwrap_err(), huge);
+            assert_eq!(store.append_steps("r", u64::MAX, vec![intent("b")]).await.unwrap_err(), huge);
+            // A lease of another run does not fence this one in.
+            let other = store.acquire_lease("other", "me", Duration::from_secs(60)).await.unwrap();
+            assert_ne!(other.token, stale);
+
+            assert_eq!(store.get_run("r").await.unwrap(), Some(record("r")));
+            let steps = store.steps("r").await.unwrap();
+            assert_eq!(steps.len(), 1);
+            assert_eq!(steps[0].status, crate::store::StepStatus::Running);
+            assert_eq!(store.current_lease("r").await.unwrap(), Some(lease.clone()));
+
+            // A released lease fences its own token.
+            store.release_lease(&lease).await.unwrap();
+            let released = StoreError::Fenced { run_id: "r".into(), token: lease.token };
+            assert_eq!(store.finish_step("r", lease.token, 0, finished(1), 3).await.unwrap_err(), released);
+            assert_eq!(store.put_run(record("r"), lease.token).await.unwrap_err(), released);
+            assert_eq!(store.release_lease(&lease).await.unwrap_err(), released);
+        });
+    }
+
+    /// When the one statement changed nothing, reads tell why, in the order the separate fence
+    /// check gave: fenced first, then the run missing, then the write's own refusal.
+    #[test]
+    fn a_write_that_changed_nothing_gets_the_same_typed_error() {
+        let store = SqliteStore::in_memory().unwrap();
+        futures::executor::block_on(async {
+            let lease = store.acquire_lease("r", "me", Duration::from_secs(60)).await.unwrap();
+            store.create_run(record("r"), lease.token).await.unwrap();
+            assert_eq!(store.append_steps("r", lease.token, vec![intent("a")]).await.unwrap(), [0]);
+            store.finish_step("r", lease.token, 0, finished(1), 3).await.unwrap();
+            let not_running = |ordinal| StoreError::StepNotRunning { run_id: "r".into(), ordinal };
+            assert_eq!(store.finish_step("r", lease.token, 0, finished(2), 4).await.unwrap_err(), not_running(0));
+            assert_eq!(store.finish_step("r", lease.token, 7, finished(2), 4).await.unwrap_err(), not_running(7));
+            assert_eq!(
+                store.finish_step("r", lease.token, u64::MAX, finished(2), 4).await.unwrap_err(),
+                not_running(u64::MAX)
+            );
+            let duplicate = StoreError::DuplicateKey { run_id: "r".into(), key: "a".into() };
+            assert_eq!(store.append_steps("r", lease.token, vec![intent("a")]).await.unwrap_err(), duplicate);
+            assert_eq!(
+                store.append_steps("r", lease.token, vec![intent("b"), intent("a")]).await.unwrap_err(),
+                duplicate
+            );
+            assert_eq!(
+                store.append_finished_with_intents("r", lease.token, response(&["a"])).await.unwrap_err(),
+                duplicate
+            );
+            // The step whose insert would fail first is named, whichever check finds it.
+            let steps = vec![intent("a"), intent("q"), intent("q")];
+            assert_eq!(store.append_steps("r", lease.token, steps).await.unwrap_err(), duplicate);
+            let steps = vec![intent("a"), intent("q")];
+            assert_eq!(store.append_steps("r", lease.token, steps).await.unwrap_err(), duplicate);
+            let repeated = StoreError::DuplicateKey { run_id: "r".into(), key: "q".into() };
+            let steps = vec![intent("p"), intent("q"), intent("q")];
+            assert_eq!(store.append_steps("r", lease.token, steps).await.unwrap_err(), repeated);
+            let mut stale = record("r");
+            stale.version = 3;
+            let conflict = StoreError::VersionConflict { run_id: "r".into(), expected: 3, actual: 0 };
+            assert_eq!(store.put_run(stale.clone(), lease.token).await.unwrap_err(), conflict);
+            assert_eq!(store.put_run_and_release(stale, lease.token).await.unwrap_err(), conflict);
+            assert_eq!(store.current_lease("r").await.unwrap(), Some(lease.clone()), "a refused write keeps the lease");
+            let exists = StoreError::RunExists("r".into());
+            assert_eq!(store.create_run(record("r"), lease.token).await.unwrap_err(), exists);
+            // Nothing of the refused writes is there: the finished step and no other.
+            let steps = store.steps("r").await.unwrap();
+            assert_eq!(steps.len(), 1);
+            assert_eq!(steps[0].result.as_ref().map(crate::json::JsonText::to_value), Some(serde_json::json!(1)));
+
+            // A lease without its run: the fence holds, the run is missing.
+            let ghost = store.acquire_lease("ghost", "me", Duration::from_secs(60)).await.unwrap();
+            let missing = StoreError::RunNotFound("ghost".into());
+            assert_eq!(store.put_run(record("ghost"), ghost.token).await.unwrap_err(), missing);
+            assert_eq!(store.put_run_and_release(record("ghost"), ghost.token).await.unwrap_err(), missing);
+            assert_eq!(store.finish_step("ghost", ghost.token, 0, finished(1), 3).await.unwrap_err(), missing);
+            assert_eq!(store.append_steps("ghost", ghost.token, vec![intent("a")]).await.unwrap_err(), missing);
+            assert_eq!(
+                store.append_finished_with_intents("ghost", ghost.token, response(&["a"])).await.unwrap_err(),
+                missing
+            );
+            // …and fenced comes first.
+            let fenced = StoreError::Fenced { run_id: "ghost".into(), token: ghost.token + 1 };
+            assert_eq!(store.put_run(record("ghost"), ghost.token + 1).await.unwrap_err(), fenced);
+            assert_eq!(store.finish_step("ghost", ghost.token + 1, 0, finished(1), 3).await.unwrap_err(), fenced);
+            assert_eq!(store.append_steps("ghost", ghost.token + 1, vec![intent("a")]).await.unwrap_err(), fenced);
+            assert_eq!(store.current_lease("ghost").await.unwrap(), Some(ghost));
+        });
+    }
+
+    /// A response journaled with its intents is inserted finished (not inserted running and
+    /// then updated); its intents follow it; the run's last write gives the lease up with it.
+    #[test]
+    fn a_response_lands_finished_and_the_last_write_releases_the_lease() {
+        let store = SqliteStore::in_memory().unwrap();
+        futures::executor::block_on(async {
+            let lease = store.acquire_lease("r", "me", Duration::from_secs(60)).await.unwrap();
+            store.create_run(record("r"), lease.token).await.unwrap();
+            assert_eq!(
+                store.append_finished_with_intents("r", lease.token, response(&["a", "b"])).await.unwrap(),
+                [0, 1, 2]
+            );
+            let mut last = response(&[]);
+            last.finished.key = "m2".into();
+            last.outcome = StepOutcome::Failed(serde_json::json!({"error": "x"}).into());
+            assert_eq!(store.append_finished_with_intents("r", lease.token, last).await.unwrap(), [3]);
+            let steps = store.steps("r").await.unwrap();
+            let statuses: Vec<_> = steps.iter().map(|s| (s.ordinal, s.key.as_str(), s.status)).collect();
+            use crate::store::StepStatus::{Failed, Finished, Running};
+            assert_eq!(statuses, [(0, "m", Finished), (1, "a", Running), (2, "b", Running), (3, "m2", Failed)]);
+            assert_eq!(
+                steps[0].result.as_ref().map(crate::json::JsonText::to_value),
+                Some(serde_json::json!("response"))
+            );
+            assert_eq!((steps[0].error.as_ref(), steps[0].finished_at_ms), (None, Some(3)));
+            assert_eq!(
+                steps[3].error.as_ref().map(crate::json::JsonText::to_value),
+                Some(serde_json::json!({"error": "x"}))
+            );
+            assert_eq!(steps[3].result, None);
+
+            let mut done = record("r");
+            done.status = RunStatus::Finished;
+            assert_eq!(store.put_run_and_release(done.clone(), lease.token).await.unwrap(), (1, true));
+            assert_eq!(store.get_run("r").await.unwrap(), Some(RunRecord { version: 1, ..done }));
+            assert_eq!(store.current_lease("r").await.unwrap(), None);
+            let fenced = StoreError::Fenced { run_id: "r".into(), token: lease.token };
+            assert_eq!(store.release_lease(&lease).await.unwrap_err(), fenced);
+            assert_eq!(store.acquire_lease("r", "b", Duration::from_secs(60)).await.unwrap().token, lease.token + 1);
+        });
     }
 
     #[test]

@@ -4,6 +4,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::codec::{parse_run_status, to_u64};
 use super::errors::Mapper;
+use super::leases::{self, check_fence, fence_holds, stored_token};
 use crate::store::{RunFilter, RunRecord, RunStatus, RunSummary, StoreError};
 
 /// The run's stored version, `None` when the run does not exist.
@@ -18,12 +19,15 @@ pub(super) fn stored_version(conn: &Connection, run_id: &str, errors: Mapper) ->
 /// A run row ready to write: `(epoch, version, state JSON)`, converted before it is queued.
 pub(super) type PreparedRun = (i64, i64, String);
 
+/// Inserts the run's row under lease `fence`: a read of the fence, then the one write.
 pub(super) fn insert_run(
     conn: &Connection,
     errors: Mapper,
     run: &RunRecord,
-    (epoch, version, state): PreparedRun,
+    fence: u64,
+    (epoch, version, state): &PreparedRun,
 ) -> Result<(), StoreError> {
+    check_fence(conn, errors, &run.run_id, fence)?;
     let inserted = conn
         .prepare_cached(
             "INSERT INTO runs (run_id, agent_id, status, epoch, version, next_ordinal, state, created_at, updated_at)
@@ -48,29 +52,35 @@ pub(super) fn insert_run(
     Ok(())
 }
 
+/// Replaces the run's row by compare-and-swap on its version, under lease `fence`, in one
+/// statement that checks the fence too; only when it changed nothing do reads tell why.
 pub(super) fn update_run(
     conn: &Connection,
     errors: Mapper,
     run: &RunRecord,
-    (epoch, version, state): PreparedRun,
+    fence: u64,
+    (epoch, version, state): &PreparedRun,
 ) -> Result<u64, StoreError> {
+    let token = stored_token(&run.run_id, fence)?;
     let next = version
         .checked_add(1)
         .ok_or_else(|| StoreError::LimitExceeded(format!("run `{}` version overflow", run.run_id).into()))?;
     let updated = conn
-        .prepare_cached(
-            "UPDATE runs SET agent_id = ?1, status = ?2, epoch = ?3, version = ?4, state = ?5, updated_at = ?6
-             WHERE run_id = ?7 AND version = ?8",
-        )
+        .prepare_cached(concat!(
+            "UPDATE runs SET agent_id = ?3, status = ?4, epoch = ?5, version = ?6, state = ?7, updated_at = ?8
+             WHERE run_id = ?1 AND version = ?9 AND ",
+            fence_holds!(2)
+        ))
         .and_then(|mut stmt| {
             stmt.execute(params![
+                run.run_id,
+                token,
                 run.agent_id,
                 run.status.as_str(),
                 epoch,
                 next,
                 state,
                 run.updated_at_ms,
-                run.run_id,
                 version
             ])
         })
@@ -78,10 +88,27 @@ pub(super) fn update_run(
     if updated == 1 {
         return to_u64("runs.version", next);
     }
+    check_fence(conn, errors, &run.run_id, fence)?;
     match stored_version(conn, &run.run_id, errors)? {
         None => Err(StoreError::RunNotFound(run.run_id.clone())),
         Some(actual) => Err(StoreError::VersionConflict { run_id: run.run_id.clone(), expected: run.version, actual }),
     }
+}
+
+/// [`RunStore::put_run_and_release`](crate::RunStore::put_run_and_release): the run written
+/// as by [`update_run`], then its lease released. A refused run write changed nothing and
+/// leaves the lease held; once the run is written under the fence, in this transaction, the
+/// release cannot be refused.
+pub(super) fn update_run_and_release(
+    conn: &Connection,
+    errors: Mapper,
+    run: &RunRecord,
+    fence: u64,
+    prepared: &PreparedRun,
+) -> Result<(u64, bool), StoreError> {
+    let version = update_run(conn, errors, run, fence, prepared)?;
+    leases::release(conn, errors, &run.run_id, fence)?;
+    Ok((version, true))
 }
 
 pub(super) fn get_run(conn: &Connection, errors: Mapper, run_id: &str) -> Result<Option<RunRecord>, StoreError> {

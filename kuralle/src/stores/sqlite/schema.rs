@@ -97,9 +97,10 @@ pub(super) fn configure_writer(
     }
     conn.pragma_update(None, "synchronous", "FULL").map_err(fail)?;
     conn.pragma_update(None, "foreign_keys", "ON").map_err(fail)?;
-    // Each write runs in its own savepoint, whose sub-journal (the pages it changed first)
-    // spills to a temporary file past 64 KiB unless temporary storage is in memory; once a
-    // file, it stays one, and every write paid file writes for it.
+    // A write in a savepoint (or a statement SQLite journals) keeps a sub-journal (the pages
+    // it changed first), which spills to a temporary file past 64 KiB unless temporary
+    // storage is in memory; once a file, it stays one, and every such write paid file writes
+    // for it.
     conn.pragma_update(None, "temp_store", "MEMORY").map_err(fail)?;
     stable_plans(conn).map_err(fail)?;
     // The writer runs about 20 distinct statements (rusqlite keeps 16 by default): a miss

@@ -1,42 +1,76 @@
 //! The journal's SQL: reserving ordinals with intents, finishing steps, reading them back.
+//! Each write checks the run's fence in its own transaction: folded into its statement where
+//! it is one, read before the first change where it is several.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, params};
 
 use super::codec::{RawStep, to_u64};
 use super::errors::Mapper;
 use crate::json::JsonText;
 use crate::store::{NewStep, StepRecord, StoreError};
 
+use super::leases::{check_fence, fence_holds, stored_token};
 use super::runs::stored_version;
 
-/// Reserves the next ordinals and inserts the intents; runs inside the writer's savepoint, so
-/// a failure leaves neither the ordinals nor any row behind.
-pub(super) fn append(
-    conn: &Connection,
-    errors: Mapper,
-    run_id: &str,
-    steps: Vec<NewStep>,
-    epochs: &[i64],
-) -> Result<Vec<u64>, StoreError> {
+/// Reads the run's next ordinal under lease `fence`: [`StoreError::Fenced`] (checked first, as
+/// for every write) or [`StoreError::RunNotFound`] instead. One statement, which only reads:
+/// the inserts that follow are the write.
+pub(super) fn next_ordinal(conn: &Connection, errors: Mapper, run_id: &str, fence: u64) -> Result<i64, StoreError> {
     // The next ordinal is read from the journal's primary key (one index probe) rather than
     // kept in the run's row: SQLite rewrites a whole row to update one column, so a counter
     // beside the run's state rewrote the state (a session's whole conversation) on every
     // append. The writer's transaction makes the read and the inserts one step.
-    let first: Option<i64> = conn
+    let token = stored_token(run_id, fence)?;
+    let (fence_holds, first): (bool, Option<i64>) = conn
         .prepare_cached(NEXT_ORDINAL)
-        .and_then(|mut stmt| stmt.query_row(params![run_id], |row| row.get(0)).optional())
+        .and_then(|mut stmt| stmt.query_row(params![run_id, token], |row| Ok((row.get(0)?, row.get(1)?))))
         .map_err(|e| errors.map(e))?;
-    let Some(first) = first else {
-        return Err(StoreError::RunNotFound(run_id.to_owned()));
-    };
+    if !fence_holds {
+        return Err(StoreError::Fenced { run_id: run_id.to_owned(), token: fence });
+    }
+    first.ok_or_else(|| StoreError::RunNotFound(run_id.to_owned()))
+}
+
+/// Whether the lease holds, and the run's next ordinal (`NULL` when the run does not exist).
+const NEXT_ORDINAL: &str = concat!(
+    "SELECT ",
+    fence_holds!(2),
+    ", (SELECT (SELECT coalesce(max(ordinal) + 1, 0) FROM steps WHERE run_id = ?1) FROM runs WHERE run_id = ?1)"
+);
+
+/// Inserts `steps` at the ordinals from `first` on, the first one finished with `outcome`
+/// when there is one (a response journaled with its calls' intents); returns the ordinals.
+/// Past one step, the keys are checked by reads before the first insert, so that a duplicate
+/// key refuses the write before it changed a row (see `Writes::Direct`).
+pub(super) fn insert(
+    conn: &Connection,
+    errors: Mapper,
+    run_id: &str,
+    first: i64,
+    steps: &[NewStep],
+    epochs: &[i64],
+    outcome: Option<(&PreparedOutcome, i64)>,
+) -> Result<Vec<u64>, StoreError> {
+    if steps.len() > 1 {
+        check_keys(conn, errors, run_id, steps)?;
+    }
     let mut insert = conn
         .prepare_cached(
-            "INSERT INTO steps (run_id, ordinal, key, kind, name, epoch, status, started_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'running', ?7)",
+            "INSERT INTO steps (run_id, ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         )
         .map_err(|e| errors.map(e))?;
     let mut ordinals = Vec::with_capacity(steps.len());
-    for ((ordinal, step), epoch) in (first..).zip(steps).zip(epochs) {
+    for (i, ((ordinal, step), epoch)) in (first..).zip(steps).zip(epochs).enumerate() {
+        let (status, result, error, finished_at) = match outcome.filter(|_| i == 0) {
+            None => ("running", None, None, None),
+            Some(((status, result, error), finished_at)) => (
+                *status,
+                result.as_ref().map(JsonText::as_str),
+                error.as_ref().map(JsonText::as_str),
+                Some(finished_at),
+            ),
+        };
         let inserted = insert.execute(params![
             run_id,
             ordinal,
@@ -44,12 +78,16 @@ pub(super) fn append(
             step.kind.as_str(),
             step.name,
             epoch,
-            step.started_at_ms
+            status,
+            result,
+            error,
+            step.started_at_ms,
+            finished_at
         ]);
         match inserted {
             Ok(_) => ordinals.push(to_u64("steps.ordinal", ordinal)?),
             Err(rusqlite::Error::SqliteFailure(e, _)) if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE => {
-                return Err(StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key });
+                return Err(StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key.clone() });
             }
             Err(rusqlite::Error::SqliteFailure(e, _))
                 if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY =>
@@ -67,34 +105,74 @@ pub(super) fn append(
     Ok(ordinals)
 }
 
-/// The run's next ordinal, or no row when the run does not exist.
-const NEXT_ORDINAL: &str =
-    "SELECT (SELECT coalesce(max(ordinal) + 1, 0) FROM steps WHERE run_id = ?1) FROM runs WHERE run_id = ?1";
+/// `DuplicateKey` for the first of `steps` whose key the journal holds, or an earlier step of
+/// the same write: the step whose insert would have failed first.
+fn check_keys(conn: &Connection, errors: Mapper, run_id: &str, steps: &[NewStep]) -> Result<(), StoreError> {
+    let mut journaled = conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = ?1 AND key = ?2)")
+        .map_err(|e| errors.map(e))?;
+    let mut taken = |step: &NewStep| -> Result<bool, StoreError> {
+        journaled.query_row(params![run_id, step.key], |row| row.get(0)).map_err(|e| errors.map(e))
+    };
+    let duplicate = |step: &NewStep| StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key.clone() };
+    // The first step is read only when a later one is refused: its own insert comes first, and
+    // a refused first insert has changed nothing.
+    for (i, step) in steps.iter().enumerate().skip(1) {
+        if steps[..i].iter().any(|earlier| earlier.key == step.key) || taken(step)? {
+            return Err(match steps.first() {
+                Some(first) if taken(first)? => duplicate(first),
+                _ => duplicate(step),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Intents at the next ordinals, under lease `fence`.
+pub(super) fn append(
+    conn: &Connection,
+    errors: Mapper,
+    run_id: &str,
+    fence: u64,
+    steps: &[NewStep],
+    epochs: &[i64],
+) -> Result<Vec<u64>, StoreError> {
+    let first = next_ordinal(conn, errors, run_id, fence)?;
+    insert(conn, errors, run_id, first, steps, epochs, None)
+}
 
 /// A step outcome ready to write: `(status, result JSON, error JSON)`.
 pub(super) type PreparedOutcome = (&'static str, Option<JsonText>, Option<JsonText>);
 
+/// Finishes the `Running` step at `ordinal` under lease `fence`, in one statement that checks
+/// the fence too; only when it changed nothing do reads tell why.
 pub(super) fn finish(
     conn: &Connection,
     errors: Mapper,
     run_id: &str,
+    fence: u64,
     ordinal: u64,
-    (status, result, error): PreparedOutcome,
+    (status, result, error): &PreparedOutcome,
     finished_at_ms: i64,
 ) -> Result<(), StoreError> {
     let (result, error) = (result.as_ref().map(JsonText::as_str), error.as_ref().map(JsonText::as_str));
+    let token = stored_token(run_id, fence)?;
     // An ordinal beyond SQLite's integers names no step.
     let stored_ordinal = i64::try_from(ordinal).unwrap_or(-1);
     let updated = conn
-        .prepare_cached(
-            "UPDATE steps SET status = ?1, result = ?2, error = ?3, finished_at = ?4
-             WHERE run_id = ?5 AND ordinal = ?6 AND status = 'running'",
-        )
-        .and_then(|mut stmt| stmt.execute(params![status, result, error, finished_at_ms, run_id, stored_ordinal]))
+        .prepare_cached(concat!(
+            "UPDATE steps SET status = ?3, result = ?4, error = ?5, finished_at = ?6
+             WHERE run_id = ?1 AND ordinal = ?7 AND status = 'running' AND ",
+            fence_holds!(2)
+        ))
+        .and_then(|mut stmt| {
+            stmt.execute(params![run_id, token, status, result, error, finished_at_ms, stored_ordinal])
+        })
         .map_err(|e| errors.map(e))?;
     if updated == 1 {
         return Ok(());
     }
+    check_fence(conn, errors, run_id, fence)?;
     match stored_version(conn, run_id, errors)? {
         None => Err(StoreError::RunNotFound(run_id.to_owned())),
         Some(_) => Err(StoreError::StepNotRunning { run_id: run_id.to_owned(), ordinal }),
@@ -155,6 +233,11 @@ mod tests {
                 [&run_id],
             )
             .unwrap();
+            conn.execute(
+                "INSERT INTO leases (run_id, owner, token, expires_at, released) VALUES (?1, 'me', 1, 0, 0)",
+                [&run_id],
+            )
+            .unwrap();
             for n in 0..3 {
                 let step = NewStep {
                     key: format!("k{n}"),
@@ -163,7 +246,7 @@ mod tests {
                     epoch: 0,
                     started_at_ms: 0,
                 };
-                assert_eq!(append(&conn, errors, &run_id, vec![step], &[0]).unwrap(), [n]);
+                assert_eq!(append(&conn, errors, &run_id, 1, &[step], &[0]).unwrap(), [n]);
             }
         }
         let stmt = conn.prepare_cached(NEXT_ORDINAL).unwrap();
