@@ -109,6 +109,9 @@ pub(crate) enum Lookup {
 impl Journal {
     /// Loads the run's steps. `limit` is `max_journal_entries`. With `usage`, what the run's
     /// model responses spent (tokens, dollars) is added up as well (see [`spent`](Self::spent)).
+    /// A run the turn has just created has none, and its store is not asked: on SQLite that
+    /// read was a trip to a blocking thread for every run started.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn open(
         store: Arc<dyn RunStore>,
         fence: Arc<Fence>,
@@ -117,8 +120,9 @@ impl Journal {
         epoch: u64,
         limit: u64,
         usage: bool,
+        created: bool,
     ) -> Result<Self, RunError> {
-        let steps = store.steps(run_id).await?;
+        let steps = if created { Vec::new() } else { store.steps(run_id).await? };
         let len = steps.len() as u64;
         let mut spent = Spent::default();
         for step in &steps {
@@ -152,7 +156,7 @@ impl Journal {
         let lease = store.acquire_lease(run_id, "standalone", TTL).await?;
         let fence = Fence::new(&lease, tokio_util::sync::CancellationToken::new());
         store.create_run(crate::store::RunRecord::new(run_id, "standalone"), fence.token()).await?;
-        Self::open(store, fence, run_id, run_id, 0, DEFAULT_MAX_JOURNAL_ENTRIES, false).await
+        Self::open(store, fence, run_id, run_id, 0, DEFAULT_MAX_JOURNAL_ENTRIES, false, true).await
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {

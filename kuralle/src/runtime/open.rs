@@ -23,6 +23,8 @@ pub(super) enum Opened {
     Turn {
         record: Box<RunRecord>,
         state: Box<RunState>,
+        /// Whether the run was created by this turn (so its journal is empty).
+        created: bool,
     },
     /// Boxed: the turn's future keeps what it opened through the run's whole life.
     Done(Box<RunOutput>),
@@ -63,7 +65,7 @@ pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) ->
         let record =
             RunRecord::new(run_id, agent.id.clone()).with_state(JsonText::serialize_from(&state).unwrap_or_default());
         writer.create_run(record.clone()).await?;
-        return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) });
+        return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state), created: true });
     };
     let mut state = decode_state(&record)?;
     if let Ok(agent) = agent(rt, Some(&record.agent_id)) {
@@ -76,12 +78,16 @@ pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) ->
     let seen = req.idempotency_key.as_ref().is_some_and(|k| state.inbound_keys.contains(k));
     match &req.input {
         _ if seen && !unfinished => return Ok(Opened::Done(Box::new(output_of(&record, &state)))),
-        None | Some(_) if seen => return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) }),
-        None if unfinished => return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) }),
+        None | Some(_) if seen => {
+            return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state), created: false });
+        }
+        None if unfinished => {
+            return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state), created: false });
+        }
         None => return Ok(Opened::Done(Box::new(output_of(&record, &state)))),
         Some(input) if unfinished => {
             return if state.turn_input.as_ref() == Some(input) {
-                Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) })
+                Ok(Opened::Turn { record: Box::new(record), state: Box::new(state), created: false })
             } else {
                 Err(RunError::TurnInProgress(run_id.to_owned()))
             };
@@ -105,7 +111,7 @@ pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) ->
             record.version = writer.put_run(record.clone()).await?;
         }
     }
-    Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) })
+    Ok(Opened::Turn { record: Box::new(record), state: Box::new(state), created: false })
 }
 
 /// `Runtime::retry`: the failed turn opens again in its own epoch, so its journal replays.
@@ -129,7 +135,7 @@ pub(super) async fn reopen_failed(
     record.state = JsonText::serialize_from(&state).unwrap_or_default();
     record.updated_at_ms = now_ms();
     record.version = writer.put_run(record.clone()).await?;
-    Ok(Opened::Turn { record: Box::new(record), state: Box::new(state) })
+    Ok(Opened::Turn { record: Box::new(record), state: Box::new(state), created: false })
 }
 
 fn redactions(agent: &AgentDef) -> crate::Redactions {

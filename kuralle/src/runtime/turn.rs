@@ -54,12 +54,12 @@ pub(super) fn turn<'a>(
         let hand_back = req.hand_back;
         let opened = Box::pin(open(rt, &req, writer)).await?;
         drop(req);
-        let (record, state) = match opened {
+        let (record, state, created) = match opened {
             Opened::Done(out) => return Box::pin(replayed(events, run_id, *out)).await,
             // Kept boxed: each layer of the turn's future would otherwise hold its own copy.
-            Opened::Turn { record, state } => (record, state),
+            Opened::Turn { record, state, created } => (record, state, created),
         };
-        let result = drive(rt, record, state, events, interrupt, held, hand_back).await;
+        let result = drive(rt, record, state, created, events, interrupt, held, hand_back).await;
         if let Err(e) = &result
             && ends_the_run(e)
             && !fence.is_lost()
@@ -110,11 +110,12 @@ pub(super) async fn mark_ended(writer: RunWriter<'_>, status: RunStatus) {
 }
 
 /// Runs the turn of an opened run.
-#[allow(clippy::manual_async_fn)] // on purpose: see `turn`
+#[allow(clippy::manual_async_fn, clippy::too_many_arguments)] // on purpose: see `turn`
 fn drive<'a>(
     rt: &'a Arc<Inner>,
     record: Box<RunRecord>,
     state: Box<RunState>,
+    created: bool,
     events: &'a EventSender,
     interrupt: CancellationToken,
     held: &'a Held,
@@ -146,6 +147,7 @@ fn drive<'a>(
                 record.epoch,
                 rt.max_journal_entries,
                 limits.counts_usage(),
+                created,
             ))
             .await?;
             let ctx = Arc::new(TurnCtx {
