@@ -815,16 +815,7 @@ mod tests {
     fn in_memory_store_round_trips() {
         let store = SqliteStore::in_memory().unwrap();
         futures::executor::block_on(async {
-            let run = RunRecord {
-                run_id: "r".into(),
-                agent_id: "a".into(),
-                status: RunStatus::Running,
-                epoch: 0,
-                version: 0,
-                state: serde_json::json!({"x": 1}).into(),
-                created_at_ms: 1,
-                updated_at_ms: 1,
-            };
+            let run = record("r");
             let lease = store.acquire_lease("r", "me", Duration::from_secs(60)).await.unwrap();
             store.create_run(run.clone(), lease.token).await.unwrap();
             assert_eq!(store.get_run("r").await.unwrap(), Some(run));
