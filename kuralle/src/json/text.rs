@@ -62,10 +62,9 @@ impl JsonText {
         // fresh string grew by doubling, three to six allocations for a response or a run's
         // state, every step. A `Serialize` that serializes a `JsonText` itself finds the
         // buffer taken and writes into a string of its own.
-        BUFFER.with(|buffer| {
-            let Ok(mut buffer) = buffer.try_borrow_mut() else {
-                return serde_json::to_string(value).map(|text| Self(text.into()));
-            };
+        let fresh = || serde_json::to_string(value).map(|text| Self(text.into()));
+        let kept = BUFFER.try_with(|buffer| {
+            let Ok(mut buffer) = buffer.try_borrow_mut() else { return fresh() };
             buffer.clear();
             let written = serde_json::to_writer(&mut *buffer, value);
             // serde_json writes UTF-8 only; were that ever not so, the caller hears of it.
@@ -77,7 +76,9 @@ impl JsonText {
                 *buffer = Vec::new();
             }
             text
-        })
+        });
+        // A thread that is ending has no buffer left to lend.
+        kept.unwrap_or_else(|_| fresh())
     }
 
     /// `text`, checked to be one JSON value, kept as given (spacing included).

@@ -52,7 +52,7 @@ static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, 
 
 impl Labels {
     pub(super) fn new(operation: &'static str, provider: &str, model: &str, server: Option<&(String, u16)>) -> Self {
-        LAST.with(|last| {
+        let kept = LAST.try_with(|last| {
             let mut last = last.borrow_mut();
             if let Some(keys) = last.as_ref().filter(|keys| keys.is(operation, provider, model, server)) {
                 return Self(Rc::clone(keys));
@@ -60,7 +60,9 @@ impl Labels {
             let keys = Rc::new(Keys::new(operation, provider, model, server));
             *last = Some(Rc::clone(&keys));
             Self(keys)
-        })
+        });
+        // A thread that is ending keeps nothing.
+        kept.unwrap_or_else(|_| Self(Rc::new(Keys::new(operation, provider, model, server))))
     }
 }
 
