@@ -6,6 +6,7 @@ use sha2::{Digest, Sha256};
 
 pub use crate::json::canonical::canonical_json;
 use crate::json::canonical::{Sink, write_canonical, write_canonical_raw};
+use crate::keymap::hex;
 
 /// The journal key of a model-issued or nested tool call.
 ///
@@ -150,20 +151,6 @@ pub fn override_key(run_id: &str, epoch: u64, tool: &str, user_key: &str) -> Str
     let mut h = HashWriter(Sha256::new());
     write_canonical(&material, &mut h);
     h.finish()
-}
-
-/// Lowercase hex of a SHA-256 digest.
-fn hex(digest: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    // Into a fixed buffer, then one string: pushing `char`s re-checked the capacity and
-    // encoded each digit as UTF-8, several hundred instructions a key.
-    let mut out = [0u8; 64];
-    for (pair, b) in out.chunks_exact_mut(2).zip(digest) {
-        pair[0] = DIGITS[usize::from(b >> 4)];
-        pair[1] = DIGITS[usize::from(b & 0xf)];
-    }
-    // Hex digits are ASCII.
-    std::str::from_utf8(&out[..digest.len().min(32) * 2]).unwrap_or_default().to_owned()
 }
 
 struct HashWriter(Sha256);
