@@ -53,17 +53,28 @@ fn digest(key: &str) -> Option<[u8; 32]> {
 
 /// Lowercase hex of a digest: how every journal key is spelled, and what [`digest`] reads back.
 pub(crate) fn hex(digest: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    // Into a fixed buffer, then one string: pushing `char`s re-checked the capacity and
-    // encoded each digit as UTF-8, several hundred instructions a key.
+    // Two digits a byte from a table, into a fixed buffer, then one string: pushing `char`s
+    // re-checked the capacity and encoded each digit as UTF-8, several hundred instructions a
+    // key, and a store reading a long journal back spells every key again.
     let mut out = [0u8; 64];
     for (pair, b) in out.chunks_exact_mut(2).zip(digest) {
-        pair[0] = DIGITS[usize::from(b >> 4)];
-        pair[1] = DIGITS[usize::from(b & 0xf)];
+        pair.copy_from_slice(&HEX_PAIRS[usize::from(*b)]);
     }
     // Hex digits are ASCII.
     std::str::from_utf8(&out[..digest.len().min(32) * 2]).unwrap_or_default().to_owned()
 }
+
+/// Each byte's two lowercase hex digits.
+static HEX_PAIRS: [[u8; 2]; 256] = {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut table = [[0u8; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        table[i] = [DIGITS[i >> 4], DIGITS[i & 0xf]];
+        i += 1;
+    }
+    table
+};
 
 /// A lowercase hex digit's value; `0x80` for any other byte.
 static NIBBLE: [u8; 256] = {
