@@ -86,7 +86,7 @@ pub(super) fn acquire(
 
 pub(super) fn renew(conn: &Connection, errors: Mapper, lease: &Lease, ttl_ms: i64) -> Result<Lease, StoreError> {
     let fenced = || StoreError::Fenced { run_id: lease.run_id.clone(), token: lease.token };
-    let Ok(token) = i64::try_from(lease.token) else { return Err(fenced()) };
+    let token = stored_token(&lease.run_id, lease.token)?;
     const RENEW: &str = concat!(
         "UPDATE leases SET expires_at = ",
         now_ms!(),
