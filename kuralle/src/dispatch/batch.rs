@@ -24,6 +24,41 @@ use crate::{
 /// it waits for.
 type Slot = Result<(Result<Value, ToolError>, bool), Pending>;
 
+/// A call of the batch that runs, as it waits for its turn in the pool: its place in the
+/// batch, its job, its ids (borrowed from its head) and its span.
+struct Queued<'a> {
+    i: usize,
+    job: Job,
+    call_id: &'a str,
+    callsite: &'a str,
+    name: &'a str,
+    span: tracing::Span,
+    started: Option<std::time::Instant>,
+}
+
+/// Runs a queued call under its span; returns its place in the batch and its result.
+fn queued<'a>(
+    turn: &'a Arc<TurnCtx>,
+    q: Queued<'a>,
+    alone: bool,
+    capture: bool,
+) -> impl Future<Output = (usize, Result<Value, ToolError>)> + Send + 'a {
+    let Queued { i, job, call_id, callsite, name, span, started } = q;
+    async move {
+        let result = match job {
+            Job::Run(ready) => {
+                let call = CallSite { call_id, callsite, parent: None, top_level: true, alone };
+                call::execute_journaled(turn, ready, call).instrument(span.clone()).await
+            }
+            Job::Indeterminate { key, ordinal } => {
+                call::indeterminate(turn, name, key, ordinal).instrument(span.clone()).await
+            }
+        };
+        trace::tool_done(&span, &result, false, started, capture.then_some((name, &turn.redact)));
+        (i, result)
+    }
+}
+
 /// Runs one batch; returns its outcomes in source order and the calls waiting for approval.
 pub(super) async fn run(
     turn: &Arc<TurnCtx>,
@@ -101,13 +136,13 @@ pub(super) async fn run(
     let mut slots: Vec<Option<Slot>> = Vec::with_capacity(heads.len());
     let followers = leaders.iter().filter(|l| l.is_some()).count();
     let runs = plans.iter().filter(|pl| matches!(pl, Plan::Job(_))).count() - followers;
-    // Sized exactly: a job is a whole call's future (about a kilobyte), and a vector grown
-    // by pushes starts with room for four.
-    let mut jobs = Vec::with_capacity(runs);
+    // What each job needs, not its future: a call's future is about a kilobyte, built where
+    // it is awaited (a lone call's in this future's own state, with no vector for it).
+    let mut jobs: Vec<Queued<'_>> = Vec::with_capacity(runs);
     // A lone call (every serial call) runs without a task of its own; see `execute`.
     let alone = runs == 1;
+    let capture = turn.capture_content;
     for (i, (p, plan)) in heads.iter().zip(plans).enumerate() {
-        let capture = turn.capture_content;
         let arguments = capture.then(|| {
             let mut text = p.args.text().to_owned();
             turn.redact.args_text(&p.req.name, &mut text);
@@ -131,19 +166,7 @@ pub(super) async fn run(
                 // Borrowed, not copied: the jobs are polled here, and end before the heads
                 // are taken apart below.
                 let (call_id, callsite, name) = (p.req.call_id.as_str(), p.callsite.as_str(), p.req.name.as_str());
-                jobs.push(async move {
-                    let result = match job {
-                        Job::Run(ready) => {
-                            let call = CallSite { call_id, callsite, parent: None, top_level: true, alone };
-                            call::execute_journaled(turn, ready, call).instrument(span.clone()).await
-                        }
-                        Job::Indeterminate { key, ordinal } => {
-                            call::indeterminate(turn, name, key, ordinal).instrument(span.clone()).await
-                        }
-                    };
-                    trace::tool_done(&span, &result, false, started, capture.then_some((name, &turn.redact)));
-                    (i, result)
-                });
+                jobs.push(Queued { i, job, call_id, callsite, name, span, started });
             }
         }
     }
@@ -152,14 +175,17 @@ pub(super) async fn run(
     match jobs.len() {
         0 => {}
         1 => {
-            // Awaited straight from the vector: a job held in a binding or an `Option` across
-            // the await would take its kilobyte twice in this future.
-            let (i, result) = jobs.remove(0).await;
+            let (i, result) = queued(turn, jobs.pop().expect("one job"), alone, capture).await;
             slots[i] = Some(Ok((result, false)));
         }
         _ => {
-            let jobs = stream::iter(std::mem::take(&mut jobs));
-            let ran: Vec<_> = jobs.buffer_unordered(turn.max_concurrency.max(1)).collect().await;
+            // Built in a loop, not mapped in the stream: a closure kept in this future makes
+            // it lose `Send` for every lifetime (the compiler cannot prove it general enough).
+            let mut pool = Vec::with_capacity(jobs.len());
+            for q in jobs.drain(..) {
+                pool.push(queued(turn, q, alone, capture));
+            }
+            let ran: Vec<_> = stream::iter(pool).buffer_unordered(turn.max_concurrency.max(1)).collect().await;
             for (i, result) in ran {
                 slots[i] = Some(Ok((result, false)));
             }
