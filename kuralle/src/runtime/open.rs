@@ -72,7 +72,9 @@ pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) ->
         state.redact = redactions(agent);
     }
     if req.retry {
-        return reopen_failed(writer, record, state).await;
+        // Boxed: only a retry takes this path, and inline it made every run's opening future
+        // 1.4 KiB, past the allocator's small sizes.
+        return Box::pin(reopen_failed(writer, record, state)).await;
     }
     let unfinished = matches!(record.status, RunStatus::Running | RunStatus::Paused);
     let seen = req.idempotency_key.as_ref().is_some_and(|k| state.inbound_keys.contains(k));
