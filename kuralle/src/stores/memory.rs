@@ -74,6 +74,10 @@ struct State {
     leases: KeyMap<LeaseRow>,
 }
 
+/// Steps a new run has room for before its journal first grows (a table of seven keys fills
+/// eight buckets; one more would take sixteen).
+const FIRST_STEPS: usize = 7;
+
 /// How many shards the runs are spread over (by their id's hash): enough that two worker
 /// threads rarely want the same lock at once.
 const SHARDS: usize = 16;
@@ -244,7 +248,10 @@ impl MemoryStore {
         match state.runs.entry(run.run_id.clone()) {
             Entry::Occupied(_) => Err(StoreError::RunExists(run.run_id)),
             Entry::Vacant(slot) => {
-                slot.insert(RunEntry { record: run, steps: Vec::new(), keys: HashTable::new() });
+                // Room for a short run's journal at once (seven steps: three tool turns and an
+                // answer); grown from empty, both were allocated, copied and freed twice.
+                let (steps, keys) = (Vec::with_capacity(FIRST_STEPS), HashTable::with_capacity(FIRST_STEPS));
+                slot.insert(RunEntry { record: run, steps, keys });
                 Ok(())
             }
         }
