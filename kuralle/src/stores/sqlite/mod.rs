@@ -653,6 +653,13 @@ mod tests {
         }
     }
 
+    /// The run `r`, created under a fresh lease of owner `me`; returns the lease.
+    async fn created(store: &SqliteStore) -> Lease {
+        let lease = store.acquire_lease("r", "me", Duration::from_secs(60)).await.unwrap();
+        store.create_run(record("r"), lease.token).await.unwrap();
+        lease
+    }
+
     fn finished(value: i64) -> StepOutcome {
         StepOutcome::Finished(serde_json::json!(value).into())
     }
@@ -663,8 +670,7 @@ mod tests {
     fn a_fenced_write_of_one_statement_is_refused_and_writes_nothing() {
         let store = SqliteStore::in_memory().unwrap();
         futures::executor::block_on(async {
-            let lease = store.acquire_lease("r", "me", Duration::from_secs(60)).await.unwrap();
-            store.create_run(record("r"), lease.token).await.unwrap();
+            let lease = created(&store).await;
             assert_eq!(store.append_steps("r", lease.token, vec![intent("a")]).await.unwrap(), [0]);
             let stale = lease.token + 1;
             let fenced = StoreError::Fenced { run_id: "r".into(), token: stale };
@@ -707,8 +713,7 @@ mod tests {
     fn a_write_that_changed_nothing_gets_the_same_typed_error() {
         let store = SqliteStore::in_memory().unwrap();
         futures::executor::block_on(async {
-            let lease = store.acquire_lease("r", "me", Duration::from_secs(60)).await.unwrap();
-            store.create_run(record("r"), lease.token).await.unwrap();
+            let lease = created(&store).await;
             assert_eq!(store.append_steps("r", lease.token, vec![intent("a")]).await.unwrap(), [0]);
             store.finish_step("r", lease.token, 0, finished(1), 3).await.unwrap();
             let not_running = |ordinal| StoreError::StepNotRunning { run_id: "r".into(), ordinal };
@@ -775,8 +780,7 @@ mod tests {
     fn a_response_lands_finished_and_the_last_write_releases_the_lease() {
         let store = SqliteStore::in_memory().unwrap();
         futures::executor::block_on(async {
-            let lease = store.acquire_lease("r", "me", Duration::from_secs(60)).await.unwrap();
-            store.create_run(record("r"), lease.token).await.unwrap();
+            let lease = created(&store).await;
             assert_eq!(
                 store.append_finished_with_intents("r", lease.token, response(&["a", "b"])).await.unwrap(),
                 [0, 1, 2]
