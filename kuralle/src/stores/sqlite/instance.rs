@@ -92,6 +92,6 @@ impl InstanceLock for SqliteInstance {
     fn take_back(&self) -> StoreFuture<'_, Vec<String>> {
         let prefix = self.prefix.clone();
         let errors = self.store.inner.errors;
-        Box::pin(self.store.write(Writes::Direct, move |conn| leases::take_back(conn, errors, &prefix)))
+        Box::pin(self.store.write(Writes::Direct, prefix, move |conn, prefix| leases::take_back(conn, errors, prefix)))
     }
 }

@@ -318,21 +318,29 @@ impl SqliteStore {
         self.inner.commits.load(Ordering::Relaxed)
     }
 
-    /// Queues a write for the writer thread; resolves after its transaction committed.
-    fn write<T, F>(&self, writes: Writes, f: F) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
+    /// Queues a write of `data` by `f` for the writer thread; resolves after its transaction
+    /// committed. The job comes back settled, and `data` is freed here, not on the writer
+    /// (see [`FnJob`]).
+    fn write<T, D, F>(
+        &self,
+        writes: Writes,
+        data: D,
+        f: F,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'static
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        D: Send + 'static,
+        F: Fn(&Connection, &D) -> Result<T, StoreError> + Copy + Send + 'static,
     {
         let inner = self.inner.clone();
         async move {
-            let (reply, result) = oneshot::channel();
-            let job: Box<dyn Job> = Box::new(FnJob { writes, f: Some(f), out: None, reply });
+            let (reply, settled) = oneshot::channel();
+            let job: Box<dyn Job> = Box::new(FnJob { writes, data, f, out: None, reply: Some(reply) });
             let stopped = || StoreError::Unavailable("the SQLite writer thread is not running".into());
             inner.writes.as_ref().ok_or_else(stopped)?.send(job).map_err(|_| stopped())?;
             // Drop our handle before waiting: if this is the last one, the writer may stop.
             drop(inner);
-            result.await.map_err(|_| stopped())?
+            settled.await.map_err(|_| stopped())?.settled()
         }
     }
 
@@ -343,8 +351,13 @@ impl SqliteStore {
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         if self.inner.readers.is_none() {
-            // A read changes nothing: no savepoint.
-            return Box::pin(self.write(Writes::Direct, f));
+            // A read changes nothing: no savepoint. Only an in-memory store reads on its
+            // writer, which then frees what the read captured.
+            let read = std::cell::Cell::new(Some(f));
+            return Box::pin(self.write(Writes::Direct, read, |conn, read| match read.take() {
+                Some(f) => f(conn),
+                None => Err(StoreError::Unavailable("read ran twice".into())),
+            }));
         }
         let inner = self.inner.clone();
         Box::pin(async move {
@@ -392,7 +405,9 @@ impl RunStore for SqliteStore {
     fn create_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, ()> {
         let prepared = prepare_run(&run, self.inner.options.max_value_bytes);
         let errors = self.inner.errors;
-        Box::pin(self.write(Writes::Direct, move |conn| runs::insert_run(conn, errors, &run, fence, &prepared?)))
+        Box::pin(self.write(Writes::Direct, (run, prepared), move |conn, (run, prepared)| {
+            runs::insert_run(conn, errors, run, fence, prepared.as_ref().map_err(Clone::clone)?)
+        }))
     }
 
     fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunRecord>> {
@@ -404,7 +419,9 @@ impl RunStore for SqliteStore {
     fn put_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, u64> {
         let prepared = prepare_run(&run, self.inner.options.max_value_bytes);
         let errors = self.inner.errors;
-        Box::pin(self.write(Writes::Direct, move |conn| runs::update_run(conn, errors, &run, fence, &prepared?)))
+        Box::pin(self.write(Writes::Direct, (run, prepared), move |conn, (run, prepared)| {
+            runs::update_run(conn, errors, run, fence, prepared.as_ref().map_err(Clone::clone)?)
+        }))
     }
 
     /// One write job: the run's row, then the lease released (a run's end was two jobs and
@@ -412,9 +429,9 @@ impl RunStore for SqliteStore {
     fn put_run_and_release(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, (u64, bool)> {
         let prepared = prepare_run(&run, self.inner.options.max_value_bytes);
         let errors = self.inner.errors;
-        Box::pin(
-            self.write(Writes::Direct, move |conn| runs::update_run_and_release(conn, errors, &run, fence, &prepared?)),
-        )
+        Box::pin(self.write(Writes::Direct, (run, prepared), move |conn, (run, prepared)| {
+            runs::update_run_and_release(conn, errors, run, fence, prepared.as_ref().map_err(Clone::clone)?)
+        }))
     }
 
     fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>> {
@@ -425,14 +442,16 @@ impl RunStore for SqliteStore {
     fn delete_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, bool> {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
-        Box::pin(self.write(Writes::InSavepoint, move |conn| runs::delete_run(conn, errors, &run_id)))
+        Box::pin(self.write(Writes::InSavepoint, run_id, move |conn, run_id| runs::delete_run(conn, errors, run_id)))
     }
 
     fn append_steps<'a>(&'a self, run_id: &'a str, fence: u64, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>> {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
         let epochs = steps.iter().map(|step| to_i64("step epoch", step.epoch)).collect::<Result<Vec<_>, _>>();
-        Box::pin(self.write(Writes::Direct, move |conn| steps::append(conn, errors, &run_id, fence, &steps, &epochs?)))
+        Box::pin(self.write(Writes::Direct, (run_id, steps, epochs), move |conn, (run_id, steps, epochs)| {
+            steps::append(conn, errors, run_id, fence, steps, epochs.as_ref().map_err(Clone::clone)?)
+        }))
     }
 
     fn finish_step<'a>(
@@ -447,8 +466,9 @@ impl RunStore for SqliteStore {
         let errors = self.inner.errors;
         let max = self.inner.options.max_value_bytes;
         let prepared = prepare_outcome(outcome, max);
-        Box::pin(self.write(Writes::Direct, move |conn| {
-            steps::finish(conn, errors, &run_id, fence, ordinal, &prepared?, finished_at_ms)
+        Box::pin(self.write(Writes::Direct, (run_id, prepared), move |conn, (run_id, prepared)| {
+            let prepared = prepared.as_ref().map_err(Clone::clone)?;
+            steps::finish(conn, errors, run_id, fence, ordinal, prepared, finished_at_ms)
         }))
     }
 
@@ -470,17 +490,18 @@ impl RunStore for SqliteStore {
         // One job, so the response and its calls' intents land together or not at all. The
         // response is inserted finished: it was inserted running and then updated, a second
         // write of the same row.
-        Box::pin(self.write(Writes::Direct, move |conn| {
-            let (epochs, outcome) = (epochs?, prepared?);
-            let first = steps::next_ordinal(conn, errors, &run_id, fence)?;
-            steps::insert(conn, errors, &run_id, first, &steps, &epochs, Some((&outcome, finished_at_ms)))
+        let data = (run_id, steps, epochs, prepared);
+        Box::pin(self.write(Writes::Direct, data, move |conn, (run_id, steps, epochs, prepared)| {
+            let (epochs, outcome) = (epochs.as_ref().map_err(Clone::clone)?, prepared.as_ref().map_err(Clone::clone)?);
+            let first = steps::next_ordinal(conn, errors, run_id, fence)?;
+            steps::insert(conn, errors, run_id, first, steps, epochs, Some((outcome, finished_at_ms)))
         }))
     }
 
     fn cancel_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<crate::store::RunStatus>> {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
-        Box::pin(self.write(Writes::InSavepoint, move |conn| runs::cancel_run(conn, errors, &run_id)))
+        Box::pin(self.write(Writes::InSavepoint, run_id, move |conn, run_id| runs::cancel_run(conn, errors, run_id)))
     }
 
     fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>> {
@@ -492,13 +513,15 @@ impl RunStore for SqliteStore {
     fn acquire_lease<'a>(&'a self, run_id: &'a str, owner: &'a str, ttl: Duration) -> StoreFuture<'a, Lease> {
         let (run_id, owner) = (run_id.to_owned(), owner.to_owned());
         let errors = self.inner.errors;
-        Box::pin(self.write(Writes::Direct, move |conn| leases::acquire(conn, errors, &run_id, &owner, ttl_ms(ttl))))
+        Box::pin(self.write(Writes::Direct, (run_id, owner), move |conn, (run_id, owner)| {
+            leases::acquire(conn, errors, run_id, owner, ttl_ms(ttl))
+        }))
     }
 
     fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease> {
         let lease = lease.clone();
         let errors = self.inner.errors;
-        Box::pin(self.write(Writes::Direct, move |conn| leases::renew(conn, errors, &lease, ttl_ms(ttl))))
+        Box::pin(self.write(Writes::Direct, lease, move |conn, lease| leases::renew(conn, errors, lease, ttl_ms(ttl))))
     }
 
     fn renew_leases<'a>(
@@ -509,13 +532,15 @@ impl RunStore for SqliteStore {
         // One write job: one savepoint in the writer's shared transaction, one reply.
         let leases = leases.to_vec();
         let errors = self.inner.errors;
-        Box::pin(self.write(Writes::InSavepoint, move |conn| leases::renew_many(conn, errors, &leases, ttl_ms(ttl))))
+        Box::pin(self.write(Writes::InSavepoint, leases, move |conn, leases| {
+            leases::renew_many(conn, errors, leases, ttl_ms(ttl))
+        }))
     }
 
     fn release_lease<'a>(&'a self, lease: &'a Lease) -> StoreFuture<'a, ()> {
         let (run_id, token) = (lease.run_id.clone(), lease.token);
         let errors = self.inner.errors;
-        Box::pin(self.write(Writes::Direct, move |conn| leases::release(conn, errors, &run_id, token)))
+        Box::pin(self.write(Writes::Direct, run_id, move |conn, run_id| leases::release(conn, errors, run_id, token)))
     }
 
     fn current_lease<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<Lease>> {

@@ -46,36 +46,55 @@ pub(super) trait Job: Send {
     fn reply(self: Box<Self>, settled: Result<(), StoreError>);
 }
 
-pub(super) struct FnJob<T, F> {
+/// A write: its data, the SQL to run over it, and where the job goes once settled.
+///
+/// The writer thread only borrows `data`, and `f` may capture only `Copy` values, so the
+/// writer frees nothing of the caller's: the settled job travels back whole, and the caller's
+/// thread frees it. Freed on the writer thread, every write's strings and vectors went to
+/// glibc's arena of the thread that allocated them, under that arena's lock, which the Tokio
+/// thread allocating beside it often held (about a sixth of the writer's time at 10,000 runs
+/// in flight).
+pub(super) struct FnJob<T, D, F> {
     pub(super) writes: Writes,
-    pub(super) f: Option<F>,
-    pub(super) out: Option<T>,
-    pub(super) reply: oneshot::Sender<Result<T, StoreError>>,
+    pub(super) data: D,
+    pub(super) f: F,
+    /// The write's output, then its settled result.
+    pub(super) out: Option<Result<T, StoreError>>,
+    pub(super) reply: Option<oneshot::Sender<Box<FnJob<T, D, F>>>>,
 }
 
-impl<T, F> Job for FnJob<T, F>
+impl<T, D, F> FnJob<T, D, F> {
+    /// The settled result, once the job came back from the writer.
+    pub(super) fn settled(self) -> Result<T, StoreError> {
+        self.out.unwrap_or_else(|| Err(StoreError::Unavailable("write produced no result".into())))
+    }
+}
+
+impl<T, D, F> Job for FnJob<T, D, F>
 where
     T: Send,
-    F: FnOnce(&Connection) -> Result<T, StoreError> + Send,
+    D: Send,
+    F: Fn(&Connection, &D) -> Result<T, StoreError> + Copy + Send,
 {
     fn writes(&self) -> Writes {
         self.writes
     }
 
     fn run(&mut self, conn: &Connection) -> Result<(), StoreError> {
-        let f = self.f.take().ok_or_else(|| StoreError::Unavailable("write ran twice".into()))?;
-        self.out = Some(f(conn)?);
+        self.out = Some(Ok((self.f)(conn, &self.data)?));
         Ok(())
     }
 
-    fn reply(self: Box<Self>, settled: Result<(), StoreError>) {
-        let result = match (settled, self.out) {
-            (Ok(()), Some(out)) => Ok(out),
-            (Ok(()), None) => Err(StoreError::Unavailable("write produced no result".into())),
+    fn reply(mut self: Box<Self>, settled: Result<(), StoreError>) {
+        self.out = Some(match (settled, self.out.take()) {
+            (Ok(()), Some(Ok(out))) => Ok(out),
+            (Ok(()), _) => Err(StoreError::Unavailable("write produced no result".into())),
             (Err(e), _) => Err(e),
-        };
-        // The caller may have stopped waiting; the write stands either way.
-        let _ = self.reply.send(result);
+        });
+        if let Some(reply) = self.reply.take() {
+            // The caller may have stopped waiting; the write stands either way.
+            let _ = reply.send(self);
+        }
     }
 }
 
@@ -194,14 +213,13 @@ mod tests {
 
     use super::*;
 
-    type Reply = oneshot::Receiver<Result<(), StoreError>>;
+    type Sql = fn(&Connection) -> Result<(), StoreError>;
+    type Reply = oneshot::Receiver<Box<FnJob<(), Sql, fn(&Connection, &Sql) -> Result<(), StoreError>>>>;
 
-    fn job(
-        writes: Writes,
-        f: impl FnOnce(&Connection) -> Result<(), StoreError> + Send + 'static,
-    ) -> (Box<dyn Job>, Reply) {
+    fn job(writes: Writes, sql: Sql) -> (Box<dyn Job>, Reply) {
         let (reply, receiver) = oneshot::channel();
-        (Box::new(FnJob { writes, f: Some(f), out: None, reply }), receiver)
+        let f: fn(&Connection, &Sql) -> Result<(), StoreError> = |conn, sql| sql(conn);
+        (Box::new(FnJob { writes, data: sql, f, out: None, reply: Some(reply) }), receiver)
     }
 
     fn insert(conn: &Connection, n: i64) -> Result<(), StoreError> {
@@ -210,7 +228,7 @@ mod tests {
     }
 
     fn outcome(mut reply: Reply) -> Result<(), StoreError> {
-        reply.try_recv().expect("replied")
+        reply.try_recv().expect("replied").settled()
     }
 
     /// A write without a savepoint that is refused before it changed a row fails alone; one
