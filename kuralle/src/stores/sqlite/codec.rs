@@ -35,13 +35,12 @@ impl RawStep {
     }
 }
 
-/// Converts what a run row needs before it is queued: `(epoch, version, state JSON)`.
-pub(super) fn prepare_run(run: &RunRecord, max_value_bytes: usize) -> Result<(i64, i64, String), StoreError> {
-    Ok((to_i64("run epoch", run.epoch)?, to_i64("run version", run.version)?, {
-        let state = run.state.as_str();
-        crate::stores::check_len("run state", state.len(), max_value_bytes)?;
-        state.to_owned()
-    }))
+/// Converts what a run row needs before it is queued, `(epoch, version)`, and checks the size
+/// of its state.
+pub(super) fn prepare_run(run: &RunRecord, max_value_bytes: usize) -> Result<(i64, i64), StoreError> {
+    let prepared = (to_i64("run epoch", run.epoch)?, to_i64("run version", run.version)?);
+    crate::stores::check_len("run state", run.state.as_str().len(), max_value_bytes)?;
+    Ok(prepared)
 }
 
 /// A column's JSON text, checked to be one JSON value and kept as stored.

@@ -16,8 +16,10 @@ pub(super) fn stored_version(conn: &Connection, run_id: &str, errors: Mapper) ->
     version.map(|v| to_u64("runs.version", v)).transpose()
 }
 
-/// A run row ready to write: `(epoch, version, state JSON)`, converted before it is queued.
-pub(super) type PreparedRun = (i64, i64, String);
+/// A run row's integers ready to write: `(epoch, version)`, converted and the state's size
+/// checked before the write is queued. The state itself is bound from the record: the writer
+/// borrows the record, so it is not copied.
+pub(super) type PreparedRun = (i64, i64);
 
 /// Inserts the run's row under lease `fence`: a read of the fence, then the one write.
 pub(super) fn insert_run(
@@ -25,7 +27,7 @@ pub(super) fn insert_run(
     errors: Mapper,
     run: &RunRecord,
     fence: u64,
-    (epoch, version, state): &PreparedRun,
+    (epoch, version): &PreparedRun,
 ) -> Result<(), StoreError> {
     check_fence(conn, errors, &run.run_id, fence)?;
     let inserted = conn
@@ -40,7 +42,7 @@ pub(super) fn insert_run(
                 run.status.as_str(),
                 epoch,
                 version,
-                state,
+                run.state.as_str(),
                 run.created_at_ms,
                 run.updated_at_ms
             ])
@@ -59,7 +61,7 @@ pub(super) fn update_run(
     errors: Mapper,
     run: &RunRecord,
     fence: u64,
-    (epoch, version, state): &PreparedRun,
+    (epoch, version): &PreparedRun,
 ) -> Result<u64, StoreError> {
     let token = stored_token(&run.run_id, fence)?;
     let next = version
@@ -79,7 +81,7 @@ pub(super) fn update_run(
                 run.status.as_str(),
                 epoch,
                 next,
-                state,
+                run.state.as_str(),
                 run.updated_at_ms,
                 version
             ])
