@@ -151,6 +151,7 @@ macro_rules! with_conformance_cases {
             lease_16_concurrent_acquirers,
             lease_takeover_fences_the_old_token,
             lease_release_gives_a_higher_token,
+            lease_with_the_run_read_under_it,
             leases_renewed_in_one_batch_keep_their_own_outcomes,
             queue_claims_each_runnable_run_once,
             instance_lock_takes_back_only_its_own_leases,
@@ -839,6 +840,30 @@ pub async fn lease_release_gives_a_higher_token<S: RunStore>(store: S) {
         store.append_steps("run-1", second.token, vec![step("z")]).await.unwrap_err(),
         StoreError::Fenced { run_id: "run-1".into(), token: 2 }
     );
+}
+
+/// `acquire_lease_and_get_run`: the lease as `acquire_lease` grants it, with the run as
+/// `get_run` reads it under that lease (none before the run is created); a held lease is
+/// refused as `acquire_lease` refuses it, and nothing is read.
+pub async fn lease_with_the_run_read_under_it<S: RunStore>(store: S) {
+    let (first, none) = store.acquire_lease_and_get_run("run-1", "a", HOUR).await.unwrap();
+    assert_eq!((first.token, first.owner.as_str(), none), (1, "a", None));
+    assert_eq!(store.current_lease("run-1").await.unwrap(), Some(first.clone()));
+    let refused = store.acquire_lease_and_get_run("run-1", "b", HOUR).await.unwrap_err();
+    assert!(
+        matches!(&refused, StoreError::LeaseHeld { run_id, owner, .. } if run_id == "run-1" && owner == "a"),
+        "{refused:?}"
+    );
+
+    let record = run("run-1", RunStatus::Running, 1);
+    store.create_run(record.clone(), first.token).await.unwrap();
+    store.release_lease(&first).await.unwrap();
+    let (second, read) = store.acquire_lease_and_get_run("run-1", "b", HOUR).await.unwrap();
+    assert_eq!((second.token, second.owner.as_str()), (2, "b"));
+    assert_eq!(read, Some(record.clone()));
+    assert_eq!(store.put_run(record, second.token).await.unwrap(), 1, "the lease it granted writes");
+    let stale = StoreError::Fenced { run_id: "run-1".into(), token: first.token };
+    assert_eq!(store.append_steps("run-1", first.token, vec![step("a")]).await.unwrap_err(), stale);
 }
 
 /// `renew_leases`: one call renews every current lease (a later expiry, the same token and

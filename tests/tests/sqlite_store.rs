@@ -526,3 +526,24 @@ async fn a_store_from_the_previous_release_is_migrated_and_its_run_resumes() {
     assert_eq!(version().trim(), "3");
     assert!(SqliteStore::open(&path).is_ok(), "a migrated store reopens");
 }
+
+/// A run that cannot be read (its state is not JSON) fails `acquire_lease_and_get_run` with
+/// `Corrupt`, and the lease the same job took is given back: the run is not left busy for a
+/// lease's time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_unreadable_under_its_new_lease_gives_the_lease_back() {
+    let (_dir, path) = db_path();
+    let store = SqliteStore::open(&path).unwrap();
+    store.create_run(run("run-1", RunStatus::Running, 1), own(&store, "run-1").await).await.unwrap();
+    store.release_lease(&store.current_lease("run-1").await.unwrap().unwrap()).await.unwrap();
+    python(
+        &path,
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); \
+         c.execute(\"update runs set state = 'not json' where run_id = 'run-1'\"); c.commit()",
+    );
+    let error = store.acquire_lease_and_get_run("run-1", "b", Duration::from_secs(3600)).await.unwrap_err();
+    assert!(matches!(&error, StoreError::Corrupt(m) if m.contains("runs.state")), "{error:?}");
+    assert_eq!(store.current_lease("run-1").await.unwrap(), None, "the lease went back");
+    let again = store.acquire_lease("run-1", "c", Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(again.token, 3, "taken and given back once in between");
+}

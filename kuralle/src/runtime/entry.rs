@@ -10,7 +10,7 @@ use super::{
     decide::{DecidedAt, record_under},
     instance::Claim,
     lease::{self, Held},
-    open::open,
+    open::{Opening, Prefetched, open},
     turn::turn,
 };
 use crate::{
@@ -50,9 +50,10 @@ pub(super) fn run_leased(
 ) -> impl Future<Output = Result<RunOutput, RunError>> + Send + 'static {
     // Boxed: the block keeps what it captures for the run's whole life, and these are read
     // only at its start (the request, by reference, throughout).
-    let (req, decision, claimed) = (Box::new(req), decision.map(Box::new), claimed.map(Box::new));
+    let (mut opening, decision, claimed) =
+        (Box::new(Opening { req, read: Prefetched::Unread }), decision.map(Box::new), claimed.map(Box::new));
     async move {
-        let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let run_id = opening.req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         // The turn's `invoke_agent` span opens in `drive`, once the run's agent is known: its
         // OpenTelemetry name is fixed when the span starts (see `trace::agent_span`).
         let result = async {
@@ -65,10 +66,17 @@ pub(super) fn run_leased(
                     // Boxed, as in `turn`: the run's task keeps only what it waits on for long.
                     let claim = Box::pin(rt.claim_instance()).await?;
                     let owner = rt.owner_id();
-                    let (lease, granted) =
-                        Box::pin(lease::acquire(rt.store.as_ref(), &owner, &run_id, rt.lease_ttl, req.wait_for_lease))
-                            .await?;
+                    // The run is read with its lease: one request to the store, not two.
+                    let ((lease, run), granted) = Box::pin(lease::acquire_reading(
+                        rt.store.as_ref(),
+                        &owner,
+                        &run_id,
+                        rt.lease_ttl,
+                        opening.req.wait_for_lease,
+                    ))
+                    .await?;
                     decided_at = DecidedAt::granted(&lease, rt.lease_ttl);
+                    opening.read = Prefetched::Read(run.map(Box::new));
                     (lease, granted, claim)
                 }
             };
@@ -81,11 +89,15 @@ pub(super) fn run_leased(
             }
             let fence = Arc::clone(held.fence());
             let result = match &decision {
-                Some(d) => Box::pin(record_under(rt.store.as_ref(), &fence, &run_id, d, decided_at)).await,
+                Some(d) => {
+                    // Recording the decision rewrites the run: the turn reads it again.
+                    opening.read = Prefetched::Unread;
+                    Box::pin(record_under(rt.store.as_ref(), &fence, &run_id, d, decided_at)).await
+                }
                 None => Ok(()),
             };
             let result = match result {
-                Ok(()) => turn(&rt, req, &run_id, &events, interrupt, &held).await,
+                Ok(()) => turn(&rt, opening, &run_id, &events, interrupt, &held).await,
                 Err(e) => Err(e),
             };
             let result = fence.settle(result);
@@ -129,10 +141,11 @@ async fn cancelled(rt: &Inner, run_id: &str) -> Option<RunOutput> {
 pub(super) async fn submit(rt: &Inner, req: &RunRequest) -> Result<String, RunError> {
     let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     rt.claim_instance().await?;
-    let (lease, _) =
-        lease::acquire(rt.store.as_ref(), &rt.owner_id(), &run_id, rt.lease_ttl, req.wait_for_lease).await?;
+    let ((lease, run), _) =
+        lease::acquire_reading(rt.store.as_ref(), &rt.owner_id(), &run_id, rt.lease_ttl, req.wait_for_lease).await?;
     let fence = Fence::new(&lease, CancellationToken::new());
-    let opened = fence.settle(open(rt, req, RunWriter::new(rt.store.as_ref(), &fence)).await.map(|_| ()));
+    let read = Prefetched::Read(run.map(Box::new));
+    let opened = fence.settle(open(rt, req, RunWriter::new(rt.store.as_ref(), &fence), read).await.map(|_| ()));
     if !fence.is_lost() {
         let _ = rt.store.release_lease(&lease).await;
     }

@@ -14,7 +14,7 @@ use crate::dispatch::Stragglers;
 use crate::{
     error::RunError,
     journal::Fence,
-    store::{Lease, RunStore, StoreError},
+    store::{Lease, RunRecord, RunStore, StoreError, StoreFuture},
 };
 
 /// Default [`RuntimeBuilder::lease_ttl`](crate::RuntimeBuilder::lease_ttl): 30 s.
@@ -54,12 +54,32 @@ pub(crate) async fn acquire(
     ttl: Duration,
     wait: Option<Duration>,
 ) -> Result<(Lease, Instant), RunError> {
+    attempt(wait, || store.acquire_lease(run_id, owner, ttl)).await
+}
+
+/// [`acquire`], and the run read under the new lease in the same request
+/// ([`RunStore::acquire_lease_and_get_run`]): how a turn starts.
+pub(crate) async fn acquire_reading(
+    store: &dyn RunStore,
+    owner: &str,
+    run_id: &str,
+    ttl: Duration,
+    wait: Option<Duration>,
+) -> Result<((Lease, Option<RunRecord>), Instant), RunError> {
+    attempt(wait, || store.acquire_lease_and_get_run(run_id, owner, ttl)).await
+}
+
+/// Makes the request `take` until it is granted, as [`acquire`] describes.
+async fn attempt<'a, T>(
+    wait: Option<Duration>,
+    take: impl Fn() -> StoreFuture<'a, T>,
+) -> Result<(T, Instant), RunError> {
     let deadline = wait.map(|w| Instant::now() + w);
     let mut backoff = Duration::from_millis(10);
     loop {
         let sent = Instant::now();
-        match store.acquire_lease(run_id, owner, ttl).await {
-            Ok(lease) => return Ok((lease, sent)),
+        match take().await {
+            Ok(granted) => return Ok((granted, sent)),
             Err(StoreError::LeaseHeld { run_id, owner, expires_at_ms }) => {
                 let now = Instant::now();
                 match deadline {

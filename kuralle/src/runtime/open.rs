@@ -50,9 +50,34 @@ fn turn_limits(rt: &Inner, agent: &AgentDef, req: &RunRequest) -> Result<crate::
     Ok(limits)
 }
 
-pub(super) async fn open(rt: &Inner, req: &RunRequest, writer: RunWriter<'_>) -> Result<Opened, RunError> {
+/// A turn's request, with the run as its lease request read it. One box: the turn's future
+/// holds it until the run is open, and every byte of that future is held by each run in flight
+/// (the run's task sat at the edge of its allocation size).
+pub(super) struct Opening {
+    pub(super) req: RunRequest,
+    pub(super) read: Prefetched,
+}
+
+/// The run as the turn's lease request read it, or not read yet.
+pub(super) enum Prefetched {
+    /// The lease came without the run (a worker's claim, a decision recorded since): read it.
+    Unread,
+    /// Read in the same request as the lease: `None` when there is no such run yet.
+    Read(Option<Box<RunRecord>>),
+}
+
+pub(super) async fn open(
+    rt: &Inner,
+    req: &RunRequest,
+    writer: RunWriter<'_>,
+    read: Prefetched,
+) -> Result<Opened, RunError> {
     let run_id = writer.run_id();
-    let Some(mut record) = writer.get_run().await? else {
+    let read = match read {
+        Prefetched::Read(run) => run.map(|run| *run),
+        Prefetched::Unread => writer.get_run().await?,
+    };
+    let Some(mut record) = read else {
         let Some(input) = req.input.clone() else { return Err(RunError::RunNotFound(run_id.to_owned())) };
         let agent = agent(rt, req.agent.as_deref())?;
         let state = RunState {

@@ -7,11 +7,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::{
-    Inner, RunRequest,
+    Inner,
     close::{Closing, close},
     lease::Held,
     limits,
-    open::{Opened, agent, open},
+    open::{Opened, Opening, Prefetched, agent, open},
     output::{Judged, Typed},
     response::{ModelResponse, put_calls, take_calls},
     state::RunState,
@@ -39,7 +39,7 @@ use crate::{
 #[allow(clippy::manual_async_fn)] // on purpose: see above
 pub(super) fn turn<'a>(
     rt: &'a Arc<Inner>,
-    req: Box<RunRequest>,
+    mut opening: Box<Opening>,
     run_id: &'a str,
     events: &'a EventSender,
     interrupt: CancellationToken,
@@ -51,9 +51,10 @@ pub(super) fn turn<'a>(
         // Boxed here and below: a future is as large as its largest await, and a run spends its
         // life waiting on the model, so what only briefly runs (opening, dispatching, closing)
         // is kept off the run's task, which 10,000 runs in flight hold at once.
-        let hand_back = req.hand_back;
-        let opened = Box::pin(open(rt, &req, writer)).await?;
-        drop(req);
+        let hand_back = opening.req.hand_back;
+        let read = std::mem::replace(&mut opening.read, Prefetched::Unread);
+        let opened = Box::pin(open(rt, &opening.req, writer, read)).await?;
+        drop(opening);
         let (record, state, created) = match opened {
             Opened::Done(out) => return Box::pin(replayed(events, run_id, *out)).await,
             // Kept boxed: each layer of the turn's future would otherwise hold its own copy.

@@ -573,6 +573,19 @@ impl RunStore for MemoryStore {
         Box::pin(async move { self.acquire_now(run_id, owner, ttl) })
     }
 
+    /// One future for both: the memory store cannot fail the read.
+    fn acquire_lease_and_get_run<'a>(
+        &'a self,
+        run_id: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, (Lease, Option<RunRecord>)> {
+        Box::pin(async move {
+            let lease = self.acquire_now(run_id, owner, ttl)?;
+            Ok((lease, self.lock(run_id).runs.get(run_id).map(|entry| entry.record.clone())))
+        })
+    }
+
     fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease> {
         Box::pin(async move { self.renew_now(lease, ttl) })
     }

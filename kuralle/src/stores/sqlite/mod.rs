@@ -518,6 +518,34 @@ impl RunStore for SqliteStore {
         }))
     }
 
+    /// One job on the writer thread: the lease taken, then the run read on the writer's
+    /// connection in the same transaction. The read cannot undo the lease, which commits
+    /// either way; a failed read releases it again, as the default does.
+    fn acquire_lease_and_get_run<'a>(
+        &'a self,
+        run_id: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, (Lease, Option<RunRecord>)> {
+        let data = (run_id.to_owned(), owner.to_owned());
+        let errors = self.inner.errors;
+        Box::pin(async move {
+            let (lease, read) = self
+                .write(Writes::Direct, data, move |conn, (run_id, owner)| {
+                    let lease = leases::acquire(conn, errors, run_id, owner, ttl_ms(ttl))?;
+                    Ok((lease, runs::get_run(conn, errors, run_id)))
+                })
+                .await?;
+            match read {
+                Ok(run) => Ok((lease, run)),
+                Err(e) => {
+                    let _ = self.release_lease(&lease).await;
+                    Err(e)
+                }
+            }
+        })
+    }
+
     fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease> {
         let lease = lease.clone();
         let errors = self.inner.errors;
