@@ -339,13 +339,8 @@ pub trait RunStore: Send + Sync + 'static {
     ) -> StoreFuture<'a, (Lease, Option<RunRecord>)> {
         Box::pin(async move {
             let lease = self.acquire_lease(run_id, owner, ttl).await?;
-            match self.get_run(run_id).await {
-                Ok(run) => Ok((lease, run)),
-                Err(e) => {
-                    let _ = self.release_lease(&lease).await;
-                    Err(e)
-                }
-            }
+            let read = self.get_run(run_id).await;
+            read_under(self, lease, read).await
         })
     }
 
@@ -490,5 +485,22 @@ pub trait RunStore: Send + Sync + 'static {
     /// `poll`, whichever comes first. The default sleeps `poll`.
     fn wait_runnable(&self, poll: Duration) -> BoxFuture<'_, ()> {
         Box::pin(tokio::time::sleep(poll))
+    }
+}
+
+/// The end of [`RunStore::acquire_lease_and_get_run`]: the lease with the run `read` under
+/// it, or, when the read failed, the lease given back and the read's error.
+pub(crate) async fn read_under<S: RunStore + ?Sized>(
+    store: &S,
+    lease: Lease,
+    read: Result<Option<RunRecord>, StoreError>,
+) -> Result<(Lease, Option<RunRecord>), StoreError> {
+    match read {
+        Ok(run) => Ok((lease, run)),
+        Err(e) => {
+            // The caller gets no lease to give back: an unreadable run is not left busy.
+            let _ = store.release_lease(&lease).await;
+            Err(e)
+        }
     }
 }

@@ -536,13 +536,7 @@ impl RunStore for SqliteStore {
                     Ok((lease, runs::get_run(conn, errors, run_id)))
                 })
                 .await?;
-            match read {
-                Ok(run) => Ok((lease, run)),
-                Err(e) => {
-                    let _ = self.release_lease(&lease).await;
-                    Err(e)
-                }
-            }
+            crate::store::read_under(self, lease, read).await
         })
     }
 
