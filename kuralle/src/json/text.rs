@@ -48,9 +48,16 @@ thread_local! {
 pub struct JsonText(Arc<str>);
 
 impl JsonText {
-    /// `null`.
+    /// `null`. One shared text: a run's record drops its state for it whenever the state is
+    /// held decoded elsewhere, and that must not cost an allocation.
+    ///
+    /// ```
+    /// # use kuralle::JsonText;
+    /// assert_eq!(JsonText::null().as_str(), "null");
+    /// ```
     pub fn null() -> Self {
-        Self::from(Value::Null)
+        static NULL: std::sync::OnceLock<JsonText> = std::sync::OnceLock::new();
+        NULL.get_or_init(|| Self(Arc::from("null"))).clone()
     }
 
     /// `value` serialized as compact JSON text.

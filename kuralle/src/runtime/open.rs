@@ -87,12 +87,14 @@ pub(super) async fn open(
             limits: Some(Box::new(turn_limits(rt, agent, req)?)),
             ..RunState::default()
         };
-        let record =
+        let mut record =
             RunRecord::new(run_id, agent.id.clone()).with_state(JsonText::serialize_from(&state).unwrap_or_default());
-        writer.create_run(record.clone()).await?;
+        writer.create_run(for_store(&mut record)).await?;
         return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state), created: true });
     };
     let mut state = decode_state(&record)?;
+    // Decoded: what the turn keeps of the row is the rest (see `for_store`).
+    record.state = JsonText::null();
     if let Ok(agent) = agent(rt, Some(&record.agent_id)) {
         state.redact = redactions(agent);
     }
@@ -135,7 +137,7 @@ pub(super) async fn open(
             }
             record.state = JsonText::serialize_from(&state).unwrap_or_default();
             record.updated_at_ms = now_ms();
-            record.version = writer.put_run(record.clone()).await?;
+            record.version = writer.put_run(for_store(&mut record)).await?;
         }
     }
     Ok(Opened::Turn { record: Box::new(record), state: Box::new(state), created: false })
@@ -161,10 +163,35 @@ pub(super) async fn reopen_failed(
     record.status = RunStatus::Running;
     record.state = JsonText::serialize_from(&state).unwrap_or_default();
     record.updated_at_ms = now_ms();
-    record.version = writer.put_run(record.clone()).await?;
+    record.version = writer.put_run(for_store(&mut record)).await?;
     Ok(Opened::Turn { record: Box::new(record), state: Box::new(state), created: false })
+}
+
+/// `record` as the store writes it, and left behind for the turn without its state. The state
+/// is already decoded (`RunState`), and the turn's close writes it anew from there, so the
+/// turn holding its JSON as well kept the run's whole conversation twice until the close.
+fn for_store(record: &mut RunRecord) -> RunRecord {
+    let state = std::mem::take(&mut record.state);
+    RunRecord { state, ..record.clone() }
 }
 
 fn redactions(agent: &AgentDef) -> crate::Redactions {
     crate::Redactions::of_tools(agent.tools.iter().map(|t| &**t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The store gets the whole row, its state's very text; the turn keeps the row without it.
+    #[test]
+    fn the_turn_keeps_the_row_without_its_state() {
+        let state = JsonText::from(serde_json::json!({"messages": ["a long conversation"]}));
+        let mut record = RunRecord::new("run-1", "agent").with_state(state.clone());
+        record.version = 3;
+        let stored = for_store(&mut record);
+        assert_eq!(stored.state.as_str().as_ptr(), state.as_str().as_ptr(), "the same text, not a copy");
+        assert_eq!(record.state, JsonText::null());
+        assert_eq!((stored.run_id.as_str(), stored.version), (record.run_id.as_str(), record.version));
+    }
 }
