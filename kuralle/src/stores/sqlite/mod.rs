@@ -519,8 +519,9 @@ impl RunStore for SqliteStore {
     }
 
     /// One job on the writer thread: the lease taken, then the run read on the writer's
-    /// connection in the same transaction. The read cannot undo the lease, which commits
-    /// either way; a failed read releases it again, as the default does.
+    /// connection in the same transaction. A read that fails leaves the lease to commit, and
+    /// the lease is then given back, as the default does; only a failure that made SQLite roll
+    /// the transaction back fails the job (the lease is gone with it).
     fn acquire_lease_and_get_run<'a>(
         &'a self,
         run_id: &'a str,
@@ -533,7 +534,12 @@ impl RunStore for SqliteStore {
             let (lease, read) = self
                 .write(Writes::Direct, data, move |conn, (run_id, owner)| {
                     let lease = leases::acquire(conn, errors, run_id, owner, ttl_ms(ttl))?;
-                    Ok((lease, runs::get_run(conn, errors, run_id)))
+                    match runs::get_run(conn, errors, run_id) {
+                        // SQLite rolled the whole transaction back (an I/O error, a full disk):
+                        // the lease went with it, and the writer must see the write fail.
+                        Err(e) if conn.is_autocommit() => Err(e),
+                        read => Ok((lease, read)),
+                    }
                 })
                 .await?;
             crate::store::read_under(self, lease, read).await
