@@ -427,6 +427,10 @@ impl MemoryStore {
         taken
     }
 
+    fn get_run_now(&self, run_id: &str) -> Option<RunRecord> {
+        self.lock(run_id).runs.get(run_id).map(|entry| entry.record.clone())
+    }
+
     fn current_now(&self, run_id: &str) -> Option<Lease> {
         let state = self.lock(run_id);
         let row = state.leases.get(run_id).filter(|row| !row.released && row.expires_at > Instant::now())?;
@@ -518,7 +522,7 @@ impl RunStore for MemoryStore {
     }
 
     fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunRecord>> {
-        Box::pin(async move { Ok(self.lock(run_id).runs.get(run_id).map(|entry| entry.record.clone())) })
+        Box::pin(async move { Ok(self.get_run_now(run_id)) })
     }
 
     fn put_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, u64> {
@@ -582,7 +586,7 @@ impl RunStore for MemoryStore {
     ) -> StoreFuture<'a, (Lease, Option<RunRecord>)> {
         Box::pin(async move {
             let lease = self.acquire_now(run_id, owner, ttl)?;
-            Ok((lease, self.lock(run_id).runs.get(run_id).map(|entry| entry.record.clone())))
+            Ok((lease, self.get_run_now(run_id)))
         })
     }
 

@@ -86,11 +86,11 @@ where
     }
 
     fn reply(mut self: Box<Self>, settled: Result<(), StoreError>) {
-        self.out = Some(match (settled, self.out.take()) {
-            (Ok(()), Some(Ok(out))) => Ok(out),
-            (Ok(()), _) => Err(StoreError::Unavailable("write produced no result".into())),
-            (Err(e), _) => Err(e),
-        });
+        // A transaction that did not commit replaces the output (`settled` tells a job that
+        // never produced one).
+        if let Err(e) = settled {
+            self.out = Some(Err(e));
+        }
         if let Some(reply) = self.reply.take() {
             // The caller may have stopped waiting; the write stands either way.
             let _ = reply.send(self);
