@@ -1,10 +1,11 @@
 //! Leases' SQL: the fence check every write of a run makes in its own transaction, and
 //! acquiring, renewing, releasing and reading a run's lease by the store's clock.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{OptionalExtension, params};
 
 use super::codec::to_u64;
 use super::errors::Mapper;
+use super::prepared::Db;
 use crate::store::{Lease, StoreError};
 
 /// The store's clock in SQL: milliseconds since the Unix epoch. Lease expiry is computed and
@@ -31,44 +32,51 @@ pub(super) fn stored_token(run_id: &str, fence: u64) -> Result<i64, StoreError> 
     i64::try_from(fence).map_err(|_| StoreError::Fenced { run_id: run_id.to_owned(), token: fence })
 }
 
+/// Whether run `?1`'s lease is unreleased with token `?2`.
+pub(super) const FENCE: &str = "SELECT 1 FROM leases WHERE run_id = ?1 AND token = ?2 AND released = 0";
+
 /// Rejects a write unless the run's lease is unreleased and its token is `fence`; runs in the
 /// write's own transaction, so the check and the write commit together.
-pub(super) fn check_fence(conn: &Connection, errors: Mapper, run_id: &str, fence: u64) -> Result<(), StoreError> {
+pub(super) fn check_fence(conn: &Db<'_>, errors: Mapper, run_id: &str, fence: u64) -> Result<(), StoreError> {
     let fenced = || StoreError::Fenced { run_id: run_id.to_owned(), token: fence };
     let token = stored_token(run_id, fence)?;
     let current = conn
-        .prepare_cached("SELECT 1 FROM leases WHERE run_id = ?1 AND token = ?2 AND released = 0")
+        .prepared(FENCE)
         .and_then(|mut stmt| stmt.query_row(params![run_id, token], |_| Ok(())).optional())
         .map_err(|e| errors.map(e))?;
     current.ok_or_else(fenced)
 }
 
+/// One write: take the lease iff there is none, or it is released or expired by the
+/// store's clock; the token only grows. The row is read back by a second statement
+/// ([`LEASE_ROW`]): a `RETURNING` clause made SQLite buffer the row in a temporary table and
+/// journal the write's pages for a statement rollback.
+pub(super) const ACQUIRE: &str = concat!(
+    "INSERT INTO leases (run_id, owner, token, expires_at, released) VALUES (?1, ?2, 1, ",
+    now_ms!(),
+    " + ?3, 0)
+     ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, token = leases.token + 1,
+         expires_at = excluded.expires_at, released = 0
+     WHERE leases.released = 1 OR leases.expires_at <= ",
+    now_ms!()
+);
+
+/// Run `?1`'s lease, released or not.
+pub(super) const LEASE_ROW: &str = "SELECT owner, token, expires_at FROM leases WHERE run_id = ?1";
+
 pub(super) fn acquire(
-    conn: &Connection,
+    conn: &Db<'_>,
     errors: Mapper,
     run_id: &str,
     owner: &str,
     ttl_ms: i64,
 ) -> Result<Lease, StoreError> {
-    // One write: take the lease iff there is none, or it is released or expired by the
-    // store's clock; the token only grows. The row is read back by a second statement: a
-    // `RETURNING` clause made SQLite buffer the row in a temporary table and journal the
-    // write's pages for a statement rollback.
-    const ACQUIRE: &str = concat!(
-        "INSERT INTO leases (run_id, owner, token, expires_at, released) VALUES (?1, ?2, 1, ",
-        now_ms!(),
-        " + ?3, 0)
-         ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, token = leases.token + 1,
-             expires_at = excluded.expires_at, released = 0
-         WHERE leases.released = 1 OR leases.expires_at <= ",
-        now_ms!()
-    );
     let granted = conn
-        .prepare_cached(ACQUIRE)
+        .prepared(ACQUIRE)
         .and_then(|mut stmt| stmt.execute(params![run_id, owner, ttl_ms]))
         .map_err(|e| errors.map(e))?;
     let row: Option<(String, i64, i64)> = conn
-        .prepare_cached("SELECT owner, token, expires_at FROM leases WHERE run_id = ?1")
+        .prepared(LEASE_ROW)
         .and_then(|mut stmt| stmt.query_row([run_id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?))).optional())
         .map_err(|e| errors.map(e))?;
     let (holder, token, expires_at_ms) =
@@ -84,16 +92,18 @@ pub(super) fn acquire(
     Err(StoreError::LeaseHeld { run_id: run_id.to_owned(), owner: holder, expires_at_ms })
 }
 
-pub(super) fn renew(conn: &Connection, errors: Mapper, lease: &Lease, ttl_ms: i64) -> Result<Lease, StoreError> {
+/// Moves the expiry of run `?1`'s lease `?2` to `?3` ms from now, iff it is unreleased.
+pub(super) const RENEW: &str = concat!(
+    "UPDATE leases SET expires_at = ",
+    now_ms!(),
+    " + ?3 WHERE run_id = ?1 AND token = ?2 AND released = 0 RETURNING expires_at"
+);
+
+pub(super) fn renew(conn: &Db<'_>, errors: Mapper, lease: &Lease, ttl_ms: i64) -> Result<Lease, StoreError> {
     let fenced = || StoreError::Fenced { run_id: lease.run_id.clone(), token: lease.token };
     let token = stored_token(&lease.run_id, lease.token)?;
-    const RENEW: &str = concat!(
-        "UPDATE leases SET expires_at = ",
-        now_ms!(),
-        " + ?3 WHERE run_id = ?1 AND token = ?2 AND released = 0 RETURNING expires_at"
-    );
     let renewed: Option<i64> = conn
-        .prepare_cached(RENEW)
+        .prepared(RENEW)
         .and_then(|mut stmt| stmt.query_row(params![lease.run_id, token, ttl_ms], |row| row.get(0)).optional())
         .map_err(|e| errors.map(e))?;
     let expires_at_ms = renewed.ok_or_else(fenced)?;
@@ -104,7 +114,7 @@ pub(super) fn renew(conn: &Connection, errors: Mapper, lease: &Lease, ttl_ms: i6
 /// (a lease taken over is [`StoreError::Fenced`] at its index); a failure of SQLite itself
 /// fails the whole batch.
 pub(super) fn renew_many(
-    conn: &Connection,
+    conn: &Db<'_>,
     errors: Mapper,
     leases: &[Lease],
     ttl_ms: i64,
@@ -118,23 +128,24 @@ pub(super) fn renew_many(
         .collect()
 }
 
+/// Releases run `?1`'s lease `?2`, iff it is unreleased.
+pub(super) const RELEASE: &str = "UPDATE leases SET released = 1 WHERE run_id = ?1 AND token = ?2 AND released = 0";
+
 /// Releases the lease of `run_id` held under token `fence`.
-pub(super) fn release(conn: &Connection, errors: Mapper, run_id: &str, fence: u64) -> Result<(), StoreError> {
+pub(super) fn release(conn: &Db<'_>, errors: Mapper, run_id: &str, fence: u64) -> Result<(), StoreError> {
     let token = stored_token(run_id, fence)?;
-    let released = conn
-        .prepare_cached("UPDATE leases SET released = 1 WHERE run_id = ?1 AND token = ?2 AND released = 0")
-        .and_then(|mut stmt| stmt.execute(params![run_id, token]))
-        .map_err(|e| errors.map(e))?;
+    let released =
+        conn.prepared(RELEASE).and_then(|mut stmt| stmt.execute(params![run_id, token])).map_err(|e| errors.map(e))?;
     if released == 1 { Ok(()) } else { Err(StoreError::Fenced { run_id: run_id.to_owned(), token: fence }) }
 }
 
-pub(super) fn current_lease(conn: &Connection, errors: Mapper, run_id: &str) -> Result<Option<Lease>, StoreError> {
+pub(super) fn current_lease(conn: &Db<'_>, errors: Mapper, run_id: &str) -> Result<Option<Lease>, StoreError> {
     const CURRENT: &str = concat!(
         "SELECT owner, token, expires_at FROM leases WHERE run_id = ?1 AND released = 0 AND expires_at > ",
         now_ms!()
     );
     let row: Option<(String, i64, i64)> = conn
-        .prepare_cached(CURRENT)
+        .prepared(CURRENT)
         .and_then(|mut stmt| stmt.query_row([run_id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?))).optional())
         .map_err(|e| errors.map(e))?;
     row.map(|(owner, token, expires_at_ms)| {
@@ -145,11 +156,11 @@ pub(super) fn current_lease(conn: &Connection, errors: Mapper, run_id: &str) -> 
 
 /// Ends every unreleased lease whose owner starts with `prefix` (an instance's leases, taken
 /// back under its proof); returns their run ids.
-pub(super) fn take_back(conn: &Connection, errors: Mapper, prefix: &str) -> Result<Vec<String>, StoreError> {
+pub(super) fn take_back(conn: &Db<'_>, errors: Mapper, prefix: &str) -> Result<Vec<String>, StoreError> {
     // `substr`/`length` count characters on both sides, so this is an exact prefix test
     // (`LIKE` would treat `%` and `_` in an instance id as wildcards).
     let mut taken = conn
-        .prepare_cached(
+        .prepared(
             "UPDATE leases SET released = 1 WHERE released = 0 AND substr(owner, 1, length(?1)) = ?1
              RETURNING run_id",
         )

@@ -17,6 +17,7 @@ mod codec;
 mod errors;
 mod instance;
 mod leases;
+mod prepared;
 mod runs;
 mod schema;
 mod steps;
@@ -35,6 +36,7 @@ use tokio::sync::oneshot;
 use self::checkpoint::Checkpointer;
 use self::codec::{prepare_run, to_i64};
 use self::errors::Mapper;
+use self::prepared::Db;
 use self::schema::configure_writer;
 use self::writer::{FnJob, Job, Writes, writer_loop};
 use super::{DEFAULT_MAX_VALUE_BYTES, check_len};
@@ -42,6 +44,26 @@ use crate::store::{
     FinishedWithIntents, InstanceLock, Lease, NewStep, Registry, RunFilter, RunRecord, RunStore, RunSummary,
     StepOutcome, StepRecord, StoreError, StoreFuture,
 };
+
+/// The statements the writer keeps prepared (see [`Db`]): those of every write a run makes
+/// (its start, its journal, its close, its lease's renewals) and the batch's transaction.
+/// Any other statement comes from rusqlite's cache.
+const KEPT: &[&str] = &[
+    steps::NEXT_ORDINAL,
+    steps::INSERT_STEP,
+    steps::KEY_TAKEN,
+    steps::FINISH_STEP,
+    runs::INSERT_RUN,
+    runs::UPDATE_RUN,
+    runs::GET_RUN,
+    leases::FENCE,
+    leases::ACQUIRE,
+    leases::LEASE_ROW,
+    leases::RENEW,
+    leases::RELEASE,
+    writer::BEGIN,
+    writer::COMMIT,
+];
 
 /// Settings of a [`SqliteStore`]; start from [`Default`] and override fields.
 ///
@@ -287,7 +309,7 @@ impl SqliteStore {
             let max_batch = options.max_batch.max(1);
             std::thread::Builder::new()
                 .name("kuralle-sqlite-writer".into())
-                .spawn(move || writer_loop(conn, queue, max_batch, errors, &commits, checkpointer))
+                .spawn(move || writer_loop(conn, queue, max_batch, errors, &commits, checkpointer, KEPT))
         };
         // Without a writer thread every write fails with `Unavailable`.
         let writer = writer.ok();
@@ -330,7 +352,7 @@ impl SqliteStore {
     where
         T: Send + 'static,
         D: Send + 'static,
-        F: Fn(&Connection, &D) -> Result<T, StoreError> + Copy + Send + 'static,
+        F: Fn(&Db<'_>, &D) -> Result<T, StoreError> + Copy + Send + 'static,
     {
         let inner = self.inner.clone();
         async move {
@@ -348,7 +370,7 @@ impl SqliteStore {
     fn read<T, F>(&self, f: F) -> StoreFuture<'_, T>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&Db<'_>) -> Result<T, StoreError> + Send + 'static,
     {
         if self.inner.readers.is_none() {
             // A read changes nothing: no savepoint. Only an in-memory store reads on its
@@ -370,7 +392,7 @@ impl SqliteStore {
             let run = move || {
                 let _permit = permit;
                 match &inner.readers {
-                    Some(readers) => readers.with(f),
+                    Some(readers) => readers.with(|conn| f(&Db::new(conn))),
                     None => Err(StoreError::Unavailable("no read connections".into())),
                 }
             };

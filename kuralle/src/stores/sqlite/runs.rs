@@ -1,16 +1,17 @@
 //! Run rows' SQL: insert, compare-and-swap, read, list, delete.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{OptionalExtension, params};
 
 use super::codec::{parse_run_status, to_u64};
 use super::errors::Mapper;
 use super::leases::{self, check_fence, fence_holds, stored_token};
+use super::prepared::Db;
 use crate::store::{RunFilter, RunRecord, RunStatus, RunSummary, StoreError};
 
 /// The run's stored version, `None` when the run does not exist.
-pub(super) fn stored_version(conn: &Connection, run_id: &str, errors: Mapper) -> Result<Option<u64>, StoreError> {
+pub(super) fn stored_version(conn: &Db<'_>, run_id: &str, errors: Mapper) -> Result<Option<u64>, StoreError> {
     let version: Option<i64> = conn
-        .prepare_cached("SELECT version FROM runs WHERE run_id = ?1")
+        .prepared("SELECT version FROM runs WHERE run_id = ?1")
         .and_then(|mut stmt| stmt.query_row([run_id], |row| row.get(0)).optional())
         .map_err(|e| errors.map(e))?;
     version.map(|v| to_u64("runs.version", v)).transpose()
@@ -23,7 +24,7 @@ pub(super) type PreparedRun = (i64, i64);
 
 /// Inserts the run's row under lease `fence`: a read of the fence, then the one write.
 pub(super) fn insert_run(
-    conn: &Connection,
+    conn: &Db<'_>,
     errors: Mapper,
     run: &RunRecord,
     fence: u64,
@@ -31,10 +32,7 @@ pub(super) fn insert_run(
 ) -> Result<(), StoreError> {
     check_fence(conn, errors, &run.run_id, fence)?;
     let inserted = conn
-        .prepare_cached(
-            "INSERT INTO runs (run_id, agent_id, status, epoch, version, next_ordinal, state, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8) ON CONFLICT (run_id) DO NOTHING",
-        )
+        .prepared(INSERT_RUN)
         .and_then(|mut stmt| {
             stmt.execute(params![
                 run.run_id,
@@ -54,10 +52,15 @@ pub(super) fn insert_run(
     Ok(())
 }
 
+/// Inserts a run's row, unless the run exists.
+pub(super) const INSERT_RUN: &str =
+    "INSERT INTO runs (run_id, agent_id, status, epoch, version, next_ordinal, state, created_at, updated_at)
+     VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8) ON CONFLICT (run_id) DO NOTHING";
+
 /// Replaces the run's row by compare-and-swap on its version, under lease `fence`, in one
 /// statement that checks the fence too; only when it changed nothing do reads tell why.
 pub(super) fn update_run(
-    conn: &Connection,
+    conn: &Db<'_>,
     errors: Mapper,
     run: &RunRecord,
     fence: u64,
@@ -68,11 +71,7 @@ pub(super) fn update_run(
         .checked_add(1)
         .ok_or_else(|| StoreError::LimitExceeded(format!("run `{}` version overflow", run.run_id).into()))?;
     let updated = conn
-        .prepare_cached(concat!(
-            "UPDATE runs SET agent_id = ?3, status = ?4, epoch = ?5, version = ?6, state = ?7, updated_at = ?8
-             WHERE run_id = ?1 AND version = ?9 AND ",
-            fence_holds!(2)
-        ))
+        .prepared(UPDATE_RUN)
         .and_then(|mut stmt| {
             stmt.execute(params![
                 run.run_id,
@@ -97,12 +96,19 @@ pub(super) fn update_run(
     }
 }
 
+/// Replaces run `?1`'s row iff its version is `?9` and its lease `?2` holds.
+pub(super) const UPDATE_RUN: &str = concat!(
+    "UPDATE runs SET agent_id = ?3, status = ?4, epoch = ?5, version = ?6, state = ?7, updated_at = ?8
+     WHERE run_id = ?1 AND version = ?9 AND ",
+    fence_holds!(2)
+);
+
 /// [`RunStore::put_run_and_release`](crate::RunStore::put_run_and_release): the run written
 /// as by [`update_run`], then its lease released. A refused run write changed nothing and
 /// leaves the lease held; once the run is written under the fence, in this transaction, the
 /// release cannot be refused.
 pub(super) fn update_run_and_release(
-    conn: &Connection,
+    conn: &Db<'_>,
     errors: Mapper,
     run: &RunRecord,
     fence: u64,
@@ -113,57 +119,58 @@ pub(super) fn update_run_and_release(
     Ok((version, true))
 }
 
-pub(super) fn get_run(conn: &Connection, errors: Mapper, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
-    conn.prepare_cached(
-        "SELECT run_id, agent_id, status, epoch, version, state, created_at, updated_at
-         FROM runs WHERE run_id = ?1",
-    )
-    .and_then(|mut stmt| {
-        stmt.query_row([run_id], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                row.get::<_, String>(2)?,
-                row.get::<_, i64>(3)?,
-                row.get::<_, i64>(4)?,
-                row.get::<_, String>(5)?,
-                row.get::<_, i64>(6)?,
-                row.get::<_, i64>(7)?,
-            ))
+/// Run `?1`'s row.
+pub(super) const GET_RUN: &str =
+    "SELECT run_id, agent_id, status, epoch, version, state, created_at, updated_at FROM runs WHERE run_id = ?1";
+
+pub(super) fn get_run(conn: &Db<'_>, errors: Mapper, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+    conn.prepared(GET_RUN)
+        .and_then(|mut stmt| {
+            stmt.query_row([run_id], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, i64>(3)?,
+                    row.get::<_, i64>(4)?,
+                    row.get::<_, String>(5)?,
+                    row.get::<_, i64>(6)?,
+                    row.get::<_, i64>(7)?,
+                ))
+            })
+            .optional()
         })
-        .optional()
-    })
-    .map_err(|e| errors.map(e))?
-    .map(|(run_id, agent_id, status, epoch, version, state, created_at_ms, updated_at_ms)| {
-        Ok(RunRecord {
-            status: parse_run_status(&status)?,
-            epoch: to_u64("runs.epoch", epoch)?,
-            version: to_u64("runs.version", version)?,
-            state: crate::json::JsonText::parse(state)
-                .map_err(|e| StoreError::Corrupt(format!("runs.state holds invalid JSON: {e}").into()))?,
-            run_id,
-            agent_id,
-            created_at_ms,
-            updated_at_ms,
+        .map_err(|e| errors.map(e))?
+        .map(|(run_id, agent_id, status, epoch, version, state, created_at_ms, updated_at_ms)| {
+            Ok(RunRecord {
+                status: parse_run_status(&status)?,
+                epoch: to_u64("runs.epoch", epoch)?,
+                version: to_u64("runs.version", version)?,
+                state: crate::json::JsonText::parse(state)
+                    .map_err(|e| StoreError::Corrupt(format!("runs.state holds invalid JSON: {e}").into()))?,
+                run_id,
+                agent_id,
+                created_at_ms,
+                updated_at_ms,
+            })
         })
-    })
-    .transpose()
+        .transpose()
 }
 
-pub(super) fn list_runs(conn: &Connection, errors: Mapper, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
+pub(super) fn list_runs(conn: &Db<'_>, errors: Mapper, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
     let limit = filter.limit.map_or(-1, |limit| i64::try_from(limit).unwrap_or(i64::MAX));
     let map_row = |row: &rusqlite::Row<'_>| {
         Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?, row.get::<_, String>(2)?, row.get::<_, i64>(3)?))
     };
     let rows = match filter.status {
         Some(status) => conn
-            .prepare_cached(
+            .prepared(
                 "SELECT run_id, agent_id, status, updated_at FROM runs WHERE status = ?1
                  ORDER BY updated_at DESC, run_id ASC LIMIT ?2",
             )
             .and_then(|mut stmt| stmt.query_map(params![status.as_str(), limit], map_row)?.collect()),
         None => conn
-            .prepare_cached(
+            .prepared(
                 "SELECT run_id, agent_id, status, updated_at FROM runs
                  ORDER BY updated_at DESC, run_id ASC LIMIT ?1",
             )
@@ -178,11 +185,11 @@ pub(super) fn list_runs(conn: &Connection, errors: Mapper, filter: &RunFilter) -
 }
 
 /// Deletes the run and its journal; its lease row stays so a reused id never reuses a token.
-pub(super) fn delete_run(conn: &Connection, errors: Mapper, run_id: &str) -> Result<bool, StoreError> {
+pub(super) fn delete_run(conn: &Db<'_>, errors: Mapper, run_id: &str) -> Result<bool, StoreError> {
     let deleted = conn
-        .prepare_cached("DELETE FROM steps WHERE run_id = ?1")
+        .prepared("DELETE FROM steps WHERE run_id = ?1")
         .and_then(|mut stmt| stmt.execute([run_id]))
-        .and_then(|_| conn.prepare_cached("DELETE FROM runs WHERE run_id = ?1"))
+        .and_then(|_| conn.prepared("DELETE FROM runs WHERE run_id = ?1"))
         .and_then(|mut stmt| stmt.execute([run_id]))
         .map_err(|e| errors.map(e))?;
     Ok(deleted > 0)
@@ -191,21 +198,19 @@ pub(super) fn delete_run(conn: &Connection, errors: Mapper, run_id: &str) -> Res
 /// [`RunStore::cancel_run`](crate::RunStore::cancel_run): the status before, and, for a
 /// running or paused run, the status set to `cancelled` and the lease released, in the
 /// caller's one transaction.
-pub(super) fn cancel_run(conn: &Connection, errors: Mapper, run_id: &str) -> Result<Option<RunStatus>, StoreError> {
+pub(super) fn cancel_run(conn: &Db<'_>, errors: Mapper, run_id: &str) -> Result<Option<RunStatus>, StoreError> {
     let before: Option<String> = conn
-        .prepare_cached("SELECT status FROM runs WHERE run_id = ?1")
+        .prepared("SELECT status FROM runs WHERE run_id = ?1")
         .and_then(|mut stmt| stmt.query_row([run_id], |row| row.get(0)).optional())
         .map_err(|e| errors.map(e))?;
     let Some(before) = before.as_deref().map(parse_run_status).transpose()? else { return Ok(None) };
     if !matches!(before, RunStatus::Running | RunStatus::Paused) {
         return Ok(Some(before));
     }
-    conn.prepare_cached(
-        "UPDATE runs SET status = 'cancelled', version = version + 1, updated_at = ?2 WHERE run_id = ?1",
-    )
-    .and_then(|mut stmt| stmt.execute(params![run_id, crate::clock::now_ms()]))
-    .and_then(|_| conn.prepare_cached("UPDATE leases SET released = 1 WHERE run_id = ?1 AND released = 0"))
-    .and_then(|mut stmt| stmt.execute([run_id]))
-    .map_err(|e| errors.map(e))?;
+    conn.prepared("UPDATE runs SET status = 'cancelled', version = version + 1, updated_at = ?2 WHERE run_id = ?1")
+        .and_then(|mut stmt| stmt.execute(params![run_id, crate::clock::now_ms()]))
+        .and_then(|_| conn.prepared("UPDATE leases SET released = 1 WHERE run_id = ?1 AND released = 0"))
+        .and_then(|mut stmt| stmt.execute([run_id]))
+        .map_err(|e| errors.map(e))?;
     Ok(Some(before))
 }

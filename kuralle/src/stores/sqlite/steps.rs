@@ -2,10 +2,11 @@
 //! Each write checks the run's fence in its own transaction: folded into its statement where
 //! it is one, read before the first change where it is several.
 
-use rusqlite::{Connection, params};
+use rusqlite::params;
 
 use super::codec::{RawStep, to_u64};
 use super::errors::Mapper;
+use super::prepared::Db;
 use crate::json::JsonText;
 use crate::store::{NewStep, StepRecord, StoreError};
 
@@ -15,14 +16,14 @@ use super::runs::stored_version;
 /// Reads the run's next ordinal under lease `fence`: [`StoreError::Fenced`] (checked first, as
 /// for every write) or [`StoreError::RunNotFound`] instead. One statement, which only reads:
 /// the inserts that follow are the write.
-pub(super) fn next_ordinal(conn: &Connection, errors: Mapper, run_id: &str, fence: u64) -> Result<i64, StoreError> {
+pub(super) fn next_ordinal(conn: &Db<'_>, errors: Mapper, run_id: &str, fence: u64) -> Result<i64, StoreError> {
     // The next ordinal is read from the journal's primary key (one index probe) rather than
     // kept in the run's row: SQLite rewrites a whole row to update one column, so a counter
     // beside the run's state rewrote the state (a session's whole conversation) on every
     // append. The writer's transaction makes the read and the inserts one step.
     let token = stored_token(run_id, fence)?;
     let (fence_holds, first): (bool, Option<i64>) = conn
-        .prepare_cached(NEXT_ORDINAL)
+        .prepared(NEXT_ORDINAL)
         .and_then(|mut stmt| stmt.query_row(params![run_id, token], |row| Ok((row.get(0)?, row.get(1)?))))
         .map_err(|e| errors.map(e))?;
     if !fence_holds {
@@ -32,7 +33,7 @@ pub(super) fn next_ordinal(conn: &Connection, errors: Mapper, run_id: &str, fenc
 }
 
 /// Whether the lease holds, and the run's next ordinal (`NULL` when the run does not exist).
-const NEXT_ORDINAL: &str = concat!(
+pub(super) const NEXT_ORDINAL: &str = concat!(
     "SELECT ",
     fence_holds!(2),
     ", (SELECT (SELECT coalesce(max(ordinal) + 1, 0) FROM steps WHERE run_id = ?1) FROM runs WHERE run_id = ?1)"
@@ -43,7 +44,7 @@ const NEXT_ORDINAL: &str = concat!(
 /// Past one step, the keys are checked by reads before the first insert, so that a duplicate
 /// key refuses the write before it changed a row (see `Writes::Direct`).
 pub(super) fn insert(
-    conn: &Connection,
+    conn: &Db<'_>,
     errors: Mapper,
     run_id: &str,
     first: i64,
@@ -54,12 +55,7 @@ pub(super) fn insert(
     if steps.len() > 1 {
         check_keys(conn, errors, run_id, steps)?;
     }
-    let mut insert = conn
-        .prepare_cached(
-            "INSERT INTO steps (run_id, ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-        )
-        .map_err(|e| errors.map(e))?;
+    let mut insert = conn.prepared(INSERT_STEP).map_err(|e| errors.map(e))?;
     let mut ordinals = Vec::with_capacity(steps.len());
     for (i, ((ordinal, step), epoch)) in (first..).zip(steps).zip(epochs).enumerate() {
         let (status, result, error, finished_at) = match outcome.filter(|_| i == 0) {
@@ -105,12 +101,15 @@ pub(super) fn insert(
     Ok(ordinals)
 }
 
+/// One journal row.
+pub(super) const INSERT_STEP: &str =
+    "INSERT INTO steps (run_id, ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
+
 /// `DuplicateKey` for the first of `steps` whose key the journal holds, or an earlier step of
 /// the same write: the step whose insert would have failed first.
-fn check_keys(conn: &Connection, errors: Mapper, run_id: &str, steps: &[NewStep]) -> Result<(), StoreError> {
-    let mut journaled = conn
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = ?1 AND key = ?2)")
-        .map_err(|e| errors.map(e))?;
+fn check_keys(conn: &Db<'_>, errors: Mapper, run_id: &str, steps: &[NewStep]) -> Result<(), StoreError> {
+    let mut journaled = conn.prepared(KEY_TAKEN).map_err(|e| errors.map(e))?;
     let mut taken = |step: &NewStep| -> Result<bool, StoreError> {
         journaled.query_row(params![run_id, step.key], |row| row.get(0)).map_err(|e| errors.map(e))
     };
@@ -128,9 +127,12 @@ fn check_keys(conn: &Connection, errors: Mapper, run_id: &str, steps: &[NewStep]
     Ok(())
 }
 
+/// Whether run `?1`'s journal holds key `?2`.
+pub(super) const KEY_TAKEN: &str = "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = ?1 AND key = ?2)";
+
 /// Intents at the next ordinals, under lease `fence`.
 pub(super) fn append(
-    conn: &Connection,
+    conn: &Db<'_>,
     errors: Mapper,
     run_id: &str,
     fence: u64,
@@ -147,7 +149,7 @@ pub(super) type PreparedOutcome = (&'static str, Option<JsonText>, Option<JsonTe
 /// Finishes the `Running` step at `ordinal` under lease `fence`, in one statement that checks
 /// the fence too; only when it changed nothing do reads tell why.
 pub(super) fn finish(
-    conn: &Connection,
+    conn: &Db<'_>,
     errors: Mapper,
     run_id: &str,
     fence: u64,
@@ -160,11 +162,7 @@ pub(super) fn finish(
     // An ordinal beyond SQLite's integers names no step.
     let stored_ordinal = i64::try_from(ordinal).unwrap_or(-1);
     let updated = conn
-        .prepare_cached(concat!(
-            "UPDATE steps SET status = ?3, result = ?4, error = ?5, finished_at = ?6
-             WHERE run_id = ?1 AND ordinal = ?7 AND status = 'running' AND ",
-            fence_holds!(2)
-        ))
+        .prepared(FINISH_STEP)
         .and_then(|mut stmt| {
             stmt.execute(params![run_id, token, status, result, error, finished_at_ms, stored_ordinal])
         })
@@ -179,9 +177,16 @@ pub(super) fn finish(
     }
 }
 
-pub(super) fn steps(conn: &Connection, errors: Mapper, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+/// Finishes a running step iff the lease `?2` of run `?1` holds.
+pub(super) const FINISH_STEP: &str = concat!(
+    "UPDATE steps SET status = ?3, result = ?4, error = ?5, finished_at = ?6
+     WHERE run_id = ?1 AND ordinal = ?7 AND status = 'running' AND ",
+    fence_holds!(2)
+);
+
+pub(super) fn steps(conn: &Db<'_>, errors: Mapper, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
     let mut stmt = conn
-        .prepare_cached(
+        .prepared(
             "SELECT ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at
              FROM steps WHERE run_id = ?1 ORDER BY ordinal",
         )
@@ -215,7 +220,7 @@ mod tests {
 
     use super::*;
     use crate::store::StepKind;
-    use crate::stores::sqlite::{SqliteOptions, schema::configure_writer};
+    use crate::stores::sqlite::{KEPT, SqliteOptions, schema::configure_writer};
 
     /// Appending to runs in turn keeps each statement prepared: without the query planner's
     /// stability guarantee, SQLite re-planned the ordinal read at every new run id, on the
@@ -225,6 +230,7 @@ mod tests {
         let conn = Connection::open_in_memory().unwrap();
         let errors = Mapper { busy_timeout: std::time::Duration::from_secs(1), max_size_bytes: None };
         configure_writer(&conn, &SqliteOptions::default(), errors, None).unwrap();
+        let db = Db::keeping(&conn, KEPT);
         for i in 0..20 {
             let run_id = format!("run-{i}");
             conn.execute(
@@ -246,10 +252,11 @@ mod tests {
                     epoch: 0,
                     started_at_ms: 0,
                 };
-                assert_eq!(append(&conn, errors, &run_id, 1, &[step], &[0]).unwrap(), [n]);
+                assert_eq!(append(&db, errors, &run_id, 1, &[step], &[0]).unwrap(), [n]);
             }
         }
-        let stmt = conn.prepare_cached(NEXT_ORDINAL).unwrap();
+        let stmt = db.prepared(NEXT_ORDINAL).unwrap();
+        assert!(matches!(stmt, super::super::prepared::Prepared::Kept(_)));
         assert_eq!(stmt.get_status(StatementStatus::RePrepare), 0);
     }
 }

@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 
 use super::checkpoint::Checkpointer;
 use super::errors::Mapper;
+use super::prepared::Db;
 use crate::store::StoreError;
 
 /// How a write fails alone in the batch's shared transaction.
@@ -40,7 +41,7 @@ pub(super) trait Job: Send {
     /// Whether the write needs a savepoint.
     fn writes(&self) -> Writes;
     /// Runs the write on the writer's connection, inside the batch transaction.
-    fn run(&mut self, conn: &Connection) -> Result<(), StoreError>;
+    fn run(&mut self, conn: &Db<'_>) -> Result<(), StoreError>;
     /// Replies once the transaction is settled; `Err` replaces a successful output when the
     /// transaction did not commit.
     fn reply(self: Box<Self>, settled: Result<(), StoreError>);
@@ -74,13 +75,13 @@ impl<T, D, F> Job for FnJob<T, D, F>
 where
     T: Send,
     D: Send,
-    F: Fn(&Connection, &D) -> Result<T, StoreError> + Copy + Send,
+    F: Fn(&Db<'_>, &D) -> Result<T, StoreError> + Copy + Send,
 {
     fn writes(&self) -> Writes {
         self.writes
     }
 
-    fn run(&mut self, conn: &Connection) -> Result<(), StoreError> {
+    fn run(&mut self, conn: &Db<'_>) -> Result<(), StoreError> {
         self.out = Some(Ok((self.f)(conn, &self.data)?));
         Ok(())
     }
@@ -105,17 +106,22 @@ pub(super) fn writer_loop(
     errors: Mapper,
     commits: &AtomicU64,
     checkpointer: Option<Checkpointer>,
+    kept: &'static [&'static str],
 ) {
-    let mut batch = Vec::with_capacity(max_batch);
-    while let Ok(first) = queue.recv() {
-        batch.push(first);
-        while batch.len() < max_batch {
-            match queue.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
+    {
+        let db = Db::keeping(&conn, kept);
+        let mut batch = Vec::with_capacity(max_batch);
+        while let Ok(first) = queue.recv() {
+            batch.push(first);
+            while batch.len() < max_batch {
+                match queue.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
             }
+            commit_batch(&db, &mut batch, errors, commits);
         }
-        commit_batch(&conn, &mut batch, errors, commits);
+        // The kept statements are finalized here, before the connection closes.
     }
     if let Some(checkpointer) = checkpointer {
         checkpointer.stop(&mut conn);
@@ -126,13 +132,17 @@ pub(super) fn writer_loop(
     }
 }
 
+/// Opens a batch's transaction, taking the write lock at once.
+pub(super) const BEGIN: &str = "BEGIN IMMEDIATE";
+pub(super) const COMMIT: &str = "COMMIT";
+
 /// Runs `batch` in as few transactions as possible (one, unless SQLite aborts a transaction)
 /// and replies to every job after its transaction settled.
-fn commit_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>, errors: Mapper, commits: &AtomicU64) {
+fn commit_batch(conn: &Db<'_>, batch: &mut Vec<Box<dyn Job>>, errors: Mapper, commits: &AtomicU64) {
     let mut jobs = batch.drain(..);
     let mut next = jobs.next();
     while next.is_some() {
-        if let Err(e) = exec(conn, "BEGIN IMMEDIATE") {
+        if let Err(e) = exec(conn, BEGIN) {
             let e = errors.map(e);
             for job in next.into_iter().chain(jobs.by_ref()) {
                 job.reply(Err(e.clone()));
@@ -170,7 +180,7 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>, errors: Mapper
         }
         let failed = match aborted {
             Some(e) => Some(e),
-            None => match exec(conn, "COMMIT") {
+            None => match exec(conn, COMMIT) {
                 Ok(()) => {
                     commits.fetch_add(1, Ordering::Relaxed);
                     None
@@ -193,7 +203,7 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Box<dyn Job>>, errors: Mapper
     }
 }
 
-fn run_in_savepoint(conn: &Connection, job: &mut dyn Job, errors: Mapper) -> Result<(), StoreError> {
+fn run_in_savepoint(conn: &Db<'_>, job: &mut dyn Job, errors: Mapper) -> Result<(), StoreError> {
     exec(conn, "SAVEPOINT op").map_err(|e| errors.map(e))?;
     let result = job.run(conn).and_then(|()| exec(conn, "RELEASE op").map_err(|e| errors.map(e)));
     if result.is_err() && !conn.is_autocommit() {
@@ -203,8 +213,8 @@ fn run_in_savepoint(conn: &Connection, job: &mut dyn Job, errors: Mapper) -> Res
     result
 }
 
-fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
-    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+fn exec(conn: &Db<'_>, sql: &str) -> rusqlite::Result<()> {
+    conn.prepared(sql)?.execute([]).map(|_| ())
 }
 
 #[cfg(test)]
@@ -214,11 +224,11 @@ mod tests {
     use super::*;
 
     type Sql = fn(&Connection) -> Result<(), StoreError>;
-    type Reply = oneshot::Receiver<Box<FnJob<(), Sql, fn(&Connection, &Sql) -> Result<(), StoreError>>>>;
+    type Reply = oneshot::Receiver<Box<FnJob<(), Sql, fn(&Db<'_>, &Sql) -> Result<(), StoreError>>>>;
 
     fn job(writes: Writes, sql: Sql) -> (Box<dyn Job>, Reply) {
         let (reply, receiver) = oneshot::channel();
-        let f: fn(&Connection, &Sql) -> Result<(), StoreError> = |conn, sql| sql(conn);
+        let f: fn(&Db<'_>, &Sql) -> Result<(), StoreError> = |conn, sql| sql(conn);
         (Box::new(FnJob { writes, data: sql, f, out: None, reply: Some(reply) }), receiver)
     }
 
@@ -253,7 +263,8 @@ mod tests {
             insert(conn, 3)
         });
         let (last, last_reply) = job(Writes::Direct, |conn| insert(conn, 5));
-        commit_batch(&conn, &mut vec![first, refused, half, after, saved, last], errors, &commits);
+        let db = Db::keeping(&conn, &[BEGIN, COMMIT]);
+        commit_batch(&db, &mut vec![first, refused, half, after, saved, last], errors, &commits);
 
         let rolled_back = outcome(first_reply).unwrap_err();
         assert!(matches!(&rolled_back, StoreError::Unavailable(m) if m.contains("halfway")), "{rolled_back:?}");
