@@ -231,7 +231,7 @@ impl McpServer {
     async fn call(&self, request: CallToolRequestParams, cx: RequestContext<RoleServer>) -> CallToolResponse {
         let tool = self.shared.tools.get(&request.name).cloned();
         let structured = tool.as_ref().and_then(|t| t.output_schema()).and_then(mcp_output_schema).map(|(_, w)| w);
-        let run_id = format!("mcp-{}", uuid::Uuid::new_v4());
+        let run_id = format!("mcp-{}", crate::store::new_run_id());
         let _active = McpRequest::new(cx.peer.clone(), cx.meta.clone(), Arc::clone(&self.log_level)).enter(&run_id);
         let arguments = Value::Object(request.arguments.unwrap_or_default()).to_string();
         let call = ToolCallRequest { call_id: format!("mcp:{}", cx.id), name: request.name.to_string(), arguments };

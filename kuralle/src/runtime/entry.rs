@@ -53,7 +53,7 @@ pub(super) fn run_leased(
     let (mut opening, decision, claimed) =
         (Box::new(Opening { req, read: Prefetched::Unread }), decision.map(Box::new), claimed.map(Box::new));
     async move {
-        let run_id = opening.req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let run_id = opening.req.run_id.clone().unwrap_or_else(crate::store::new_run_id);
         // The turn's `invoke_agent` span opens in `drive`, once the run's agent is known: its
         // OpenTelemetry name is fixed when the span starts (see `trace::agent_span`).
         let result = async {
@@ -139,7 +139,7 @@ async fn cancelled(rt: &Inner, run_id: &str) -> Option<RunOutput> {
 /// Returns the run id. A request whose idempotency key the run already processed changes
 /// nothing.
 pub(super) async fn submit(rt: &Inner, req: &RunRequest) -> Result<String, RunError> {
-    let run_id = req.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let run_id = req.run_id.clone().unwrap_or_else(crate::store::new_run_id);
     rt.claim_instance().await?;
     let ((lease, run), _) =
         lease::acquire_reading(rt.store.as_ref(), &rt.owner_id(), &run_id, rt.lease_ttl, req.wait_for_lease).await?;

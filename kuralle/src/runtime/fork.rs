@@ -124,7 +124,7 @@ pub async fn fork_run(store: &dyn RunStore, run_id: &str, at: u64, options: &For
         key_run: Some(state.key_run.unwrap_or_else(|| run_id.to_owned())),
         ..RunState::default()
     };
-    let new_id = options.run_id.clone().unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let new_id = options.run_id.clone().unwrap_or_else(crate::store::new_run_id);
     let agent = options.agent.clone().unwrap_or(original.agent_id);
     let record = RunRecord {
         epoch,

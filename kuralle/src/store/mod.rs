@@ -20,6 +20,7 @@ pub use errors::{StoreError, StoreErrorMessage};
 pub use instances::InstanceLock;
 pub(crate) use instances::{Registered, Registry, owner_prefix};
 pub use leases::Lease;
+pub(crate) use runs::new_run_id;
 pub use runs::{RunFilter, RunRecord, RunStatus, RunSummary};
 pub use steps::{FinishedWithIntents, NewStep, StepKind, StepOutcome, StepRecord, StepStatus};
 
