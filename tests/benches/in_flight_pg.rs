@@ -137,7 +137,7 @@ async fn one(url: &str, workers: usize, runs: usize, latency_ms: u64, cap: Durat
     // Submitted before the clock starts: the runs wait, runnable, for the workers.
     let submitter = runtime(store, Turns::new(0, Duration::ZERO));
     let submitted = futures::stream::iter(0..runs)
-        .map(|i| submitter.submit(RunRequest::new(format!("run {i}")).run_id(format!("run-{i}"))))
+        .map(|i| submitter.submit(RunRequest::new(format!("run {i}"))))
         .buffer_unordered(32)
         .collect::<Vec<_>>()
         .await;
