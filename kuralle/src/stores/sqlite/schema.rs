@@ -11,17 +11,16 @@ use crate::store::StoreError;
 /// The kuralle schema version this build reads and writes (kept in table `kuralle_schema`).
 /// 1: runs and steps. 2: leases (one owner per run, fencing tokens). 3: a step's ordinal
 /// follows the journal's last (`runs.next_ordinal` is no longer kept), so an older build, which
-/// would hand out ordinals from that column, refuses the database instead. 4: leases are kept
-/// without a rowid (see [`LEASES`]).
-pub(super) const SCHEMA_VERSION: i64 = 4;
+/// would hand out ordinals from that column, refuses the database instead.
+pub(super) const SCHEMA_VERSION: i64 = 3;
 
 /// Prepared statements a connection keeps: more than the store has.
 pub(super) const STATEMENT_CACHE: usize = 64;
 
 /// `MIGRATIONS[v - 1]` moves a store from version `v` to `v + 1`.
-const MIGRATIONS: [&str; 3] = [LEASES, ORDINALS_FROM_STEPS, LEASES_WITHOUT_ROWID];
+const MIGRATIONS: [&str; 2] = [LEASES, ORDINALS_FROM_STEPS];
 
-/// The leases table as this version keeps it.
+/// The leases table.
 macro_rules! leases_table {
     () => {
         "
@@ -46,13 +45,14 @@ CREATE TABLE leases (
 /// table wants; the runs and the journal, whose rows hold a state or a result, keep their rowid.
 const LEASES: &str = leases_table!();
 
-/// Version 3 to 4: the leases, tokens included, copied into a table without a rowid.
-const LEASES_WITHOUT_ROWID: &str = concat!(
-    "ALTER TABLE leases RENAME TO leases_v3;",
+/// The leases of a store made before [`LEASES`] had no rowid, copied into a table without one,
+/// tokens included. In key order, the copy fills the new B-tree from left to right.
+const REBUILD_LEASES: &str = concat!(
+    "ALTER TABLE leases RENAME TO leases_with_rowid;",
     leases_table!(),
     "INSERT INTO leases (run_id, owner, token, expires_at, released)
-     SELECT run_id, owner, token, expires_at, released FROM leases_v3;
-     DROP TABLE leases_v3;"
+     SELECT run_id, owner, token, expires_at, released FROM leases_with_rowid ORDER BY run_id;
+     DROP TABLE leases_with_rowid;"
 );
 
 /// Nothing to change in the tables: the version alone tells older builds to keep out.
@@ -131,8 +131,9 @@ pub(super) fn configure_writer(
     // for it.
     conn.pragma_update(None, "temp_store", "MEMORY").map_err(fail)?;
     stable_plans(conn).map_err(fail)?;
-    // The writer runs about 20 distinct statements (rusqlite keeps 16 by default): a miss
-    // re-parses SQL on the only write thread.
+    // The writer keeps its hot statements prepared itself (`prepared::Db`); the rest, about 20
+    // more, come from rusqlite's cache, which keeps 16 by default: a miss re-parses SQL on the
+    // only write thread.
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     // 16 MiB of pages instead of SQLite's 2 MiB: with thousands of runs in flight the journal's
     // B-tree pages no longer fit, and every write re-read some from the OS.
@@ -142,6 +143,7 @@ pub(super) fn configure_writer(
     } else {
         create_schema(conn, fail)?;
     }
+    leases_without_rowid(conn, fail)?;
     if let Some(bytes) = options.max_size_bytes {
         // Per connection, and only this one writes. SQLite keeps a cap below the current size
         // at the current size.
@@ -201,6 +203,58 @@ fn check_schema_version(
             }
         }
     }
+}
+
+/// Rebuilds the leases table without a rowid, once, in a store whose table has one (every
+/// store made before this build). The columns and their meaning are the same, so the schema
+/// version stays: an older build still reads and writes the store, and a rolling upgrade never
+/// meets a store that some of its processes refuse.
+///
+/// The copy holds the write lock for as long as it takes (it is as long as the number of runs
+/// ever leased); a process that opens the store meanwhile waits up to its busy timeout.
+/// `legacy_alter_table` keeps the rename from rewriting an operator's views of `leases` to
+/// the old name: they read the new table.
+fn leases_without_rowid(
+    conn: &Connection,
+    fail: impl Fn(rusqlite::Error) -> StoreError + Copy,
+) -> Result<(), StoreError> {
+    let has_rowid = || -> rusqlite::Result<bool> {
+        let sql: Option<String> = conn
+            .query_row("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'leases'", [], |row| row.get(0))
+            .optional()?;
+        Ok(sql.is_some_and(|sql| !sql.to_ascii_uppercase().contains("WITHOUT ROWID")))
+    };
+    if !has_rowid().map_err(fail)? {
+        return Ok(());
+    }
+    conn.pragma_update(None, "legacy_alter_table", "ON").map_err(fail)?;
+    let rebuilt = (|| {
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        // Another process may have rebuilt it between our check and our lock.
+        let copied = has_rowid().and_then(|rowid| {
+            if rowid {
+                conn.execute_batch(REBUILD_LEASES)?;
+                conn.query_row("SELECT count(*) FROM leases", [], |row| row.get::<_, i64>(0)).map(Some)
+            } else {
+                Ok(None)
+            }
+        });
+        match copied {
+            Ok(copied) => {
+                conn.execute_batch("COMMIT")?;
+                if let Some(leases) = copied {
+                    tracing::info!(leases, "moved the SQLite store's leases into a table without a rowid");
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                Err(e)
+            }
+        }
+    })();
+    let restored = conn.pragma_update(None, "legacy_alter_table", "OFF");
+    rebuilt.and(restored).map_err(fail)
 }
 
 fn stored_version(conn: &Connection, fail: impl Fn(rusqlite::Error) -> StoreError) -> Result<i64, StoreError> {
@@ -269,10 +323,11 @@ mod tests {
     use super::*;
     use crate::stores::sqlite::{leases, prepared::Db};
 
-    /// A version-3 store (leases in a rowid table) is migrated on open: its leases move into
-    /// a table without a rowid, tokens included, so the next lease's token still grows.
+    /// A store whose leases are in a rowid table (made by an earlier build) has them moved into
+    /// a table without one on open, tokens included, so the next lease's token still grows; an
+    /// operator's view of the table reads the new one; the schema version does not change.
     #[test]
-    fn a_version_3_store_keeps_its_lease_tokens_through_the_migration() {
+    fn a_store_with_rowid_leases_keeps_its_tokens_and_views_through_the_rebuild() {
         let conn = Connection::open_in_memory().unwrap();
         conn.execute_batch(SCHEMA).unwrap();
         conn.execute_batch(
@@ -284,6 +339,7 @@ mod tests {
                 released INTEGER NOT NULL DEFAULT 0
              );
              INSERT INTO leases VALUES ('run-1', 'gone', 7, 0, 1);
+             CREATE VIEW held AS SELECT run_id FROM leases WHERE released = 0;
              INSERT INTO kuralle_schema (id, version) VALUES (1, 3);",
         )
         .unwrap();
@@ -291,7 +347,7 @@ mod tests {
         configure_writer(&conn, &SqliteOptions::default(), errors, None).unwrap();
 
         let version: i64 = conn.query_row("SELECT version FROM kuralle_schema", [], |row| row.get(0)).unwrap();
-        assert_eq!(version, SCHEMA_VERSION);
+        assert_eq!(version, 3, "older builds still open the store");
         let tables: Vec<(String, String)> = conn
             .prepare("SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name LIKE 'leases%'")
             .unwrap()
@@ -304,6 +360,16 @@ mod tests {
         assert!(tables[0].1.contains("WITHOUT ROWID"), "{}", tables[0].1);
         let lease = leases::acquire(&Db::new(&conn), errors, "run-1", "me", 60_000).unwrap();
         assert_eq!(lease.token, 8, "the token grows from the one kept");
+        let held: Vec<String> = conn
+            .prepare("SELECT run_id FROM held")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(held, ["run-1"], "the view reads the new table");
+        let legacy: i64 = conn.query_row("PRAGMA legacy_alter_table", [], |row| row.get(0)).unwrap();
+        assert_eq!(legacy, 0, "the connection is left as it was");
     }
 
     /// A new store creates the leases table without a rowid at once.
