@@ -11,8 +11,12 @@ use crate::json::JsonText;
 /// run at its right edge, beside the other recent runs, instead of at a random page. With
 /// random (v4) ids, a store holding many finished runs spread the writes of the few in flight
 /// over all of its pages; SQLite and PostgreSQL both split pages at random places for them.
+///
+/// A clock set before 1970, where a v7 id cannot be made (uuid would panic), gives a random
+/// (v4) id instead.
 pub(crate) fn new_run_id() -> String {
-    uuid::Uuid::now_v7().to_string()
+    let clock_ok = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).is_ok();
+    if clock_ok { uuid::Uuid::now_v7() } else { uuid::Uuid::new_v4() }.to_string()
 }
 
 /// Lifecycle of a run.

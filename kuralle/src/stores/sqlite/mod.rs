@@ -7,6 +7,8 @@
 //! - `checkpoint.rs`: the WAL is checkpointed on a thread of its own, not inside commits.
 //! - `runs.rs`, `steps.rs`, `leases.rs`: the SQL of the `RunStore` contract, one file per
 //!   table, including the fence check that runs in each write's own transaction.
+//! - `prepared.rs`: the connection those run on, which on the writer keeps the hot statements
+//!   prepared.
 //! - `schema.rs`: the schema, its migrations, and the write connection's pragmas.
 //! - `codec.rs`: rows ↔ records; `errors.rs`: SQLite errors → typed store errors.
 //! - Here: the store handle, its options, and the pool of read-only connections (WAL readers
@@ -46,8 +48,9 @@ use crate::store::{
 };
 
 /// The statements the writer keeps prepared (see [`Db`]): those of every write a run makes
-/// (its start, its journal, its close, its lease's renewals) and the batch's transaction.
-/// Any other statement comes from rusqlite's cache.
+/// (its start, its journal, its close), a lease's renewal, and the batch's transaction. Any
+/// other statement comes from rusqlite's cache (among them the savepoint that a batch of
+/// renewals runs in: one per batch, not per run).
 const KEPT: &[&str] = &[
     steps::NEXT_ORDINAL,
     steps::INSERT_STEP,

@@ -119,6 +119,8 @@ mod tests {
             assert!(matches!(db.prepared(INSERT).unwrap(), Prepared::Kept(_)));
             db.prepared(INSERT).unwrap().execute([n]).unwrap();
         }
+        // One statement ran all three inserts.
+        assert_eq!(db.prepared(INSERT).unwrap().get_status(rusqlite::StatementStatus::Run), 3);
         let copy = String::from(INSERT);
         assert!(matches!(db.prepared(&copy).unwrap(), Prepared::Kept(_)));
         let held = db.prepared(COUNT).unwrap();
@@ -128,5 +130,28 @@ mod tests {
         drop((held, again));
         assert!(matches!(db.prepared("SELECT n FROM t").unwrap(), Prepared::Cached(_)));
         assert!(matches!(Db::new(&conn).prepared(INSERT).unwrap(), Prepared::Cached(_)));
+    }
+
+    /// A kept statement given back has no bindings left: the texts SQLite copied are freed, and
+    /// a later use that binds nothing sees `NULL`.
+    #[test]
+    fn a_kept_statement_is_given_back_without_its_bindings() {
+        static HOT: [&str; 1] = [INSERT];
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (n INTEGER)").unwrap();
+        let db = Db::keeping(&conn, &HOT);
+        db.prepared(INSERT).unwrap().execute([7]).unwrap();
+        let mut stmt = db.prepared(INSERT).unwrap();
+        assert!(matches!(stmt, Prepared::Kept(_)));
+        stmt.raw_execute().unwrap();
+        drop(stmt);
+        let rows: Vec<Option<i64>> = conn
+            .prepare("SELECT n FROM t")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(rows, [Some(7), None]);
     }
 }

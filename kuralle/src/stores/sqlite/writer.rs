@@ -134,6 +134,7 @@ pub(super) fn writer_loop(
 
 /// Opens a batch's transaction, taking the write lock at once.
 pub(super) const BEGIN: &str = "BEGIN IMMEDIATE";
+/// Ends a batch's transaction; the writer replies to its writes after it returns.
 pub(super) const COMMIT: &str = "COMMIT";
 
 /// Runs `batch` in as few transactions as possible (one, unless SQLite aborts a transaction)
