@@ -663,6 +663,14 @@ fn create_private(path: &Path) {
     let _ = path;
 }
 
+/// The first column of every row `sql` returns, for tests that look at the tables.
+#[cfg(test)]
+fn column<T: rusqlite::types::FromSql>(conn: &Connection, sql: &str) -> Vec<T> {
+    let mut stmt = conn.prepare(sql).expect("the test's query prepares");
+    let rows = stmt.query_map([], |row| row.get(0)).expect("the test's query runs");
+    rows.collect::<Result<_, _>>().expect("the test's rows read")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -145,13 +145,6 @@ mod tests {
         assert!(matches!(stmt, Prepared::Kept(_)));
         stmt.raw_execute().unwrap();
         drop(stmt);
-        let rows: Vec<Option<i64>> = conn
-            .prepare("SELECT n FROM t")
-            .unwrap()
-            .query_map([], |row| row.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(rows, [Some(7), None]);
+        assert_eq!(super::super::column::<Option<i64>>(&conn, "SELECT n FROM t"), [Some(7), None]);
     }
 }

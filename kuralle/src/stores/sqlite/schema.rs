@@ -360,13 +360,7 @@ mod tests {
         assert!(tables[0].1.contains("WITHOUT ROWID"), "{}", tables[0].1);
         let lease = leases::acquire(&Db::new(&conn), errors, "run-1", "me", 60_000).unwrap();
         assert_eq!(lease.token, 8, "the token grows from the one kept");
-        let held: Vec<String> = conn
-            .prepare("SELECT run_id FROM held")
-            .unwrap()
-            .query_map([], |row| row.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let held = super::super::column::<String>(&conn, "SELECT run_id FROM held");
         assert_eq!(held, ["run-1"], "the view reads the new table");
         let legacy: i64 = conn.query_row("PRAGMA legacy_alter_table", [], |row| row.get(0)).unwrap();
         assert_eq!(legacy, 0, "the connection is left as it was");

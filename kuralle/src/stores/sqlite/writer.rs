@@ -277,13 +277,6 @@ mod tests {
         outcome(last_reply).unwrap();
         assert_eq!(commits.load(Ordering::Relaxed), 1);
         assert!(conn.is_autocommit());
-        let rows: Vec<i64> = conn
-            .prepare("SELECT n FROM t ORDER BY n")
-            .unwrap()
-            .query_map([], |row| row.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(rows, [3, 5]);
+        assert_eq!(super::super::column::<i64>(&conn, "SELECT n FROM t ORDER BY n"), [3, 5]);
     }
 }
