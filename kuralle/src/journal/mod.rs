@@ -41,13 +41,14 @@ pub(crate) struct Journal {
     store: Arc<dyn RunStore>,
     /// The turn's lease: every write carries its token; a fenced write stops the turn.
     fence: Arc<Fence>,
-    run_id: String,
-    /// The run whose ids key this journal: the run itself, or the run a fork was copied from
-    /// (its copied keys must match).
-    key_run: String,
-    epoch: u64,
-    /// `"<key run>#<epoch>"`, the key namespace.
+    /// `"<key run>#<epoch>"`, the key namespace. The key run is the run whose ids key this
+    /// journal: the run itself, or the run a fork was copied from (its copied keys must match).
+    /// The run's id is the fence's, and the key run is read from here: a journal keeps no copy
+    /// of either (each was an allocation of every run in flight).
     namespace: String,
+    /// Where the key run ends in `namespace`.
+    key_run_len: usize,
+    epoch: u64,
     limit: u64,
     state: Mutex<State>,
 }
@@ -111,22 +112,20 @@ pub(crate) enum Lookup {
 }
 
 impl Journal {
-    /// Loads the run's steps. `limit` is `max_journal_entries`. With `usage`, what the run's
+    /// Loads the steps of the run whose lease `fence` guards. `limit` is `max_journal_entries`. With `usage`, what the run's
     /// model responses spent (tokens, dollars) is added up as well (see [`spent`](Self::spent)).
     /// A run the turn has just created has none, and its store is not asked: on SQLite that
     /// read was a trip to a blocking thread for every run started.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn open(
         store: Arc<dyn RunStore>,
         fence: Arc<Fence>,
-        run_id: &str,
         key_run: &str,
         epoch: u64,
         limit: u64,
         usage: bool,
         created: bool,
     ) -> Result<Self, RunError> {
-        let steps = if created { Vec::new() } else { store.steps(run_id).await? };
+        let steps = if created { Vec::new() } else { store.steps(fence.run_id()).await? };
         let len = steps.len() as u64;
         let mut spent = Spent::default();
         for step in &steps {
@@ -146,10 +145,9 @@ impl Journal {
         Ok(Self {
             store,
             fence,
-            run_id: run_id.to_owned(),
-            key_run: key_run.to_owned(),
-            epoch,
             namespace: format!("{key_run}#{epoch}"),
+            key_run_len: key_run.len(),
+            epoch,
             limit,
             state: Mutex::new(State { by_key, len, deferred: None, spent }),
         })
@@ -166,7 +164,7 @@ impl Journal {
         let lease = store.acquire_lease(run_id, "standalone", TTL).await?;
         let fence = Fence::new(&lease, tokio_util::sync::CancellationToken::new());
         store.create_run(crate::store::RunRecord::new(run_id, "standalone"), fence.token()).await?;
-        Self::open(store, fence, run_id, run_id, 0, DEFAULT_MAX_JOURNAL_ENTRIES, false, true).await
+        Self::open(store, fence, run_id, 0, DEFAULT_MAX_JOURNAL_ENTRIES, false, true).await
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -181,12 +179,12 @@ impl Journal {
     }
 
     pub(crate) fn run_id(&self) -> &str {
-        &self.run_id
+        self.fence.run_id()
     }
 
     /// The run id in this journal's keys (see [`Journal::open`]).
     pub(crate) fn key_run(&self) -> &str {
-        &self.key_run
+        &self.namespace[..self.key_run_len]
     }
 
     pub(crate) fn epoch(&self) -> u64 {
@@ -262,7 +260,7 @@ impl Journal {
     fn reserve(&self, n: u64) -> Result<(), RunError> {
         let mut st = self.state();
         if st.len + n > self.limit {
-            return Err(RunError::StepLimit { run_id: self.run_id.clone(), limit: self.limit });
+            return Err(RunError::StepLimit { run_id: self.run_id().to_owned(), limit: self.limit });
         }
         st.len += n;
         Ok(())
@@ -382,7 +380,7 @@ impl Journal {
         deferred: Option<&Deferred>,
         intents: &[Intent<'_>],
     ) -> Result<Option<Vec<u64>>, StoreError> {
-        let steps = self.store.steps(&self.run_id).await?;
+        let steps = self.store.steps(self.run_id()).await?;
         let ours = |key: &str| steps.iter().find(|s| s.key == key && s.epoch == self.epoch);
         let mut ordinals = Vec::with_capacity(intents.len() + 1);
         for (key, _, _) in intents {
@@ -400,7 +398,7 @@ impl Journal {
             }
             ordinals.insert(0, s.ordinal);
         }
-        tracing::info!(run_id = %self.run_id, "an earlier attempt journaled the intents; its answer was lost");
+        tracing::info!(run_id = %self.run_id(), "an earlier attempt journaled the intents; its answer was lost");
         Ok(Some(ordinals))
     }
 

@@ -143,7 +143,6 @@ fn drive<'a>(
             let journal = Box::pin(Journal::open(
                 Arc::clone(&rt.store),
                 Arc::clone(fence),
-                run_id,
                 key_run,
                 record.epoch,
                 rt.max_journal_entries,

@@ -1,11 +1,10 @@
 //! `MemoryStore`: runs and journals in a process-local map.
 
-use std::collections::hash_map::Entry;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use hashbrown::HashTable;
+use hashbrown::{HashTable, hash_table::Entry};
 use tokio::time::Instant;
 
 use super::{DEFAULT_MAX_VALUE_BYTES, check_len};
@@ -67,11 +66,59 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct State {
-    runs: KeyMap<RunEntry>,
+    runs: Runs,
     /// Hashes the journal keys of every run's `keys` table.
     hasher: foldhash::fast::RandomState,
     /// Kept when a run is deleted, so a reused id never reuses a token.
     leases: KeyMap<LeaseRow>,
+}
+
+/// A shard's runs, found by their record's own id: a map keyed by a copy of the id held one
+/// more allocation for every run.
+#[derive(Debug, Default)]
+struct Runs {
+    table: HashTable<RunEntry>,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl Runs {
+    fn get(&self, run_id: &str) -> Option<&RunEntry> {
+        self.table.find(self.hasher.hash_one(run_id), |e| e.record.run_id == run_id)
+    }
+
+    fn get_mut(&mut self, run_id: &str) -> Option<&mut RunEntry> {
+        self.table.find_mut(self.hasher.hash_one(run_id), |e| e.record.run_id == run_id)
+    }
+
+    fn remove(&mut self, run_id: &str) -> Option<RunEntry> {
+        let found = self.table.find_entry(self.hasher.hash_one(run_id), |e| e.record.run_id == run_id);
+        found.ok().map(|entry| entry.remove().0)
+    }
+
+    /// Adds `run` with an empty journal, unless the shard holds a run of its id already.
+    fn create(&mut self, run: RunRecord) -> Result<(), StoreError> {
+        let Self { table, hasher } = self;
+        let hash = hasher.hash_one(run.run_id.as_str());
+        match table.entry(hash, |e| e.record.run_id == run.run_id, |e| hasher.hash_one(e.record.run_id.as_str())) {
+            Entry::Occupied(_) => Err(StoreError::RunExists(run.run_id)),
+            Entry::Vacant(slot) => {
+                // Room for a short run's journal at once (seven steps: three tool turns and an
+                // answer); grown from empty, both were allocated, copied and freed twice.
+                let (steps, keys) = (Vec::with_capacity(FIRST_STEPS), HashTable::with_capacity(FIRST_STEPS));
+                slot.insert(RunEntry { record: run, steps, keys });
+                Ok(())
+            }
+        }
+    }
+
+    fn values(&self) -> impl Iterator<Item = &RunEntry> {
+        self.table.iter()
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
 }
 
 /// Steps a new run has room for before its journal first grows (a table of seven keys fills
@@ -245,16 +292,7 @@ impl MemoryStore {
         let mut state = self.lock(&run.run_id);
         state.check_fence(&run.run_id, fence)?;
         check_len("run state", run.state.len(), self.max_value_bytes)?;
-        match state.runs.entry(run.run_id.clone()) {
-            Entry::Occupied(_) => Err(StoreError::RunExists(run.run_id)),
-            Entry::Vacant(slot) => {
-                // Room for a short run's journal at once (seven steps: three tool turns and an
-                // answer); grown from empty, both were allocated, copied and freed twice.
-                let (steps, keys) = (Vec::with_capacity(FIRST_STEPS), HashTable::with_capacity(FIRST_STEPS));
-                slot.insert(RunEntry { record: run, steps, keys });
-                Ok(())
-            }
-        }
+        state.runs.create(run)
     }
 
     fn put_run_now(&self, run: RunRecord, fence: u64) -> Result<u64, StoreError> {
