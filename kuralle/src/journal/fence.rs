@@ -22,8 +22,10 @@ pub(crate) type CloseHook = Box<dyn FnOnce() -> bool + Send>;
 
 /// The fencing token a turn writes under, and whether the turn lost it.
 pub(crate) struct Fence {
-    run_id: String,
-    token: u64,
+    /// The lease as it was granted (renewals extend it in the store, not here). The turn's
+    /// holder gives it back and the renewals renew it from here: one copy of its ids for the
+    /// turn, where the holder, the renewals and the fence each kept their own.
+    lease: Lease,
     lost: AtomicBool,
     /// Taken (and asked) by the first closing write; `None` after, or for a lease nobody holds
     /// for long.
@@ -42,8 +44,8 @@ pub(crate) struct Fence {
 impl std::fmt::Debug for Fence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fence")
-            .field("run_id", &self.run_id)
-            .field("token", &self.token)
+            .field("run_id", &self.lease.run_id)
+            .field("token", &self.lease.token)
             .field("lost", &self.lost)
             .field("released", &self.released)
             .finish_non_exhaustive()
@@ -54,15 +56,15 @@ impl Fence {
     /// The fence of a lease held only for a moment (nobody renews it): a failed write is not
     /// tried again.
     pub(crate) fn new(lease: &Lease, stop: CancellationToken) -> Arc<Self> {
-        Self::renewed(lease, stop, Duration::ZERO)
+        Self::renewed(lease.clone(), stop, Duration::ZERO)
     }
 
     /// The fence of a renewed lease: a failed write of an outcome in hand may be tried again
     /// for `patience` (the renewals lose the fence sooner if the lease lapses).
-    pub(crate) fn renewed(lease: &Lease, stop: CancellationToken, patience: Duration) -> Arc<Self> {
-        let (run_id, token, lost) = (lease.run_id.clone(), lease.token, AtomicBool::new(false));
+    pub(crate) fn renewed(lease: Lease, stop: CancellationToken, patience: Duration) -> Arc<Self> {
+        let lost = AtomicBool::new(false);
         let (on_close, release_at_close, released) = (Mutex::new(None), AtomicBool::new(false), AtomicBool::new(false));
-        Arc::new(Self { run_id, token, lost, on_close, release_at_close, released, stop, patience })
+        Arc::new(Self { lease, lost, on_close, release_at_close, released, stop, patience })
     }
 
     /// Sets what a closing write asks before giving the lease up with the run's last write.
@@ -98,11 +100,16 @@ impl Fence {
     }
 
     pub(crate) fn run_id(&self) -> &str {
-        &self.run_id
+        &self.lease.run_id
     }
 
     pub(crate) fn token(&self) -> u64 {
-        self.token
+        self.lease.token
+    }
+
+    /// The lease as it was granted (its expiry is the grant's).
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.lease
     }
 
     pub(crate) fn is_lost(&self) -> bool {
@@ -112,7 +119,7 @@ impl Fence {
     /// Another owner took over (or the lease was released): stop at once.
     pub(crate) fn lose(&self) {
         if !self.lost.swap(true, Ordering::SeqCst) {
-            tracing::warn!(run_id = %self.run_id, token = self.token, "lost the run's lease; stopping this turn");
+            tracing::warn!(run_id = %self.lease.run_id, token = self.lease.token, "lost the run's lease; stopping this turn");
         }
         self.stop.cancel();
     }
@@ -130,7 +137,7 @@ impl Fence {
         let fenced = matches!(&result, Err(RunError::Store(StoreError::Fenced { .. })));
         if fenced || self.is_lost() {
             self.lose();
-            return Err(RunError::LeaseLost { run_id: self.run_id.clone(), token: self.token });
+            return Err(RunError::LeaseLost { run_id: self.lease.run_id.clone(), token: self.lease.token });
         }
         result
     }

@@ -233,7 +233,7 @@ mod tests {
         let lease = store.acquire_lease("r", "app-1/t", Duration::from_secs(3)).await.unwrap();
         let stop = CancellationToken::new();
         let fence = Fence::new(&lease, stop.clone());
-        let _registration = renewals.register(lease, Arc::clone(&fence), tokio::time::Instant::now());
+        let _registration = renewals.register(Arc::clone(&fence), tokio::time::Instant::now());
 
         instance.lose();
         assert!(fence.is_lost() && stop.is_cancelled(), "the turn is told to stop");

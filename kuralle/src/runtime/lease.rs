@@ -102,7 +102,7 @@ async fn attempt<'a, T>(
 
 /// A held lease, renewed by the runtime's [`Renewals`] every `ttl / 3` until released.
 pub(crate) struct Held {
-    lease: Lease,
+    /// Holds the lease itself (see [`Fence`]).
     fence: Arc<Fence>,
     /// The turn's calls that were cut off but have not ended: the lease outlives them.
     stragglers: Arc<Stragglers>,
@@ -114,8 +114,8 @@ impl Held {
     /// Starts renewing `lease`, granted by a request sent at `granted`; a renewal that is
     /// fenced, or none succeeding before the local deadline, loses the fence (and fires `stop`).
     pub(crate) fn start(renewals: &Arc<Renewals>, lease: Lease, granted: Instant, stop: CancellationToken) -> Self {
-        let fence = Fence::renewed(&lease, stop, renewals.proven_for());
-        let registration = renewals.register(lease.clone(), Arc::clone(&fence), granted);
+        let fence = Fence::renewed(lease, stop, renewals.proven_for());
+        let registration = renewals.register(Arc::clone(&fence), granted);
         let stragglers: Arc<Stragglers> = Arc::default();
         // The turn's close may give the lease up with the run's last write (one write less)
         // when no call of the turn still runs; renewing stops first, so that a renewal that
@@ -128,7 +128,7 @@ impl Held {
             }
             idle
         }));
-        Self { lease, fence, stragglers, renewals: Arc::clone(renewals), registration }
+        Self { fence, stragglers, renewals: Arc::clone(renewals), registration }
     }
 
     pub(crate) fn fence(&self) -> &Arc<Fence> {
@@ -161,7 +161,7 @@ impl Held {
         if self.fence.is_lost() || self.fence.is_released() {
             return;
         }
-        self.renewals.release(self.lease.clone()).await;
+        self.renewals.release(self.fence.lease().clone()).await;
     }
 }
 

@@ -77,10 +77,9 @@ struct State {
     wakes_at: Option<Instant>,
 }
 
-/// One registered lease: the latest renewal of it, its turn's fence, when it is due, and until
+/// One registered lease: its turn's fence (which holds the lease), when it is due, and until
 /// when it is proven held.
 struct Entry {
-    lease: Lease,
     fence: Arc<Fence>,
     due: Instant,
     /// The local deadline: past it, the lease is lost.
@@ -170,13 +169,13 @@ impl Renewals {
     /// grant's answer came back: on a slow store (a grant waiting behind a commit) counting from
     /// the answer left the first renewal no time to return before the deadline, and leases the
     /// store still held were given up.
-    pub(crate) fn register(self: &Arc<Self>, lease: Lease, fence: Arc<Fence>, granted: Instant) -> Registration {
+    pub(crate) fn register(self: &Arc<Self>, fence: Arc<Fence>, granted: Instant) -> Registration {
         let due = granted + self.period();
         let deadline = self.deadline_from(granted);
         let mut state = self.state();
         let id = state.next_id;
         state.next_id += 1;
-        state.held.insert(id, Entry { lease, fence, due, deadline, renewing: false, alone: false });
+        state.held.insert(id, Entry { fence, due, deadline, renewing: false, alone: false });
         self.ensure_task(&mut state);
         self.wake_for(&mut state, due.min(deadline));
         Registration(id)
@@ -222,7 +221,7 @@ impl Renewals {
     pub(crate) fn lose_run(&self, run_id: &str) {
         let mut lost = Vec::new();
         self.state().held.retain(|_, entry| {
-            if entry.lease.run_id == run_id {
+            if entry.fence.run_id() == run_id {
                 lost.push(Arc::clone(&entry.fence));
                 return false;
             }
@@ -262,7 +261,7 @@ impl Renewals {
             }
             if held.due <= soon && !held.renewing {
                 held.renewing = true;
-                let renewal = (id, held.lease.clone(), Arc::clone(&held.fence));
+                let renewal = (id, held.fence.lease().clone(), Arc::clone(&held.fence));
                 if held.alone {
                     work.renew.push(vec![renewal]);
                 } else {
@@ -325,9 +324,10 @@ impl Renewals {
         let mut next: Option<Instant> = None;
         for ((id, _, fence), result) in batch.into_iter().zip(results) {
             let at = match result {
-                Ok(lease) => {
+                // The renewed lease differs only in its expiry, which the local deadline
+                // replaces; the next renewal sends the lease as granted (a store renews by token).
+                Ok(_) => {
                     let Some(held) = state.held.get_mut(&id) else { continue };
-                    held.lease = lease;
                     held.renewing = false;
                     held.alone = false;
                     // The cadence counts from the request, as the deadline does: a slow
@@ -374,10 +374,9 @@ impl Renewals {
         let mut state = self.state();
         for ((id, _, fence), result) in batch.into_iter().zip(results) {
             match result {
-                Ok(lease) => {
+                Ok(_) => {
                     let Some(held) = state.held.get_mut(&id) else { continue };
                     if deadline > held.deadline {
-                        held.lease = lease;
                         held.deadline = deadline;
                     }
                 }
@@ -520,11 +519,11 @@ mod tests {
     async fn held_leases_are_renewed_until_deregistered() {
         let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
         let renewals = Renewals::new(Arc::clone(&store), TTL);
-        let (a, fence_a, _) = take(&store, "a").await;
-        let registered_a = renewals.register(a, fence_a, Instant::now());
+        let (_, fence_a, _) = take(&store, "a").await;
+        let registered_a = renewals.register(fence_a, Instant::now());
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let (b, fence_b, _) = take(&store, "b").await;
-        let _registered_b = renewals.register(b, fence_b, Instant::now());
+        let (_, fence_b, _) = take(&store, "b").await;
+        let _registered_b = renewals.register(fence_b, Instant::now());
         // Three TTLs later both are still held: each was renewed every second.
         tokio::time::sleep(3 * TTL).await;
         assert!(held_by_someone(&store, "a").await);
@@ -541,7 +540,7 @@ mod tests {
         let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
         let renewals = Renewals::new(Arc::clone(&store), TTL);
         let (lease, fence, stop) = take(&store, "a").await;
-        let _registered = renewals.register(lease.clone(), Arc::clone(&fence), Instant::now());
+        let _registered = renewals.register(Arc::clone(&fence), Instant::now());
         // Another owner takes the run over.
         store.release_lease(&lease).await.unwrap();
         store.acquire_lease("a", "thief", TTL).await.unwrap();
@@ -554,8 +553,8 @@ mod tests {
     async fn dropping_the_renewals_stops_their_task() {
         let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
         let renewals = Renewals::new(Arc::clone(&store), TTL);
-        let (lease, fence, _) = take(&store, "a").await;
-        renewals.register(lease, fence, Instant::now());
+        let (_, fence, _) = take(&store, "a").await;
+        renewals.register(fence, Instant::now());
         let task = renewals.state().task.as_ref().map(JoinHandle::abort_handle).unwrap();
         drop(renewals);
         tokio::task::yield_now().await;
