@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -60,14 +61,20 @@ pub(super) fn turn<'a>(
             // Kept boxed: each layer of the turn's future would otherwise hold its own copy.
             Opened::Turn { record, state, created } => (record, state, created),
         };
-        let result = drive(rt, record, state, created, events, interrupt, held, hand_back).await;
-        if let Err(e) = &result
-            && ends_the_run(e)
-            && !fence.is_lost()
-        {
-            Box::pin(mark_ended(writer, ended_status(e))).await;
-        }
-        result
+        // Chained, not awaited into a local: a local that receives an await's output has its
+        // slot in this future during that await too, and the turn's result (168 bytes) then sat
+        // beside `drive` in every run's task for the run's whole life. Chained, it lives only
+        // in the second stage, which takes the first's place.
+        let marked = move |result: Result<RunOutput, RunError>| async move {
+            if let Err(e) = &result
+                && ends_the_run(e)
+                && !fence.is_lost()
+            {
+                Box::pin(mark_ended(writer, ended_status(e))).await;
+            }
+            result
+        };
+        drive(rt, record, state, created, events, interrupt, held, hand_back).then(marked).await
     }
 }
 
