@@ -69,41 +69,52 @@ pub(super) fn model_step<'a>(
         let mut open_text = String::new();
         let mut finished = false;
         loop {
-            let next = tokio::select! {
-                biased;
-                () = ctx.interrupt.cancelled() => return Ok(None),
-                next = stream.next() => next,
-            };
-            match next {
-                None => break,
-                Some(Err(e)) => return Err(e.into()),
-                Some(Ok(ModelEvent::TextDelta { delta })) => {
-                    open_text.push_str(&delta);
-                    ctx.events.send(Event::TextDelta { delta }).await;
-                }
-                Some(Ok(ModelEvent::ReasoningDelta { delta })) => {
-                    if ctx.events.is_listening() {
-                        ctx.events.send(Event::ReasoningDelta { delta }).await;
+            // What to tell the listener is sent after the model's event is gone: an event held
+            // across a send would keep its 128 bytes in this future through the model's whole
+            // latency, which is when every run in flight holds one.
+            let told = {
+                let next = tokio::select! {
+                    biased;
+                    () = ctx.interrupt.cancelled() => return Ok(None),
+                    next = stream.next() => next,
+                };
+                match next {
+                    None => break,
+                    Some(Err(e)) => return Err(e.into()),
+                    Some(Ok(ModelEvent::TextDelta { delta })) => {
+                        open_text.push_str(&delta);
+                        Some(Event::TextDelta { delta })
                     }
-                }
-                Some(Ok(ModelEvent::ToolCall(call))) => {
-                    close_text(&mut response.parts, &mut open_text);
-                    response.parts.push(Part::call(call));
-                }
-                Some(Ok(ModelEvent::Part { part })) => {
-                    if matches!(part, Part::Text { .. }) {
-                        // The part is the streamed text, complete, with its signature or id.
-                        open_text.clear();
-                    } else {
+                    Some(Ok(ModelEvent::ReasoningDelta { delta })) => {
+                        ctx.events.is_listening().then_some(Event::ReasoningDelta { delta })
+                    }
+                    Some(Ok(ModelEvent::ToolCall(call))) => {
                         close_text(&mut response.parts, &mut open_text);
+                        response.parts.push(Part::call(call));
+                        None
                     }
-                    response.parts.push(part);
+                    Some(Ok(ModelEvent::Part { part })) => {
+                        if matches!(part, Part::Text { .. }) {
+                            // The part is the streamed text, complete, with its signature or id.
+                            open_text.clear();
+                        } else {
+                            close_text(&mut response.parts, &mut open_text);
+                        }
+                        response.parts.push(part);
+                        None
+                    }
+                    Some(Ok(ModelEvent::Finish { reason, usage })) => {
+                        response.finish = reason;
+                        response.usage = usage;
+                        finished = true;
+                        None
+                    }
                 }
-                Some(Ok(ModelEvent::Finish { reason, usage })) => {
-                    response.finish = reason;
-                    response.usage = usage;
-                    finished = true;
-                }
+            };
+            // Made before it is awaited, so that `told` is moved from, not matched on: a matched
+            // local keeps its slot through the await in its arm.
+            if let Some(sending) = told.map(|event| ctx.events.send(event)) {
+                sending.await;
             }
         }
         if !finished {

@@ -27,7 +27,7 @@ use crate::{
     event::{Event, EventSender, RunOutput},
     journal::{Fence, Journal, RunWriter},
     limits::Budget,
-    model::{Message, Model, ModelRequest, ToolCallRequest, Usage},
+    model::{FinishReason, Message, Model, ModelRequest, Origin, Part, ToolCallRequest, Usage},
     store::{RunRecord, RunStatus, StoreError},
     tool::ToolSpec,
     truncate::truncate_owned,
@@ -257,7 +257,7 @@ fn steps<'a>(
             };
             // Scoped, as the request above: the step's result and response end here, before
             // the awaits below, instead of taking room in the future beside the model's wait.
-            let (mut parts, origin, finish, has_calls) = {
+            let answer = {
                 let step = chat.run(step).await;
                 chat.done(step.as_ref().map(|r| r.as_ref().map(|r| (&r.parts[..], &r.finish, r.usage))));
                 let Some(response) = step? else {
@@ -267,62 +267,31 @@ fn steps<'a>(
                 usage += response.usage;
                 let has_calls = response.has_calls();
                 let ModelResponse { parts, origin, finish, .. } = response;
-                (parts, origin, finish, has_calls)
+                Answer { parts, origin, finish, has_calls }
             };
             callsite += 1;
-            if !has_calls {
-                let message = Message::Assistant { parts, origin };
-                text = message.text();
-                transcript.push(message);
-                if let Some(t) = typed.as_mut() {
-                    let judged = t.judge_text(&text, &finish);
-                    match Box::pin(settle(t, judged, ctx, callsite, Some(&mut transcript), &mut failure)).await? {
-                        Some(v) => value = Some(v),
-                        None if failure.is_none() => continue,
-                        None => break,
-                    }
-                }
+            if !answer.has_calls && typed.is_none() {
+                // The answer, with nothing to check: nothing to wait for, and no box to make.
+                text = final_answer(&mut transcript, answer.parts, answer.origin);
                 status = RunStatus::Finished;
                 break;
             }
-            let calls = take_calls(&mut parts);
-            let n = calls.len() as u64;
-            let dispatched = Box::pin(dispatch::dispatch(ctx, calls, callsite)).await?;
-            callsite += n;
-            if !dispatched.pending.is_empty() {
-                // The turn resumes from its start once decided: everything before the pending
-                // calls replays from the journal, so only the decision is missing. (The transcript
-                // is rolled back to the turn's start below, so it never gets this response.)
-                pending = dispatched.pending;
-                status = RunStatus::Paused;
+            // Boxed: what the answer's handling keeps across its awaits (the parts, the
+            // dispatched calls) would otherwise have slots in every run's task through the
+            // model's whole latency, the state 10,000 runs in flight hold at once.
+            let next = Box::pin(answered(
+                ctx,
+                agent,
+                answer,
+                &mut transcript,
+                &mut typed,
+                &mut failure,
+                &mut callsite,
+                Ends { value: &mut value, text: &mut text, status: &mut status, pending: &mut pending },
+            ))
+            .await?;
+            if let Next::Stop = next {
                 break;
-            }
-            // Dispatch reads nothing of the transcript, so the response joins it only now, its
-            // calls rebuilt from what dispatch gives back instead of copied before dispatch: every
-            // call answered, in source order, since nothing is pending.
-            let judged = typed.as_ref().and_then(|t| t.judge_calls(&dispatched.outcomes, &finish, &text_of(&parts)));
-            let mut tool_calls = Vec::with_capacity(dispatched.outcomes.len());
-            let mut results = Vec::with_capacity(dispatched.outcomes.len());
-            for o in dispatched.outcomes {
-                let content = truncate_owned(dispatch::into_model_value(o.result), agent.max_tool_result_tokens);
-                results.push(Message::Tool { call_id: o.call_id.clone(), name: o.name.clone(), content });
-                tool_calls.push(ToolCallRequest { call_id: o.call_id, name: o.name, arguments: o.arguments });
-            }
-            put_calls(&mut parts, tool_calls);
-            transcript.push(Message::Assistant { parts, origin });
-            for message in results {
-                transcript.push(message);
-            }
-            if let (Some(t), Some(judged)) = (typed.as_mut(), judged) {
-                // A rejected call's error is its result, already in the transcript: the repair prompt.
-                if let Some(v) = Box::pin(settle(t, judged, ctx, callsite, None, &mut failure)).await? {
-                    value = Some(v);
-                    status = RunStatus::Finished;
-                    break;
-                }
-                if failure.is_some() {
-                    break;
-                }
             }
         }
         if let Some(v) = &value {
@@ -367,6 +336,107 @@ fn steps<'a>(
         events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
         Ok(out)
     }
+}
+
+/// The model's answer to one step, taken apart.
+struct Answer {
+    parts: Vec<Part>,
+    origin: Option<Origin>,
+    finish: FinishReason,
+    has_calls: bool,
+}
+
+/// Whether the turn's steps go on after an answer.
+enum Next {
+    /// The model is asked again: its calls were answered, or a repair prompt was added.
+    Ask,
+    /// The turn ends with what [`Ends`] says: an answer, a pause or a failure.
+    Stop,
+}
+
+/// What a turn ends with, set as its answers come.
+struct Ends<'e> {
+    value: &'e mut Option<serde_json::Value>,
+    text: &'e mut String,
+    status: &'e mut RunStatus,
+    pending: &'e mut Vec<Pending>,
+}
+
+/// What the turn does with the model's answer: takes a final one, or dispatches its calls and
+/// adds them and their results to the transcript.
+#[allow(clippy::too_many_arguments)]
+async fn answered(
+    ctx: &Arc<TurnCtx>,
+    agent: &AgentDef,
+    answer: Answer,
+    transcript: &mut crate::transcript::Transcript,
+    typed: &mut Option<Typed<'_>>,
+    failure: &mut Option<crate::output::OutputError>,
+    callsite: &mut u64,
+    ends: Ends<'_>,
+) -> Result<Next, RunError> {
+    let Answer { mut parts, origin, finish, has_calls } = answer;
+    if !has_calls {
+        *ends.text = final_answer(transcript, parts, origin);
+        if let Some(t) = typed.as_mut() {
+            let judged = t.judge_text(ends.text, &finish);
+            match settle(t, judged, ctx, *callsite, Some(transcript), failure).await? {
+                Some(v) => *ends.value = Some(v),
+                None if failure.is_none() => return Ok(Next::Ask),
+                None => return Ok(Next::Stop),
+            }
+        }
+        *ends.status = RunStatus::Finished;
+        return Ok(Next::Stop);
+    }
+    let calls = take_calls(&mut parts);
+    let n = calls.len() as u64;
+    let dispatched = dispatch::dispatch(ctx, calls, *callsite).await?;
+    *callsite += n;
+    if !dispatched.pending.is_empty() {
+        // The turn resumes from its start once decided: everything before the pending
+        // calls replays from the journal, so only the decision is missing. (The transcript
+        // is rolled back to the turn's start, so it never gets this response.)
+        *ends.pending = dispatched.pending;
+        *ends.status = RunStatus::Paused;
+        return Ok(Next::Stop);
+    }
+    // Dispatch reads nothing of the transcript, so the response joins it only now, its
+    // calls rebuilt from what dispatch gives back instead of copied before dispatch: every
+    // call answered, in source order, since nothing is pending.
+    let judged = typed.as_ref().and_then(|t| t.judge_calls(&dispatched.outcomes, &finish, &text_of(&parts)));
+    let mut tool_calls = Vec::with_capacity(dispatched.outcomes.len());
+    let mut results = Vec::with_capacity(dispatched.outcomes.len());
+    for o in dispatched.outcomes {
+        let content = truncate_owned(dispatch::into_model_value(o.result), agent.max_tool_result_tokens);
+        results.push(Message::Tool { call_id: o.call_id.clone(), name: o.name.clone(), content });
+        tool_calls.push(ToolCallRequest { call_id: o.call_id, name: o.name, arguments: o.arguments });
+    }
+    put_calls(&mut parts, tool_calls);
+    transcript.push(Message::Assistant { parts, origin });
+    for message in results {
+        transcript.push(message);
+    }
+    if let (Some(t), Some(judged)) = (typed.as_mut(), judged) {
+        // A rejected call's error is its result, already in the transcript: the repair prompt.
+        if let Some(v) = settle(t, judged, ctx, *callsite, None, failure).await? {
+            *ends.value = Some(v);
+            *ends.status = RunStatus::Finished;
+            return Ok(Next::Stop);
+        }
+        if failure.is_some() {
+            return Ok(Next::Stop);
+        }
+    }
+    Ok(Next::Ask)
+}
+
+/// Adds the model's final answer to the transcript; returns its text.
+fn final_answer(transcript: &mut crate::transcript::Transcript, parts: Vec<Part>, origin: Option<Origin>) -> String {
+    let message = Message::Assistant { parts, origin };
+    let text = message.text();
+    transcript.push(message);
+    text
 }
 
 /// An answer's end: the accepted value (journaled), or `None` with either a repair prompt
