@@ -224,11 +224,12 @@ impl IntoFuture for RunHandle {
         let Self { events, task, output, .. } = self;
         // Nobody reads events any more: close the channel so the run never waits on it.
         drop(events);
-        Box::pin(async move {
-            match output {
-                Some(result) => result,
-                None => joined(task.await),
-            }
-        })
+        // Two futures, not one `async` block holding both: a run awaited this way is boxed for
+        // its whole life, and the block kept room for an output (168 bytes) beside the task's
+        // handle while it waited. Waiting boxes only the handle.
+        match output {
+            Some(result) => Box::pin(std::future::ready(result)),
+            None => Box::pin(futures::FutureExt::map(task, joined)),
+        }
     }
 }
