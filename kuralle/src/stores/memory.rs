@@ -71,6 +71,29 @@ struct State {
     hasher: foldhash::fast::RandomState,
     /// Kept when a run is deleted, so a reused id never reuses a token.
     leases: KeyMap<LeaseRow>,
+    names: Names,
+}
+
+/// The shard's step names, one copy of each. A run's steps are named after its agent's few
+/// tools and `model`, and a copy in every step was an allocation of every step of every run.
+#[derive(Debug, Default)]
+struct Names(std::collections::HashSet<Arc<str>, foldhash::fast::RandomState>);
+
+impl Names {
+    fn of(&mut self, name: String) -> Arc<str> {
+        if let Some(known) = self.0.get(name.as_str()) {
+            return Arc::clone(known);
+        }
+        let name: Arc<str> = name.into();
+        self.0.insert(Arc::clone(&name));
+        name
+    }
+
+    /// Forgets the names no step holds any more (after a run is deleted), so names made up
+    /// per run do not pile up.
+    fn forget_unused(&mut self) {
+        self.0.retain(|name| Arc::strong_count(name) > 1);
+    }
 }
 
 /// A shard's runs, found by their record's own id: a map keyed by a copy of the id held one
@@ -196,26 +219,28 @@ struct RunEntry {
 #[derive(Debug)]
 struct Step {
     key: CompactKey,
-    name: Box<str>,
+    name: Arc<str>,
     kind: StepKind,
     status: StepStatus,
     epoch: u64,
     value: Option<JsonText>,
     started_at_ms: i64,
-    finished_at_ms: Option<i64>,
+    /// Read only once the step has ended (its status says so): an `Option` would make every
+    /// step of every run 8 bytes longer.
+    finished_at_ms: i64,
 }
 
 impl Step {
-    fn running(step: NewStep) -> Self {
+    fn running(step: NewStep, names: &mut Names) -> Self {
         Self {
             key: CompactKey::from_owned(step.key),
-            name: step.name.into_boxed_str(),
+            name: names.of(step.name),
             kind: step.kind,
             status: StepStatus::Running,
             epoch: step.epoch,
             value: None,
             started_at_ms: step.started_at_ms,
-            finished_at_ms: None,
+            finished_at_ms: 0,
         }
     }
 
@@ -236,7 +261,7 @@ impl Step {
             result,
             error,
             started_at_ms: self.started_at_ms,
-            finished_at_ms: self.finished_at_ms,
+            finished_at_ms: (self.status != StepStatus::Running).then_some(self.finished_at_ms),
         }
     }
 }
@@ -496,7 +521,7 @@ impl State {
         // All or nothing: the steps go on the journal's end, each claims its key (one hash
         // each), and on a duplicate the claims are given back and the steps taken off again.
         let first = entry.steps.len();
-        entry.steps.extend(steps.into_iter().map(Step::running));
+        entry.steps.extend(steps.into_iter().map(|step| Step::running(step, &mut self.names)));
         let (table, stored, hasher) = (&mut entry.keys, &entry.steps, &self.hasher);
         for o in first..stored.len() {
             let key = &stored[o].key;
@@ -539,7 +564,7 @@ impl State {
         };
         step.status = status;
         step.value = Some(value);
-        step.finished_at_ms = Some(finished_at_ms);
+        step.finished_at_ms = finished_at_ms;
         Ok(())
     }
 
@@ -572,7 +597,14 @@ impl RunStore for MemoryStore {
     }
 
     fn delete_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, bool> {
-        Box::pin(async move { Ok(self.lock(run_id).runs.remove(run_id).is_some()) })
+        Box::pin(async move {
+            let mut state = self.lock(run_id);
+            let deleted = state.runs.remove(run_id).is_some();
+            if deleted {
+                state.names.forget_unused();
+            }
+            Ok(deleted)
+        })
     }
 
     fn append_steps<'a>(&'a self, run_id: &'a str, fence: u64, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>> {
@@ -692,6 +724,43 @@ mod tests {
             created_at_ms: 1,
             updated_at_ms,
         }
+    }
+
+    #[test]
+    fn a_name_is_kept_once_and_forgotten_when_no_step_holds_it() {
+        let mut names = Names::default();
+        let (first, again) = (names.of("echo".into()), names.of("echo".into()));
+        assert!(Arc::ptr_eq(&first, &again));
+        drop(names.of("made-up".into()));
+        names.forget_unused();
+        assert!(names.0.contains("echo") && !names.0.contains("made-up"));
+    }
+
+    /// Steps share their names, read back as written; deleting a run forgets the names only
+    /// it used.
+    #[tokio::test]
+    async fn steps_share_their_names_and_a_deleted_run_leaves_none_behind() {
+        let store = MemoryStore::new();
+        let lease = store.acquire_lease("a", "me/turn", Duration::from_secs(30)).await.unwrap();
+        store.create_run(record("a", 1), lease.token).await.unwrap();
+        let step = |key: &str, name: &str| NewStep {
+            key: key.into(),
+            kind: StepKind::Tool,
+            name: name.into(),
+            epoch: 0,
+            started_at_ms: 1,
+        };
+        let steps = vec![step("k1", "echo"), step("k2", "echo"), step("k3", "only-a")];
+        store.append_steps("a", lease.token, steps).await.unwrap();
+        let names: Vec<String> = store.steps("a").await.unwrap().into_iter().map(|s| s.name).collect();
+        assert_eq!(names, ["echo", "echo", "only-a"]);
+        {
+            let state = store.lock("a");
+            let stored = &state.runs.get("a").unwrap().steps;
+            assert!(Arc::ptr_eq(&stored[0].name, &stored[1].name), "one copy of a name");
+        }
+        assert!(store.delete_run("a").await.unwrap());
+        assert!(store.lock("a").names.0.is_empty());
     }
 
     /// Runs land in every shard; listing and taking back see all of them, in one order.
