@@ -246,20 +246,30 @@ fn signal(proc: &Child, sig: &str) {
 /// Leaves run `run_id` with its first charge in flight: a child with a short lease is
 /// SIGKILLed inside the charge; returns once that lease has expired.
 fn crash_in_first_charge(dir: &Path, run_id: &str) {
+    // Short, so that the next process can take the run over soon after the kill; not shorter:
+    // with 100 ms, a debug-build child on a busy machine (a full workspace run) once lost its
+    // lease before it reached the charge.
+    const TTL_MS: u64 = 500;
+    let ttl = TTL_MS.to_string();
     let mut proc =
-        child_with(dir, run_id, &[("CRASH_AT", "in_execute"), ("CRASH_TOOL", "charge"), ("LEASE_TTL_MS", "100")])
+        child_with(dir, run_id, &[("CRASH_AT", "in_execute"), ("CRASH_TOOL", "charge"), ("LEASE_TTL_MS", &ttl)])
             .spawn()
             .expect("spawn child");
     let lines = lines_of(&mut proc);
+    let mut printed = Vec::new();
     loop {
-        let line = lines.recv_timeout(Duration::from_secs(60)).expect("child reaches the charge");
-        if line == "MARK in_execute" {
-            break;
+        match lines.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) if line == "MARK in_execute" => break,
+            Ok(line) => printed.push(line),
+            Err(e) => {
+                let exit = proc.try_wait();
+                panic!("the child did not reach the charge ({e}, exit {exit:?}); it printed {printed:#?}")
+            }
         }
     }
     proc.kill().unwrap();
     proc.wait().unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    std::thread::sleep(Duration::from_millis(TTL_MS + 100));
 }
 
 /// Two processes resume the same crashed run at once, 20 times: the in-flight charge is
