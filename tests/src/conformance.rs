@@ -153,6 +153,7 @@ macro_rules! with_conformance_cases {
             lease_release_gives_a_higher_token,
             lease_with_the_run_read_under_it,
             leases_renewed_in_one_batch_keep_their_own_outcomes,
+            a_lease_renews_and_releases_as_granted,
             queue_claims_each_runnable_run_once,
             instance_lock_takes_back_only_its_own_leases,
             cancel_closes_running_and_paused_runs_and_fences_their_owner,
@@ -864,6 +865,21 @@ pub async fn lease_with_the_run_read_under_it<S: RunStore>(store: S) {
     assert_eq!(store.put_run(record, second.token).await.unwrap(), 1, "the lease it granted writes");
     let stale = StoreError::Fenced { run_id: "run-1".into(), token: first.token };
     assert_eq!(store.append_steps("run-1", first.token, vec![step("a")]).await.unwrap_err(), stale);
+}
+
+/// A lease renews and releases as it was granted: the runtime keeps the lease it was given and
+/// sends it at every renewal, so after the first the expiry it carries is older than the
+/// store's. A store renews and releases a lease by its run id and token.
+pub async fn a_lease_renews_and_releases_as_granted<S: RunStore>(store: S) {
+    let granted = store.acquire_lease("run-1", "a", HOUR).await.unwrap();
+    let first = store.renew_lease(&granted, HOUR).await.unwrap();
+    let again = store.renew_lease(&granted, HOUR).await.unwrap();
+    assert_eq!((again.token, again.owner.as_str()), (granted.token, "a"));
+    assert!(again.expires_at_ms >= first.expires_at_ms, "{again:?} after {first:?}");
+    let batch = store.renew_leases(std::slice::from_ref(&granted), HOUR).await.unwrap();
+    assert_eq!(batch[0].as_ref().map(|l| l.token), Ok(granted.token));
+    store.release_lease(&granted).await.unwrap();
+    assert_eq!(store.current_lease("run-1").await.unwrap(), None);
 }
 
 /// `renew_leases`: one call renews every current lease (a later expiry, the same token and

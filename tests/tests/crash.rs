@@ -263,6 +263,7 @@ fn crash_in_first_charge(dir: &Path, run_id: &str) {
             Ok(line) => printed.push(line),
             Err(e) => {
                 let exit = proc.try_wait();
+                let _ = proc.kill();
                 panic!("the child did not reach the charge ({e}, exit {exit:?}); it printed {printed:#?}")
             }
         }

@@ -347,7 +347,9 @@ pub trait RunStore: Send + Sync + 'static {
 
     /// Extends `lease` to the store's now + `ttl`; returns it with the new expiry. Succeeds iff
     /// its token is still the run's current one and not released (an expired lease nobody took
-    /// over may be renewed); else [`StoreError::Fenced`].
+    /// over may be renewed); else [`StoreError::Fenced`]. Only the lease's run id and token
+    /// count: the runtime renews the lease as it was granted, so its `expires_at_ms` is the
+    /// grant's.
     fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease>;
 
     /// Renews many leases in one request: as [`renew_lease`](Self::renew_lease) on each, with

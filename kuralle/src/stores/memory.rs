@@ -89,8 +89,8 @@ impl Names {
         name
     }
 
-    /// Forgets the names no step holds any more (after a run is deleted), so names made up
-    /// per run do not pile up.
+    /// Forgets the names no step holds any more (after a run is deleted, or steps refused),
+    /// so names made up per run do not pile up.
     fn forget_unused(&mut self) {
         self.0.retain(|name| Arc::strong_count(name) > 1);
     }
@@ -537,6 +537,7 @@ impl State {
             }
             let key = key.to_text();
             entry.steps.truncate(first);
+            self.names.forget_unused();
             return Err(StoreError::DuplicateKey { run_id: run_id.to_owned(), key });
         }
         Ok((first as u64..entry.steps.len() as u64).collect())
@@ -736,10 +737,10 @@ mod tests {
         assert!(names.0.contains("echo") && !names.0.contains("made-up"));
     }
 
-    /// Steps share their names, read back as written; deleting a run forgets the names only
-    /// it used.
+    /// Steps share their names, read back as written; refused steps and a deleted run leave no
+    /// names behind.
     #[tokio::test]
-    async fn steps_share_their_names_and_a_deleted_run_leaves_none_behind() {
+    async fn steps_share_their_names_and_refused_or_deleted_ones_leave_none_behind() {
         let store = MemoryStore::new();
         let lease = store.acquire_lease("a", "me/turn", Duration::from_secs(30)).await.unwrap();
         store.create_run(record("a", 1), lease.token).await.unwrap();
@@ -759,6 +760,9 @@ mod tests {
             let stored = &state.runs.get("a").unwrap().steps;
             assert!(Arc::ptr_eq(&stored[0].name, &stored[1].name), "one copy of a name");
         }
+        let refused = vec![step("k4", "refused"), step("k1", "echo")];
+        assert!(matches!(store.append_steps("a", lease.token, refused).await, Err(StoreError::DuplicateKey { .. })));
+        assert!(!store.lock("a").names.0.contains("refused"), "refused steps leave no name");
         assert!(store.delete_run("a").await.unwrap());
         assert!(store.lock("a").names.0.is_empty());
     }
