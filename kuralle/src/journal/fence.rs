@@ -24,7 +24,7 @@ pub(crate) type CloseHook = Box<dyn FnOnce() -> bool + Send>;
 pub(crate) struct Fence {
     /// The lease as it was granted (renewals extend it in the store, not here). The turn's
     /// holder gives it back and the renewals renew it from here: one copy of its ids for the
-    /// turn, where the holder, the renewals and the fence each kept their own.
+    /// turn, where the holder and the renewals each kept the lease and the fence its run id.
     lease: Lease,
     lost: AtomicBool,
     /// Taken (and asked) by the first closing write; `None` after, or for a lease nobody holds
