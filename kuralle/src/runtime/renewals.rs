@@ -100,8 +100,9 @@ struct Release {
     gives_up: Instant,
 }
 
-/// Leases renewed in one request: their registrations, the leases and their turns' fences.
-type Batch = Vec<(u64, Lease, Arc<Fence>)>;
+/// Leases renewed in one request: their registrations and their turns' fences (which hold the
+/// leases).
+type Batch = Vec<(u64, Arc<Fence>)>;
 
 /// A registration; deregister it with [`Renewals::deregister`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,7 +262,7 @@ impl Renewals {
             }
             if held.due <= soon && !held.renewing {
                 held.renewing = true;
-                let renewal = (id, held.fence.lease().clone(), Arc::clone(&held.fence));
+                let renewal = (id, Arc::clone(&held.fence));
                 if held.alone {
                     work.renew.push(vec![renewal]);
                 } else {
@@ -322,7 +323,7 @@ impl Renewals {
         let now = Instant::now();
         let mut state = self.state();
         let mut next: Option<Instant> = None;
-        for ((id, _, fence), result) in batch.into_iter().zip(results) {
+        for ((id, fence), result) in batch.into_iter().zip(results) {
             let at = match result {
                 // The renewed lease differs only in its expiry, which the local deadline
                 // replaces; the next renewal sends the lease as granted (a store renews by token).
@@ -372,7 +373,7 @@ impl Renewals {
         }
         let deadline = self.deadline_from(sent);
         let mut state = self.state();
-        for ((id, _, fence), result) in batch.into_iter().zip(results) {
+        for ((id, fence), result) in batch.into_iter().zip(results) {
             match result {
                 Ok(_) => {
                     let Some(held) = state.held.get_mut(&id) else { continue };
@@ -433,7 +434,7 @@ async fn keep(renewals: Weak<Renewals>, wake: Arc<Notify>) {
         for batch in work.renew {
             let (weak, store, ttl, limit) = (Weak::clone(&renewals), Arc::clone(&this.store), this.ttl, this.period());
             tokio::spawn(async move {
-                let leases: Vec<Lease> = batch.iter().map(|(_, lease, _)| lease.clone()).collect();
+                let leases: Vec<Lease> = batch.iter().map(|(_, fence)| fence.lease().clone()).collect();
                 let mut request = tokio::spawn(async move { store.renew_leases(&leases, ttl).await });
                 let answer = match tokio::time::timeout(limit, &mut request).await {
                     Ok(joined) => joined,
