@@ -17,6 +17,11 @@
 //!   part of the above, without the wait for the timer and for the stream to be polled;
 //! - first request p50 / last: when runs made their first model request, from the moment they
 //!   were all started (a run's start: its run row and lease, before any model call);
+//! - `run` calls made in: how long the one task that starts the runs took to make its N
+//!   `Runtime::run` calls (each spawns the run's task); the other worker thread starts runs
+//!   meanwhile. Mostly allocation: each call allocates the run's task, its event channel and
+//!   its interrupt, from a heap that grows as it goes (`docs/performance.md`, "Where a start's
+//!   time goes");
 //! - CPU per run: the process's CPU time (every thread) while the runs ran, over N; against
 //!   2 cores × wall it tells whether the configuration is CPU-bound;
 //! - idle timer lateness, p50 and p99: how late 100 sleeps of the model's latency end on the
@@ -187,6 +192,7 @@ struct Figures {
     own_p99_us: f64,
     first_p50_us: f64,
     first_max_us: f64,
+    calls_us: f64,
     cpu_us_per_run: f64,
     timer_p50_us: f64,
     timer_p99_us: f64,
@@ -205,7 +211,7 @@ impl Figures {
 
     fn line(&self) -> String {
         format!(
-            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} first_p50_us={} first_max_us={} cpu_us_per_run={} timer_p50_us={} timer_p99_us={} step_writes={} store_writes={} commits={} rss_kib={} heap_bytes={}",
+            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} first_p50_us={} first_max_us={} calls_us={} cpu_us_per_run={} timer_p50_us={} timer_p99_us={} step_writes={} store_writes={} commits={} rss_kib={} heap_bytes={}",
             self.store,
             self.runs,
             self.latency_ms,
@@ -217,6 +223,7 @@ impl Figures {
             self.own_p99_us,
             self.first_p50_us,
             self.first_max_us,
+            self.calls_us,
             self.cpu_us_per_run,
             self.timer_p50_us,
             self.timer_p99_us,
@@ -244,6 +251,7 @@ impl Figures {
                 "own_p99_us" => f.own_p99_us = v.parse().ok()?,
                 "first_p50_us" => f.first_p50_us = v.parse().ok()?,
                 "first_max_us" => f.first_max_us = v.parse().ok()?,
+                "calls_us" => f.calls_us = v.parse().ok()?,
                 "cpu_us_per_run" => f.cpu_us_per_run = v.parse().ok()?,
                 "timer_p50_us" => f.timer_p50_us = v.parse().ok()?,
                 "timer_p99_us" => f.timer_p99_us = v.parse().ok()?,
@@ -322,7 +330,7 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
     // Started from a task on the runtime, as a service starts runs.
     let clock = Arc::clone(&marks);
     let cpu_start = cpu_time::ProcessTime::now();
-    let (started, wall) = rt
+    let (started, calls, wall) = rt
         .block_on(async move {
             tokio::spawn(async move {
                 let (start, started) = (Instant::now(), clock.now());
@@ -332,10 +340,11 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
                 // Each output is checked and dropped as its run ends, so the peak RSS is the runs'
                 // own and not the bench holding every finished conversation.
                 let mut pending: futures::stream::FuturesUnordered<_> = all.collect();
+                let calls = start.elapsed();
                 while let Some(out) = pending.next().await {
                     assert_eq!(out.expect("the run finishes").status, RunStatus::Finished);
                 }
-                (started, start.elapsed())
+                (started, calls, start.elapsed())
             })
             .await
         })
@@ -372,6 +381,7 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
         cpu_us_per_run: cpu.as_secs_f64() * 1e6 / runs as f64,
         first_p50_us: q(&firsts, 0.5),
         first_max_us: q(&firsts, 1.0),
+        calls_us: calls.as_secs_f64() * 1e6,
         timer_p50_us: timer.0,
         timer_p99_us: timer.1,
         step_writes: counting.counts().steps,
@@ -424,7 +434,7 @@ fn kib(v: f64) -> String {
 fn print_row(f: &Figures) {
     if f.timed_out {
         println!(
-            "| {} | {} | {} ms | > {:.0} s (stopped) | > {:.1}× | — | — | — | — | — | — | — | — | — | — |",
+            "| {} | {} | {} ms | > {:.0} s (stopped) | > {:.1}× | — | — | — | — | — | — | — | — | — | — | — |",
             f.store,
             f.runs,
             f.latency_ms,
@@ -435,7 +445,7 @@ fn print_row(f: &Figures) {
     }
     let per_commit = f.commits.map_or_else(|| "—".to_owned(), |c| format!("{:.2}", f.store_writes as f64 / c as f64));
     println!(
-        "| {} | {} | {} ms | {:.2} s | {:.2}× | {:.0} / {:.0} µs (max {:.0}) | {:.0} / {:.0} µs | {:.1} / {:.1} ms | {:.0} µs | {:.0} / {:.0} µs | {:.0} | {:.1} | {} | {} | {} |",
+        "| {} | {} | {} ms | {:.2} s | {:.2}× | {:.0} / {:.0} µs (max {:.0}) | {:.0} / {:.0} µs | {:.1} / {:.1} ms | {:.1} ms | {:.0} µs | {:.0} / {:.0} µs | {:.0} | {:.1} | {} | {} | {} |",
         f.store,
         f.runs,
         f.latency_ms,
@@ -448,6 +458,7 @@ fn print_row(f: &Figures) {
         f.own_p99_us,
         f.first_p50_us / 1e3,
         f.first_max_us / 1e3,
+        f.calls_us / 1e3,
         f.cpu_us_per_run,
         f.timer_p50_us,
         f.timer_p99_us,
@@ -628,9 +639,9 @@ fn main() {
          answer -> next request = from the answer handed over to the run's next request"
     );
     println!(
-        "| store | runs in flight | model latency | wall | wall / ideal | added latency per turn p50 / p99 | answer → next request p50 / p99 | first request p50 / last | CPU per run | idle timer lateness p50 / p99 | journal writes/s | store writes per run | peak RSS per run | peak live heap per run | store writes per commit |"
+        "| store | runs in flight | model latency | wall | wall / ideal | added latency per turn p50 / p99 | answer → next request p50 / p99 | first request p50 / last | `run` calls made in | CPU per run | idle timer lateness p50 / p99 | journal writes/s | store writes per run | peak RSS per run | peak live heap per run | store writes per commit |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut all = Vec::new();
     for latency in &latencies {
         for store in &stores {
