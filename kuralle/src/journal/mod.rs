@@ -132,16 +132,10 @@ impl Journal {
             spent.add_step(step, usage);
         }
         // The key moves into the map; the cached record's own copy is never read.
-        let mut by_key: std::collections::HashMap<_, _, _> = steps
+        let by_key = steps
             .into_iter()
             .map(|mut s| (CompactKey::from_owned(std::mem::take(&mut s.key)), Cached::from(s)))
             .collect();
-        if created {
-            // Room for a short run's steps at once: a map grown from empty was allocated,
-            // rehashed and freed twice in a run of seven steps, and the frees were among the
-            // allocator's most contended at 10,000 runs in flight.
-            by_key.reserve(FIRST_STEPS);
-        }
         Ok(Self {
             store,
             fence,
@@ -310,6 +304,14 @@ impl Journal {
             }
         };
         let mut st = self.state();
+        if st.by_key.capacity() == 0 {
+            // Room for a short run's steps at once: a map grown from empty was allocated,
+            // rehashed and freed twice in a run of seven steps, and the frees were among the
+            // allocator's most contended at 10,000 runs in flight. Made here, with the first
+            // step, not when the journal opens: every run started at once touched it before
+            // its first model call.
+            st.by_key.reserve(FIRST_STEPS);
+        }
         if let Some(d) = deferred {
             ordinals.remove(0);
             // This turn never reads a finished model response again (its callsite is behind
@@ -453,5 +455,31 @@ impl Journal {
             };
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::{store::RunRecord, stores::MemoryStore};
+
+    /// A just-created run's journal takes the room of its cache with its first step, not when
+    /// it opens: 10,000 runs started at once each touched 536 bytes of it before their first
+    /// model call.
+    #[tokio::test]
+    async fn a_new_runs_journal_takes_its_room_with_its_first_step() {
+        let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+        let lease = store.acquire_lease("a", "me/turn", Duration::from_secs(30)).await.unwrap();
+        store.create_run(RunRecord::new("a", "support"), lease.token).await.unwrap();
+        let fence = Fence::new(&lease, CancellationToken::new());
+        let journal = Journal::open(Arc::clone(&store), fence, "a", 0, 100, false, true).await.unwrap();
+        assert_eq!(journal.state().by_key.capacity(), 0);
+        journal.begin(&[("k1", StepKind::Tool, "echo")]).await.unwrap();
+        let room = journal.state().by_key.capacity();
+        assert!(room >= FIRST_STEPS, "room for a short run at once: {room}");
     }
 }
