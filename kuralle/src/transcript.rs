@@ -18,25 +18,39 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::model::Message;
 
-/// Chunk `k` of a log holds `FIRST_CHUNK << k` messages, so chunks never move once written
-/// and the log grows without copying. Eight is a user message and three tool-call turns with
-/// their results and the answer: most runs never allocate a second chunk.
-const FIRST_CHUNK: usize = 8;
+/// Messages of a log's first chunk: a question and its answer. A run holds its log from its
+/// start, and 10,000 runs started at once each wrote a chunk of eight (a kilobyte) before
+/// their first model call; a plain question and answer now never needs more than this one.
+const FIRST_CHUNK: usize = 2;
+/// Messages of the first two chunks together: a user message and three tool-call turns with
+/// their results and the answer. After them, chunk `k` holds `SHORT << (k - 1)` messages (16,
+/// 32, ...), so chunks never move once written and the log grows without copying.
+const SHORT: usize = 8;
 /// Enough chunks for more messages than memory can hold (8 × (2³² − 1) messages of over
 /// 100 bytes each).
-const CHUNKS: usize = 32;
+const CHUNKS: usize = 33;
+
+/// Messages of chunk `k`.
+fn chunk_len(k: usize) -> usize {
+    match k {
+        0 => FIRST_CHUNK,
+        1 => SHORT - FIRST_CHUNK,
+        k => SHORT << (k - 1),
+    }
+}
 
 /// Message slots of one chunk.
 type Chunk = Box<[OnceLock<Message>]>;
 
 /// The shared, append-only storage behind snapshots.
 ///
-/// Every in-flight run holds one, so its own size counts: the first chunk's pointer is inline
-/// and the table of the others is allocated only when a conversation outgrows the first
-/// (64 bytes for a short run instead of a 1.2 KiB table).
+/// Every in-flight run holds one, so its own size counts: the first two chunks' pointers are
+/// inline and the table of the others is allocated only when a conversation outgrows them
+/// (88 bytes for a short run instead of a 744-byte table).
 struct Log {
     first: OnceLock<Chunk>,
-    rest: OnceLock<Box<[OnceLock<Chunk>; CHUNKS - 1]>>,
+    second: OnceLock<Chunk>,
+    rest: OnceLock<Box<[OnceLock<Chunk>; CHUNKS - 2]>>,
     /// Slots claimed so far; a slot below it is written before any snapshot covering it
     /// exists.
     claimed: AtomicUsize,
@@ -44,31 +58,47 @@ struct Log {
 
 impl Log {
     fn new() -> Arc<Self> {
-        Arc::new(Self { first: OnceLock::new(), rest: OnceLock::new(), claimed: AtomicUsize::new(0) })
+        Arc::new(Self {
+            first: OnceLock::new(),
+            second: OnceLock::new(),
+            rest: OnceLock::new(),
+            claimed: AtomicUsize::new(0),
+        })
     }
 
     /// Chunk `k`, if written.
     fn chunk(&self, k: usize) -> Option<&[OnceLock<Message>]> {
-        let chunk = if k == 0 { self.first.get() } else { self.rest.get()?[k - 1].get() };
+        let chunk = match k {
+            0 => self.first.get(),
+            1 => self.second.get(),
+            k => self.rest.get()?[k - 2].get(),
+        };
         chunk.map(|c| &c[..])
     }
 
     /// Chunk `k`, allocated on first use.
     fn chunk_or_init(&self, k: usize) -> &[OnceLock<Message>] {
-        let slots = || (0..FIRST_CHUNK << k).map(|_| OnceLock::new()).collect();
-        if k == 0 {
-            self.first.get_or_init(slots)
-        } else {
-            self.rest.get_or_init(|| Box::new(std::array::from_fn(|_| OnceLock::new())))[k - 1].get_or_init(slots)
+        let slots = || (0..chunk_len(k)).map(|_| OnceLock::new()).collect();
+        match k {
+            0 => self.first.get_or_init(slots),
+            1 => self.second.get_or_init(slots),
+            k => self.rest.get_or_init(|| Box::new(std::array::from_fn(|_| OnceLock::new())))[k - 2].get_or_init(slots),
         }
     }
 }
 
 /// `(chunk, offset)` of message `i`.
 fn place(i: usize) -> (usize, usize) {
-    let q = i / FIRST_CHUNK + 1;
-    let chunk = (usize::BITS - 1 - q.leading_zeros()) as usize;
-    (chunk, i - FIRST_CHUNK * ((1 << chunk) - 1))
+    if i < FIRST_CHUNK {
+        return (0, i);
+    }
+    if i < SHORT {
+        return (1, i - FIRST_CHUNK);
+    }
+    // Past the first two, chunks double from `SHORT` as if those two were one of `SHORT`.
+    let q = i / SHORT + 1;
+    let doubled = (usize::BITS - 1 - q.leading_zeros()) as usize;
+    (doubled + 1, i - SHORT * ((1 << doubled) - 1))
 }
 
 /// A conversation: user input, model responses and tool results, in order.
@@ -329,7 +359,7 @@ mod tests {
         for i in 0..10_000 {
             assert_eq!(place(i), expected, "message {i}");
             expected.1 += 1;
-            if expected.1 == FIRST_CHUNK << expected.0 {
+            if expected.1 == chunk_len(expected.0) {
                 expected = (expected.0 + 1, 0);
             }
         }
@@ -354,16 +384,21 @@ mod tests {
     }
 
     #[test]
-    fn a_short_conversation_allocates_only_its_first_chunk() {
-        // 10,000 runs in flight hold 10,000 logs: a short one stays one small allocation and
-        // one chunk.
-        assert!(std::mem::size_of::<Log>() <= 48, "{}", std::mem::size_of::<Log>());
+    fn a_short_conversation_allocates_only_its_first_chunks() {
+        // 10,000 runs in flight hold 10,000 logs: a question and its answer stay one small
+        // allocation and a chunk of two; a short run with tool calls, two chunks (eight
+        // messages, as one chunk of eight did) and no table.
+        assert!(std::mem::size_of::<Log>() <= 72, "{}", std::mem::size_of::<Log>());
         let mut t: Transcript = (0..FIRST_CHUNK).map(user).collect();
-        assert!(t.log.rest.get().is_none());
-        t.push(user(FIRST_CHUNK));
+        assert!(t.log.first.get().is_some_and(|c| c.len() == 2) && t.log.second.get().is_none());
+        t.extend((FIRST_CHUNK..SHORT).map(user));
+        assert!(t.log.second.get().is_some_and(|c| c.len() == 6) && t.log.rest.get().is_none());
+        t.push(user(SHORT));
         assert!(t.log.rest.get().is_some());
-        assert_eq!(t[FIRST_CHUNK], user(FIRST_CHUNK));
-        assert_eq!(t.to_vec(), (0..=FIRST_CHUNK).map(user).collect::<Vec<_>>());
+        assert_eq!(t[SHORT], user(SHORT));
+        assert_eq!(t.to_vec(), (0..=SHORT).map(user).collect::<Vec<_>>());
+        // The table's chunks continue the doubling: 16, 32, ...
+        assert_eq!((2..5).map(chunk_len).collect::<Vec<_>>(), [16, 32, 64]);
     }
 
     #[test]
