@@ -33,6 +33,10 @@
 //! - peak live heap per in-flight run: the most bytes allocated and not yet freed while the runs
 //!   ran, less those before, over N, counted by the global allocator (sampled every
 //!   millisecond): what the runs hold, without the allocator's own growth that RSS includes;
+//! - live heap at the start (`start_heap_bytes` on the `--one` line only): the same count at
+//!   the first sample after every run had made its first request. With a model latency longer
+//!   than the start (`--one memory 10000 1000`) no run has had an answer yet, so it is what
+//!   starting N runs wrote to fresh memory and kept;
 //! - on SQLite, store write calls per durable commit (`SqliteStore::commit_count`).
 //!
 //! Each configuration runs in a child process of this binary (`--one STORE N LATENCY_MS`), so
@@ -46,7 +50,7 @@ use std::{
     process::{Command, Stdio},
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -106,6 +110,8 @@ struct Marks {
     requested: Vec<AtomicU64>,
     /// Per run: nanoseconds since `start` of its first request.
     first: Vec<AtomicU64>,
+    /// Runs that have made their first request.
+    started: AtomicUsize,
     /// Per run and turn after the first: nanoseconds from the answer handed over to the next
     /// request (the runtime's own work between two model calls).
     gaps: Vec<AtomicU64>,
@@ -147,6 +153,7 @@ impl Model for Latent {
         marks.requested[run].store(now, Ordering::Relaxed);
         if turn == 0 {
             marks.first[run].store(now, Ordering::Relaxed);
+            marks.started.fetch_add(1, Ordering::Release);
         }
         async_stream::stream! {
             tokio::time::sleep(latency).await;
@@ -201,6 +208,7 @@ struct Figures {
     commits: Option<u64>,
     rss_kib: u64,
     heap_bytes: u64,
+    start_heap_bytes: u64,
     timed_out: bool,
 }
 
@@ -211,7 +219,7 @@ impl Figures {
 
     fn line(&self) -> String {
         format!(
-            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} first_p50_us={} first_max_us={} calls_us={} cpu_us_per_run={} timer_p50_us={} timer_p99_us={} step_writes={} store_writes={} commits={} rss_kib={} heap_bytes={}",
+            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} first_p50_us={} first_max_us={} calls_us={} cpu_us_per_run={} timer_p50_us={} timer_p99_us={} step_writes={} store_writes={} commits={} rss_kib={} heap_bytes={} start_heap_bytes={}",
             self.store,
             self.runs,
             self.latency_ms,
@@ -231,7 +239,8 @@ impl Figures {
             self.store_writes,
             self.commits.map_or_else(|| "-".to_owned(), |c| c.to_string()),
             self.rss_kib,
-            self.heap_bytes
+            self.heap_bytes,
+            self.start_heap_bytes
         )
     }
 
@@ -260,6 +269,7 @@ impl Figures {
                 "commits" => f.commits = v.parse().ok(),
                 "rss_kib" => f.rss_kib = v.parse().ok()?,
                 "heap_bytes" => f.heap_bytes = v.parse().ok()?,
+                "start_heap_bytes" => f.start_heap_bytes = v.parse().ok()?,
                 _ => {}
             }
         }
@@ -301,6 +311,7 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
         answered: (0..runs).map(|_| AtomicU64::new(0)).collect(),
         requested: (0..runs).map(|_| AtomicU64::new(0)).collect(),
         first: (0..runs).map(|_| AtomicU64::new(0)).collect(),
+        started: AtomicUsize::new(0),
         gaps: (0..runs * CALLS).map(|_| AtomicU64::new(0)).collect(),
         turns: (0..runs * CALLS).map(|_| AtomicU64::new(0)).collect(),
     });
@@ -317,11 +328,18 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
     // The peak of live heap bytes, sampled every millisecond while the runs run.
     let heap_peak = Arc::new(AtomicU64::new(heap_before as u64));
     let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    // The live heap the first time every run had made its first request.
+    let heap_started = Arc::new(AtomicU64::new(0));
     let sampler = {
-        let (peak, on) = (Arc::clone(&heap_peak), Arc::clone(&sampling));
+        let (peak, on, at_start, marks) =
+            (Arc::clone(&heap_peak), Arc::clone(&sampling), Arc::clone(&heap_started), Arc::clone(&marks));
         std::thread::spawn(move || {
             while on.load(Ordering::Relaxed) {
-                peak.fetch_max(allocated() as u64, Ordering::Relaxed);
+                let live = allocated() as u64;
+                peak.fetch_max(live, Ordering::Relaxed);
+                if marks.started.load(Ordering::Acquire) == runs && at_start.load(Ordering::Relaxed) == 0 {
+                    at_start.store(live, Ordering::Relaxed);
+                }
                 std::thread::sleep(Duration::from_millis(1));
             }
         })
@@ -389,6 +407,7 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
         commits: sqlite.as_ref().zip(commits_before).map(|(s, b)| s.commit_count() - b),
         rss_kib: peak.saturating_sub(baseline),
         heap_bytes: heap_peak.load(Ordering::Relaxed).saturating_sub(heap_before as u64),
+        start_heap_bytes: heap_started.load(Ordering::Relaxed).saturating_sub(heap_before as u64),
         timed_out: false,
     }
 }
