@@ -19,9 +19,8 @@
 //!   were all started (a run's start: its run row and lease, before any model call);
 //! - `run` calls made in: how long the one task that starts the runs took to make its N
 //!   `Runtime::run` calls (each spawns the run's task); the other worker thread starts runs
-//!   meanwhile. Mostly allocation: each call allocates the run's task, its event channel and
-//!   its interrupt, from a heap that grows as it goes (`docs/performance.md`, "Where a start's
-//!   time goes");
+//!   meanwhile. The span includes the bench's own bookkeeping for each run (its input, the
+//!   boxed handle it polls); see `docs/performance.md`, "Where a start's time goes";
 //! - CPU per run: the process's CPU time (every thread) while the runs ran, over N; against
 //!   2 cores × wall it tells whether the configuration is CPU-bound;
 //! - idle timer lateness, p50 and p99: how late 100 sleeps of the model's latency end on the
@@ -35,8 +34,9 @@
 //!   millisecond): what the runs hold, without the allocator's own growth that RSS includes;
 //! - live heap at the start (`start_heap_bytes` on the `--one` line only): the same count at
 //!   the first sample after every run had made its first request. With a model latency longer
-//!   than the start (`--one memory 10000 1000`) no run has had an answer yet, so it is what
-//!   starting N runs wrote to fresh memory and kept;
+//!   than the start (`--one memory 10000 1000`) no run has had an answer yet, so it is the heap
+//!   that starting N runs grew by and kept, the bench's own input, handle and stream for each
+//!   included;
 //! - on SQLite, store write calls per durable commit (`SqliteStore::commit_count`).
 //!
 //! Each configuration runs in a child process of this binary (`--one STORE N LATENCY_MS`), so
@@ -335,9 +335,11 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
             (Arc::clone(&heap_peak), Arc::clone(&sampling), Arc::clone(&heap_started), Arc::clone(&marks));
         std::thread::spawn(move || {
             while on.load(Ordering::Relaxed) {
+                // Read before the heap, so the sample is from after the last first request.
+                let all_started = marks.started.load(Ordering::Acquire) == runs;
                 let live = allocated() as u64;
                 peak.fetch_max(live, Ordering::Relaxed);
-                if marks.started.load(Ordering::Acquire) == runs && at_start.load(Ordering::Relaxed) == 0 {
+                if all_started && at_start.load(Ordering::Relaxed) == 0 {
                     at_start.store(live, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_millis(1));
