@@ -20,7 +20,7 @@ use crate::model::Message;
 
 /// Messages of a log's first chunk: a question and its answer. A run holds its log from its
 /// start, and 10,000 runs started at once each wrote a chunk of eight (a kilobyte) before
-/// their first model call; a plain question and answer now never needs more than this one.
+/// their first model call; a plain question and answer needs no more than this one.
 const FIRST_CHUNK: usize = 2;
 /// Messages of the first two chunks together: a user message and three tool-call turns with
 /// their results and the answer. After them, chunk `k` holds `SHORT << (k - 1)` messages (16,
