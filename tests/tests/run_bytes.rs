@@ -1,0 +1,90 @@
+//! The bytes a run in flight holds at its first model call, counted by this test binary's
+//! global allocator: a guard for what the in-flight bench measures (`docs/performance.md`,
+//! "Where a start's time goes"). With 10,000 runs started at once, every byte a start keeps
+//! is fresh heap the start burst pays for in page faults and arena growth.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicUsize, Ordering},
+};
+
+use accounting_allocator::AccountingAlloc;
+use futures::{StreamExt, stream::BoxStream};
+use kuralle::{AgentDef, Model, ModelError, ModelEvent, ModelRequest, RunHandle, RunRequest, Runtime, tool};
+use tokio::sync::Notify;
+
+#[global_allocator]
+static HEAP: AccountingAlloc = AccountingAlloc::new();
+
+/// Bytes allocated and not yet freed, over every thread.
+fn live() -> usize {
+    let all = HEAP.count().all_time;
+    all.alloc.saturating_sub(all.dealloc)
+}
+
+/// Add one.
+#[tool]
+async fn inc(
+    /// The number.
+    x: u64,
+) -> u64 {
+    x + 1
+}
+
+/// A model that never answers: every run stops at its first request. It counts the requests
+/// and wakes the test when all have come.
+struct Silent {
+    asked: AtomicUsize,
+    expected: usize,
+    all: Arc<Notify>,
+}
+
+impl Model for Silent {
+    fn name(&self) -> &str {
+        "silent"
+    }
+
+    fn stream(&self, _request: ModelRequest) -> BoxStream<'static, Result<ModelEvent, ModelError>> {
+        if self.asked.fetch_add(1, Ordering::SeqCst) + 1 == self.expected {
+            self.all.notify_one();
+        }
+        futures::stream::pending().boxed()
+    }
+}
+
+/// Bytes a run may hold at its first model call, its handle's own allocations included (its
+/// input is allocated before counting). In this test's debug build a run held 7,626 bytes
+/// before the eighth pass (8ed8229, f90c6bf) and 5,546–5,576 after it (the store's and the
+/// scheduler's amortized growth moves it by a few dozen bytes from run to run); the in-flight
+/// bench's release build counts 5,826 a run, its own input, handle and stream included.
+const MAX_BYTES_AT_FIRST_CALL: usize = 5_760;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_holds_little_heap_at_its_first_model_call() {
+    // Enough that the store's and the scheduler's amortized growth is a few bytes a run.
+    const RUNS: usize = 2_000;
+    let all = Arc::new(Notify::new());
+    let model = Silent { asked: AtomicUsize::new(0), expected: RUNS, all: Arc::clone(&all) };
+    let runtime = Runtime::builder()
+        .agent(AgentDef::new("bench", "Count.").tool(Inc).max_steps(4))
+        .model(model)
+        .build()
+        .expect("build the runtime");
+    // Held as a service holds them; their vector is made before counting.
+    let mut handles: Vec<RunHandle> = Vec::with_capacity(RUNS);
+    let inputs: Vec<RunRequest> = (0..RUNS).map(|i| RunRequest::new(format!("run {i}"))).collect();
+    let before = live();
+    for request in inputs {
+        handles.push(runtime.run(request));
+    }
+    all.notified().await;
+    let per_run = (live() - before) / RUNS;
+    println!("a run holds {per_run} bytes at its first model call");
+    assert!(
+        per_run <= MAX_BYTES_AT_FIRST_CALL,
+        "a run holds {per_run} bytes at its first model call, more than {MAX_BYTES_AT_FIRST_CALL}"
+    );
+    for handle in &handles {
+        handle.interrupt();
+    }
+}
