@@ -53,11 +53,11 @@ impl Model for Silent {
 }
 
 /// Bytes a run may hold at its first model call, its handle's own allocations included (its
-/// input is allocated before counting). In this test's debug build a run held 7,626 bytes
-/// before the eighth pass (8ed8229, f90c6bf) and 5,546–5,576 after it (the store's and the
+/// input is allocated before counting). In this test's debug build a run held 7,905 bytes
+/// before the eighth pass (8ed8229, f90c6bf) and 5,747–5,824 after it (the store's and the
 /// scheduler's amortized growth moves it by a few dozen bytes from run to run); the in-flight
 /// bench's release build counts 5,826 a run, its own input, handle and stream included.
-const MAX_BYTES_AT_FIRST_CALL: usize = 5_760;
+const MAX_BYTES_AT_FIRST_CALL: usize = 6_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_holds_little_heap_at_its_first_model_call() {
@@ -72,13 +72,15 @@ async fn a_run_holds_little_heap_at_its_first_model_call() {
         .expect("build the runtime");
     // Held as a service holds them; their vector is made before counting.
     let mut handles: Vec<RunHandle> = Vec::with_capacity(RUNS);
-    let inputs: Vec<RunRequest> = (0..RUNS).map(|i| RunRequest::new(format!("run {i}"))).collect();
+    let mut inputs: Vec<RunRequest> = (0..RUNS).map(|i| RunRequest::new(format!("run {i}"))).collect();
     let before = live();
-    for request in inputs {
+    // Drained, not consumed: the vector's buffer is freed only after counting.
+    for request in inputs.drain(..) {
         handles.push(runtime.run(request));
     }
     all.notified().await;
     let per_run = (live() - before) / RUNS;
+    drop(inputs);
     println!("a run holds {per_run} bytes at its first model call");
     assert!(
         per_run <= MAX_BYTES_AT_FIRST_CALL,
