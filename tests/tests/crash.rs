@@ -325,6 +325,9 @@ async fn two_processes_resuming_one_run_never_execute_anything_twice() {
 /// A child is SIGSTOPped inside a charge past its lease's TTL; another process takes the run
 /// over and finishes it; then the zombie is SIGCONTed: every write it attempts is `Fenced`,
 /// it ends with `LeaseLost`, executes nothing more, and the journal holds one outcome per step.
+/// It may attempt no write at all: woken, it has two timers due (its charge's and its lease
+/// renewal's), and when the renewal's runs first it finds its lease's local deadline passed
+/// and stops the turn before the charge's outcome is written (seen under load in CI).
 #[tokio::test]
 async fn a_stopped_zombie_is_fenced_after_another_process_took_its_run_over() {
     let clean = tempfile::tempdir().unwrap();
@@ -363,7 +366,6 @@ async fn a_stopped_zombie_is_fenced_after_another_process_took_its_run_over() {
     let result: Value = serde_json::from_str(after.last().expect("a result line")).unwrap();
     assert_eq!(result["error"], "lease_lost", "{after:#?}");
     let writes: Vec<&String> = after.iter().filter(|line| line.starts_with("WRITE ")).collect();
-    assert!(!writes.is_empty(), "the zombie tried to write: {after:#?}");
     assert!(writes.iter().all(|w| w.ends_with(" fenced")), "every zombie write is fenced: {writes:#?}");
 
     let rows = effect_rows(dir.path());
