@@ -325,9 +325,10 @@ async fn two_processes_resuming_one_run_never_execute_anything_twice() {
 /// A child is SIGSTOPped inside a charge past its lease's TTL; another process takes the run
 /// over and finishes it; then the zombie is SIGCONTed: every write it attempts is `Fenced`,
 /// it ends with `LeaseLost`, executes nothing more, and the journal holds one outcome per step.
-/// It may attempt no write at all: woken, it has two timers due (its charge's and its lease
-/// renewal's), and when the renewal's runs first it finds its lease's local deadline passed
-/// and stops the turn before the charge's outcome is written (seen under load in CI).
+/// It may attempt no write at all (seen once in CI, on a loaded machine): when its renewals
+/// lose the fence (the lease's local deadline passed) and the turn sees the interrupt before
+/// the charge's sleep completes, the charge ends `Cancelled`, which is not journaled, and the
+/// turn writes nothing more.
 #[tokio::test]
 async fn a_stopped_zombie_is_fenced_after_another_process_took_its_run_over() {
     let clean = tempfile::tempdir().unwrap();
