@@ -55,7 +55,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use accounting_allocator::AccountingAlloc;
 use futures::{StreamExt, stream::BoxStream};
 use kuralle::{
     AgentDef, FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, RunRequest, RunStatus, RunStore,
@@ -65,20 +64,17 @@ use kuralle::{
     tool,
 };
 
-/// Counts the bytes allocated and freed, in counters of each thread's own.
-///
-/// Not one counter for the process (the `cap` crate, used before): its `lock xadd` on one
-/// cache line in every allocation and free made the worker threads take the line from each
-/// other: a tenth of the CPU, a cost of the bench and not of the runtime. At 10,000 runs on
-/// MemoryStore, CPU per run was 93–116 µs with it, 85–92 µs with these counters and 80–89 µs
-/// with no counting at all.
+/// Counts the live heap (`heap-count`, a slot per thread updated with a plain store). The
+/// counters used before cost the runs' own CPU: `cap` (one `lock xadd` on one cache line for
+/// the process) a tenth of it at 10,000 runs on MemoryStore, `accounting-allocator` (three
+/// locked instructions per allocation and free) 12%; with `heap-count` the CPU per run is that
+/// of a build with no counting (`docs/performance.md`, "The bench's own counting").
 #[global_allocator]
-static HEAP: AccountingAlloc = AccountingAlloc::new();
+static HEAP: heap_count::Counting = heap_count::Counting;
 
 /// Bytes allocated and not yet freed, over every thread (summed from relaxed reads: a sample).
 fn allocated() -> usize {
-    let all = HEAP.count().all_time;
-    all.alloc.saturating_sub(all.dealloc)
+    heap_count::live()
 }
 
 /// Add one.

@@ -8,19 +8,12 @@ use std::sync::{
     atomic::{AtomicUsize, Ordering},
 };
 
-use accounting_allocator::AccountingAlloc;
 use futures::{StreamExt, stream::BoxStream};
 use kuralle::{AgentDef, Model, ModelError, ModelEvent, ModelRequest, RunHandle, RunRequest, Runtime, tool};
 use tokio::sync::Notify;
 
 #[global_allocator]
-static HEAP: AccountingAlloc = AccountingAlloc::new();
-
-/// Bytes allocated and not yet freed, over every thread.
-fn live() -> usize {
-    let all = HEAP.count().all_time;
-    all.alloc.saturating_sub(all.dealloc)
-}
+static HEAP: heap_count::Counting = heap_count::Counting;
 
 /// Add one.
 #[tool]
@@ -74,7 +67,7 @@ async fn a_run_holds_little_heap_at_its_first_model_call() {
     // Held as a service holds them; their vector is made before counting.
     let mut handles: Vec<RunHandle> = Vec::with_capacity(RUNS);
     let mut inputs: Vec<RunRequest> = (0..RUNS).map(|i| RunRequest::new(format!("run {i}"))).collect();
-    let before = live();
+    let before = heap_count::live();
     // Drained, not consumed: the vector's buffer is freed only after counting.
     for request in inputs.drain(..) {
         handles.push(runtime.run(request));
@@ -83,7 +76,7 @@ async fn a_run_holds_little_heap_at_its_first_model_call() {
     tokio::time::timeout(std::time::Duration::from_secs(60), all.notified())
         .await
         .expect("every run reached its model within a minute");
-    let per_run = (live() - before) / RUNS;
+    let per_run = (heap_count::live() - before) / RUNS;
     drop(inputs);
     println!("a run holds {per_run} bytes at its first model call");
     assert!(
