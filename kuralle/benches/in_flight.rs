@@ -4,7 +4,7 @@
 //! N; what the runtime adds on top is the figure (issue 27).
 //!
 //! `cargo bench -p kuralle --bench in_flight -- [--store memory|sqlite] [--runs 100,1000,10000]
-//! [--latency-ms 100] [--svg PATH] [--cap-s 180]` prints, per store and N:
+//! [--latency-ms 100] [--svg PATH] [--cap-s 180] [--pin-workers]` prints, per store and N:
 //! - wall time, and wall / ideal (4 × latency);
 //! - added latency per turn, p50 and p99: a run's time from one model request to its next, less
 //!   the model's latency. That is the turn's wall time beyond the model, as a user waits for it:
@@ -43,6 +43,10 @@
 //! its peak RSS is its own, and is killed after `--cap-s` seconds. The chart (throughput and
 //! p50/p99 added latency against runs in flight) is written as SVG to `--svg`
 //! (default `target/in_flight.svg`).
+//!
+//! `--pin-workers` pins the runtime's two worker threads to a CPU each (`on_thread_start`), as
+//! a service on a small VM may: without it the VM's scheduler can run both on one vCPU for
+//! milliseconds, which is the tail of the added latency at 1,000 runs on these machines.
 
 use std::{
     io::Write,
@@ -290,8 +294,41 @@ async fn timer_lateness(latency: Duration) -> (f64, f64) {
 }
 
 /// The child: `runs` runs at once on one runtime of two worker threads, on `store`.
-fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+/// The runtime's worker threads.
+const WORKERS: usize = 2;
+
+/// An `on_thread_start` hook that pins the runtime's first [`WORKERS`] threads (its workers,
+/// started when it is built; blocking threads start later and stay free), each to a CPU of its
+/// own among those the process may use. On a VM whose scheduler packs threads onto few vCPUs,
+/// a worker woken to steal work otherwise waits, runnable, behind the busy one on its vCPU
+/// while the other vCPU idles (`docs/performance.md`, "Added latency at 1,000: where the tail
+/// comes from").
+fn pin_workers() -> impl Fn() + Send + Sync + 'static {
+    use nix::{
+        sched::{CpuSet, sched_getaffinity, sched_setaffinity},
+        unistd::Pid,
+    };
+    let allowed = sched_getaffinity(Pid::from_raw(0)).expect("read the process's CPUs");
+    let cpus: Vec<usize> = (0..CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap_or(false)).collect();
+    assert!(cpus.len() >= WORKERS, "--pin-workers needs {WORKERS} CPUs, the process may use {cpus:?}");
+    let started = AtomicUsize::new(0);
+    move || {
+        let n = started.fetch_add(1, Ordering::Relaxed);
+        if n < WORKERS {
+            let mut one = CpuSet::new();
+            one.set(cpus[n]).expect("a CPU of the set");
+            sched_setaffinity(Pid::from_raw(0), &one).expect("pin a worker thread");
+        }
+    }
+}
+
+fn one(store: &str, runs: usize, latency: Duration, dir: &Path, pin: bool) -> Figures {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(WORKERS).enable_all();
+    if pin {
+        builder.on_thread_start(pin_workers());
+    }
+    let rt = builder.build().unwrap();
     let sqlite = (store == "sqlite").then(|| {
         let path = dir.join(format!("in-flight-{runs}.db"));
         let _ = std::fs::remove_file(&path);
@@ -411,9 +448,10 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path) -> Figures {
 }
 
 /// Runs one configuration in a child process, killed after `cap`.
-fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration) -> Figures {
+fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, pin: bool) -> Figures {
     let mut child = Command::new(std::env::current_exe().expect("this binary"))
         .args(["--one", store, &runs.to_string(), &latency_ms.to_string()])
+        .args(pin.then_some("--pin-workers"))
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the child");
@@ -624,7 +662,7 @@ fn main() {
         let store = args.get(at + 1).expect("--one STORE N LATENCY_MS");
         let runs: usize = args.get(at + 2).and_then(|v| v.parse().ok()).expect("--one STORE N LATENCY_MS");
         let latency: u64 = args.get(at + 3).and_then(|v| v.parse().ok()).expect("--one STORE N LATENCY_MS");
-        let f = one(store, runs, Duration::from_millis(latency), &dir);
+        let f = one(store, runs, Duration::from_millis(latency), &dir, args.iter().any(|a| a == "--pin-workers"));
         let _ = std::fs::remove_dir_all(&dir);
         println!("{}", f.line());
         return;
@@ -640,6 +678,7 @@ fn main() {
     let runs: Vec<usize> = value("--runs").map_or_else(|| vec![100, 1_000, 10_000], |v| list(&v));
     let latencies: Vec<u64> = value("--latency-ms").map_or_else(|| vec![100], |v| list(&v));
     let cap = Duration::from_secs(value("--cap-s").map_or(180, |v| v.parse().expect("--cap-s is seconds")));
+    let pin = args.iter().any(|a| a == "--pin-workers");
     // `cargo bench` runs benches with the package's directory as the working directory.
     let svg_path = value("--svg").map_or_else(
         || {
@@ -650,8 +689,9 @@ fn main() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 
+    let pinned = if pin { ", each pinned to a CPU of its own" } else { "" };
     println!(
-        "runs in flight on one runtime (2 worker threads), each {CALLS} one-call turns and an answer; \
+        "runs in flight on one runtime ({WORKERS} worker threads{pinned}), each {CALLS} one-call turns and an answer; \
          added latency per turn = request to next request, less the model's latency; \
          answer -> next request = from the answer handed over to the run's next request"
     );
@@ -663,7 +703,7 @@ fn main() {
     for latency in &latencies {
         for store in &stores {
             for n in &runs {
-                let f = spawn_one(store, *n, *latency, cap);
+                let f = spawn_one(store, *n, *latency, cap, pin);
                 print_row(&f);
                 let _ = std::io::stdout().flush();
                 all.push(f);
