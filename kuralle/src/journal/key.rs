@@ -73,18 +73,41 @@ pub(crate) fn tool_key_raw_at(
 ) -> Result<String, serde_json::Error> {
     // The whole material in one buffer, hashed in one call: the canonical arguments are
     // written in place between the material's head and tail, and the hasher is not fed the
-    // material piece by piece.
-    let mut material = Vec::with_capacity(raw.len() + callsite.len() + name.len() + namespace.len() + 64);
-    material.raw(b"{\"callsite\":");
-    material.string(callsite);
-    material.raw(b",\"payload\":{\"args\":");
-    write_canonical_raw(raw, &mut material)?;
-    material.raw(b",\"name\":");
-    material.string(name);
-    material.raw(b"},\"runId\":");
-    material.string(namespace);
-    material.raw(b"}");
-    Ok(hex(&Sha256::digest(&material)))
+    // material piece by piece. The buffer is the thread's, kept between calls (one allocation
+    // less per call), unless the arguments were large.
+    let write = |material: &mut Vec<u8>| -> Result<String, serde_json::Error> {
+        material.clear();
+        material.reserve(raw.len() + callsite.len() + name.len() + namespace.len() + 64);
+        material.raw(b"{\"callsite\":");
+        material.string(callsite);
+        material.raw(b",\"payload\":{\"args\":");
+        write_canonical_raw(raw, material)?;
+        material.raw(b",\"name\":");
+        material.string(name);
+        material.raw(b"},\"runId\":");
+        material.string(namespace);
+        material.raw(b"}");
+        Ok(hex(&Sha256::digest(&material)))
+    };
+    MATERIAL
+        .try_with(|kept| {
+            let mut kept = kept.try_borrow_mut().ok()?;
+            let key = write(&mut kept);
+            if kept.capacity() > KEPT_MATERIAL_BYTES {
+                *kept = Vec::new();
+            }
+            Some(key)
+        })
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| write(&mut Vec::new()))
+}
+
+/// The largest material buffer a thread keeps between calls of [`tool_key_raw_at`].
+const KEPT_MATERIAL_BYTES: usize = 16 * 1024;
+
+thread_local! {
+    static MATERIAL: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Hashes `{"callsite":…,"payload":…,"runId":…}` (keys already in canonical order), with the
