@@ -10,7 +10,7 @@ use tracing::Instrument;
 use super::{
     CallOutcome, TurnCtx,
     call::{self, CallSite},
-    plan::{self, Head, Job, Plan, Planned, Ready},
+    plan::{self, Head, Job, Plan, Planned},
 };
 use crate::{
     approval::Pending,
@@ -108,27 +108,34 @@ pub(super) async fn run(
     // both would write the same intent, and the store refuses the second.
     let leaders = shared_keys(&plans);
 
-    // Intents for every fresh call of the batch, in source order, in one append.
-    let fresh: Vec<&mut Ready> = plans
-        .iter_mut()
+    // Intents for every fresh call of the batch, in source order, in one append. The fresh
+    // calls are found twice (to write their intents, then to note their ordinals), not
+    // collected: a vector for them was one allocation more per batch.
+    let fresh = |i: usize, pl: &Plan| matches!(pl, Plan::Job(Job::Run(r)) if r.ordinal.is_none() && leaders.get(i).is_none_or(Option::is_none));
+    let intents: Vec<_> = plans
+        .iter()
         .enumerate()
         .filter_map(|(i, pl)| match pl {
-            Plan::Job(Job::Run(r)) if r.ordinal.is_none() && leaders.get(i).is_none_or(Option::is_none) => Some(r),
+            Plan::Job(Job::Run(r)) if fresh(i, pl) => Some((r.key.as_str(), StepKind::Tool, r.tool.name())),
             _ => None,
         })
         .collect();
     // A batch that would pass a run limit starts no call: refused before its first intent.
-    if let Some(exceeded) = turn.budget.before_batch(&turn.journal.spent(), fresh.len() as u64) {
+    if let Some(exceeded) = turn.budget.before_batch(&turn.journal.spent(), intents.len() as u64) {
         return Err(crate::runtime::limits::refuse(turn, exceeded).await);
     }
     for event in announce {
         turn.emit(event).await;
     }
-    let intents: Vec<_> = fresh.iter().map(|r| (r.key.as_str(), StepKind::Tool, r.tool.name())).collect();
     let ordinals = turn.journal.begin(&intents).await?;
     drop(intents);
-    for (r, ordinal) in fresh.into_iter().zip(ordinals) {
-        r.ordinal = Some(ordinal);
+    let mut ordinals = ordinals.into_iter();
+    for (i, pl) in plans.iter_mut().enumerate() {
+        if fresh(i, pl)
+            && let Plan::Job(Job::Run(r)) = pl
+        {
+            r.ordinal = ordinals.next();
+        }
     }
 
     // Answers known without running (replays, validation errors, pending approvals) fill
