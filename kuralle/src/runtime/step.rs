@@ -90,7 +90,7 @@ pub(super) fn model_step<'a>(
                     }
                     Some(Ok(ModelEvent::ToolCall(call))) => {
                         close_text(&mut response.parts, &mut open_text);
-                        push_part(&mut response.parts, Part::call(call));
+                        response.parts.push(Part::call(call));
                         None
                     }
                     Some(Ok(ModelEvent::Part { part })) => {
@@ -100,7 +100,7 @@ pub(super) fn model_step<'a>(
                         } else {
                             close_text(&mut response.parts, &mut open_text);
                         }
-                        push_part(&mut response.parts, part);
+                        response.parts.push(part);
                         None
                     }
                     Some(Ok(ModelEvent::Finish { reason, usage })) => {
@@ -132,8 +132,8 @@ pub(super) fn model_step<'a>(
             dedupe_call_ids(calls);
             cap_arguments(calls, budget);
         });
-        // The parts join the transcript for the run's life: no room kept for more. A response
-        // of one part (most of them) already has none (`push_part`).
+        // The parts join the transcript for the run's life; a one-call response would keep
+        // room for four 120-byte parts.
         response.parts.shrink_to_fit();
         // Written once, from the typed response, as the text the store keeps; measured by its
         // length. A `ModelResponse` always serializes (its maps have string keys).
@@ -172,17 +172,6 @@ async fn replay(ctx: &TurnCtx, replayed: JsonText) -> Result<ModelResponse, RunE
 /// Ends the text streamed since the last part as a text part of its own.
 pub(super) fn close_text(parts: &mut Vec<Part>, open: &mut String) {
     if !open.is_empty() {
-        push_part(parts, Part::text(std::mem::take(open)));
+        parts.push(Part::text(std::mem::take(open)));
     }
-}
-
-/// Adds a part to a response's parts, the first with room for itself alone: most responses
-/// are one part (a call, or the answer's text), and a vector's first push makes room for four,
-/// which the shrink before the response joins the transcript then gave back in a second
-/// allocation. A second part grows the vector as usual.
-fn push_part(parts: &mut Vec<Part>, part: Part) {
-    if parts.capacity() == 0 {
-        parts.reserve_exact(1);
-    }
-    parts.push(part);
 }
