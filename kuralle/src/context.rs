@@ -54,7 +54,6 @@ struct Inner<E: ?Sized> {
 /// The run id, call id and idempotency key, one after another in one string: every call
 /// the runtime makes gets a context, and three strings of their own were two allocations more
 /// per call.
-#[derive(Debug)]
 struct Ids {
     text: Box<str>,
     /// Where the call id starts, and where the key starts.
@@ -82,6 +81,17 @@ impl Ids {
 
     fn idempotency_key(&self) -> &str {
         &self.text[self.key_at..]
+    }
+}
+
+/// As the three ids were shown when they were fields of their own.
+impl fmt::Debug for Ids {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ids")
+            .field("run_id", &self.run_id())
+            .field("call_id", &self.call_id())
+            .field("idempotency_key", &self.idempotency_key())
+            .finish()
     }
 }
 
@@ -212,5 +222,14 @@ mod tests {
         let ids = Ids::new("", "call_1", "");
         assert_eq!((ids.run_id(), ids.call_id(), ids.idempotency_key()), ("", "call_1", ""));
         assert_eq!(ids.text.len(), "call_1".len());
+    }
+
+    /// A context shows each id on its own, not the string that holds them.
+    #[test]
+    fn a_context_shows_its_ids_apart() {
+        let shown = format!("{:?}", ToolContext::new("run-1", "call_1", "key", CancellationToken::new()));
+        for field in [r#"run_id: "run-1""#, r#"call_id: "call_1""#, r#"idempotency_key: "key""#] {
+            assert!(shown.contains(field), "{field} not in {shown}");
+        }
     }
 }
