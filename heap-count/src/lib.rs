@@ -67,7 +67,8 @@ fn add(bytes: isize) {
     let count = &COUNTS[slot].0;
     if slot < SLOTS - 1 {
         // Only this thread writes its slot, so a load and a store are a whole update.
-        count.store(count.load(Relaxed) + bytes, Relaxed);
+        // Wrapping, as `fetch_add` is: an allocator must not panic.
+        count.store(count.load(Relaxed).wrapping_add(bytes), Relaxed);
     } else {
         count.fetch_add(bytes, Relaxed);
     }
@@ -121,22 +122,30 @@ unsafe impl GlobalAlloc for Counting {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::mpsc;
+    use std::sync::{Arc, Barrier, mpsc};
 
     #[global_allocator]
     static HEAP: super::Counting = super::Counting;
 
-    /// Blocks allocated on many threads (more than there are slots, so some share the last)
-    /// and freed on another are counted while they live and not after. One test: the count is
-    /// the whole binary's, and a second test running beside it would move it.
+    /// Blocks allocated on many threads at once (more threads than slots, so some share the
+    /// last) and freed on another are counted while they live and not after. The threads start
+    /// together and churn first, so an update lost between two threads (a slot shared without
+    /// a locked add) shows in the count. One test: the count is the whole binary's, and a
+    /// second test running beside it would move it.
     #[test]
     fn counts_what_lives_across_threads() {
+        const THREADS: usize = 80;
         let before = super::live();
         let (tx, rx) = mpsc::channel::<Vec<u8>>();
-        let threads: Vec<_> = (0..80)
+        let start = Arc::new(Barrier::new(THREADS));
+        let threads: Vec<_> = (0..THREADS)
             .map(|i| {
-                let tx = tx.clone();
+                let (tx, start) = (tx.clone(), Arc::clone(&start));
                 std::thread::spawn(move || {
+                    start.wait();
+                    for _ in 0..20_000 {
+                        std::hint::black_box(Box::new([0u8; 24]));
+                    }
                     let mut block = Vec::with_capacity(1000 + i);
                     block.resize(1000 + i, 7);
                     // Grown in place or moved: either way the count follows the capacity.
@@ -148,7 +157,7 @@ mod tests {
         for thread in threads {
             thread.join().unwrap();
         }
-        drop(tx);
+        drop((tx, start));
         let blocks: Vec<Vec<u8>> = rx.into_iter().collect();
         let held: usize = blocks.iter().map(Vec::capacity).sum::<usize>() + blocks.capacity() * size_of::<Vec<u8>>();
         // The channel's own blocks are freed by now; the threads' handles too.
