@@ -297,13 +297,16 @@ async fn timer_lateness(latency: Duration) -> (f64, f64) {
 /// The runtime's worker threads.
 const WORKERS: usize = 2;
 
-/// An `on_thread_start` hook that pins the runtime's first [`WORKERS`] threads (its workers,
-/// started when it is built; blocking threads start later and stay free), each to a CPU of its
-/// own among those the process may use. On a VM whose scheduler packs threads onto few vCPUs,
-/// a worker woken to steal work otherwise waits, runnable, behind the busy one on its vCPU
-/// while the other vCPU idles (`docs/performance.md`, "Added latency at 1,000: where the tail
-/// comes from").
-fn pin_workers() -> impl Fn() + Send + Sync + 'static {
+/// An `on_thread_start` hook that pins the runtime's first [`WORKERS`] threads, each to a CPU
+/// of its own among those the process may use, and the count of threads it has seen. The
+/// workers are the threads a multi-thread runtime starts when it is built, but their hooks
+/// run on their own threads, later: the caller waits for `WORKERS` of them before it uses the
+/// runtime, so that no blocking thread (`spawn_blocking`) comes first and takes a CPU. On a VM
+/// whose scheduler packs threads onto few vCPUs, a worker woken to take work otherwise waits,
+/// runnable, behind the busy one on its vCPU while the other vCPU idles
+/// (`docs/performance.md`, "Added latency at 1,000: where the tail comes from").
+#[cfg(target_os = "linux")]
+fn pin_workers() -> (impl Fn() + Send + Sync + 'static, Arc<AtomicUsize>) {
     use nix::{
         sched::{CpuSet, sched_getaffinity, sched_setaffinity},
         unistd::Pid,
@@ -311,24 +314,38 @@ fn pin_workers() -> impl Fn() + Send + Sync + 'static {
     let allowed = sched_getaffinity(Pid::from_raw(0)).expect("read the process's CPUs");
     let cpus: Vec<usize> = (0..CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap_or(false)).collect();
     assert!(cpus.len() >= WORKERS, "--pin-workers needs {WORKERS} CPUs, the process may use {cpus:?}");
-    let started = AtomicUsize::new(0);
-    move || {
-        let n = started.fetch_add(1, Ordering::Relaxed);
+    let started = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&started);
+    let hook = move || {
+        let n = seen.fetch_add(1, Ordering::AcqRel);
         if n < WORKERS {
             let mut one = CpuSet::new();
             one.set(cpus[n]).expect("a CPU of the set");
             sched_setaffinity(Pid::from_raw(0), &one).expect("pin a worker thread");
         }
-    }
+    };
+    (hook, started)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn pin_workers() -> (fn(), Arc<AtomicUsize>) {
+    panic!("--pin-workers pins threads with Linux's sched_setaffinity");
 }
 
 fn one(store: &str, runs: usize, latency: Duration, dir: &Path, pin: bool) -> Figures {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.worker_threads(WORKERS).enable_all();
-    if pin {
-        builder.on_thread_start(pin_workers());
-    }
+    let pinned = pin.then(|| {
+        let (hook, started) = pin_workers();
+        builder.on_thread_start(hook);
+        started
+    });
     let rt = builder.build().unwrap();
+    if let Some(started) = pinned {
+        while started.load(Ordering::Acquire) < WORKERS {
+            std::thread::yield_now();
+        }
+    }
     let sqlite = (store == "sqlite").then(|| {
         let path = dir.join(format!("in-flight-{runs}.db"));
         let _ = std::fs::remove_file(&path);
