@@ -111,7 +111,10 @@ pub(super) async fn run(
     // Intents for every fresh call of the batch, in source order, in one append. The fresh
     // calls are found twice (to write their intents, then to note their ordinals), not
     // collected: a vector for them was one allocation more per batch.
-    let fresh = |i: usize, pl: &Plan| matches!(pl, Plan::Job(Job::Run(r)) if r.ordinal.is_none() && leaders.get(i).is_none_or(Option::is_none));
+    let fresh = |i: usize, pl: &Plan| match pl {
+        Plan::Job(Job::Run(r)) => r.ordinal.is_none() && leaders.get(i).is_none_or(Option::is_none),
+        _ => false,
+    };
     let intents: Vec<_> = plans
         .iter()
         .enumerate()
