@@ -4,7 +4,7 @@
 //! N; what the runtime adds on top is the figure (issue 27).
 //!
 //! `cargo bench -p kuralle --bench in_flight -- [--store memory|sqlite] [--runs 100,1000,10000]
-//! [--latency-ms 100] [--svg PATH] [--cap-s 180] [--pin-workers]` prints, per store and N:
+//! [--latency-ms 100] [--svg PATH] [--cap-s 180] [--pin-workers] [--repeat 1]` prints, per store and N:
 //! - wall time, and wall / ideal (4 × latency);
 //! - added latency per turn, p50 and p99: a run's time from one model request to its next, less
 //!   the model's latency. That is the turn's wall time beyond the model, as a user waits for it:
@@ -43,6 +43,11 @@
 //! its peak RSS is its own, and is killed after `--cap-s` seconds. The chart (throughput and
 //! p50/p99 added latency against runs in flight) is written as SVG to `--svg`
 //! (default `target/in_flight.svg`).
+//!
+//! `--repeat K` runs each configuration K times, a child each, prints every run's row, and then
+//! each configuration's spread (min / median / max of wall / ideal, p99 added latency and CPU
+//! per run): on a shared machine one run says little, and a goal met "in most runs" needs the
+//! count. The chart gets each configuration's median run (by wall).
 //!
 //! `--pin-workers` pins the runtime's two worker threads to a CPU each (`on_thread_start`), as
 //! a service on a small VM may: without it the VM's scheduler can run both on one vCPU for
@@ -464,6 +469,35 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, pin: bool) -> Fi
     }
 }
 
+/// One configuration's spread over its runs, which come sorted by wall time.
+fn spread(runs: &[Figures]) -> String {
+    let three = |values: Vec<f64>, unit: &str, digits: usize| {
+        let mut v = values;
+        if v.is_empty() {
+            return "—".to_owned();
+        }
+        v.sort_by(f64::total_cmp);
+        let pick = |q: usize| format!("{:.*}{unit}", digits, v[q]);
+        format!("{} / {} / {}", pick(0), pick(v.len() / 2), pick(v.len() - 1))
+    };
+    let f = &runs[0];
+    let finished: Vec<&Figures> = runs.iter().filter(|r| !r.timed_out).collect();
+    format!(
+        "- {} {} runs, {} ms: wall / ideal {}; p99 added latency per turn {}; CPU per run {}{}",
+        f.store,
+        f.runs,
+        f.latency_ms,
+        three(runs.iter().map(|r| r.wall_s / r.ideal_s()).collect(), "×", 2),
+        three(finished.iter().map(|r| r.p99_us / 1e3).collect(), " ms", 1),
+        three(finished.iter().map(|r| r.cpu_us_per_run).collect(), " µs", 0),
+        if finished.len() < runs.len() {
+            format!(" ({} stopped at the cap)", runs.len() - finished.len())
+        } else {
+            String::new()
+        },
+    )
+}
+
 /// Runs one configuration in a child process, killed after `cap`.
 fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, pin: bool) -> Figures {
     let mut child = Command::new(std::env::current_exe().expect("this binary"))
@@ -696,6 +730,8 @@ fn main() {
     let latencies: Vec<u64> = value("--latency-ms").map_or_else(|| vec![100], |v| list(&v));
     let cap = Duration::from_secs(value("--cap-s").map_or(180, |v| v.parse().expect("--cap-s is seconds")));
     let pin = args.iter().any(|a| a == "--pin-workers");
+    let repeat: usize = value("--repeat").map_or(1, |v| v.parse().expect("--repeat is a count"));
+    assert!(repeat >= 1, "--repeat is at least 1");
     // `cargo bench` runs benches with the package's directory as the working directory.
     let svg_path = value("--svg").map_or_else(
         || {
@@ -717,14 +753,31 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut all = Vec::new();
+    let mut spreads = Vec::new();
     for latency in &latencies {
         for store in &stores {
             for n in &runs {
-                let f = spawn_one(store, *n, *latency, cap, pin);
-                print_row(&f);
-                let _ = std::io::stdout().flush();
-                all.push(f);
+                let mut runs_of_this: Vec<Figures> = (0..repeat)
+                    .map(|_| {
+                        let f = spawn_one(store, *n, *latency, cap, pin);
+                        print_row(&f);
+                        let _ = std::io::stdout().flush();
+                        f
+                    })
+                    .collect();
+                runs_of_this.sort_by(|a, b| a.wall_s.total_cmp(&b.wall_s));
+                if repeat > 1 {
+                    spreads.push(spread(&runs_of_this));
+                }
+                all.push(runs_of_this.swap_remove(repeat / 2));
             }
+        }
+    }
+    if !spreads.is_empty() {
+        println!();
+        println!("spread over {repeat} runs of each configuration (min / median / max):");
+        for line in spreads {
+            println!("{line}");
         }
     }
     if let Some(parent) = svg_path.parent() {
