@@ -68,7 +68,7 @@ pub(super) enum Prefetched {
 
 pub(super) async fn open(
     rt: &Inner,
-    req: &RunRequest,
+    req: &mut RunRequest,
     writer: RunWriter<'_>,
     read: Prefetched,
 ) -> Result<Opened, RunError> {
@@ -78,7 +78,8 @@ pub(super) async fn open(
         Prefetched::Unread => writer.get_run().await?,
     };
     let Some(mut record) = read else {
-        let Some(input) = req.input.clone() else { return Err(RunError::RunNotFound(run_id.to_owned())) };
+        // Moved, not copied: the request is dropped once the turn is open.
+        let Some(input) = req.input.take() else { return Err(RunError::RunNotFound(run_id.to_owned())) };
         let agent = agent(rt, req.agent.as_deref())?;
         let state = RunState {
             turn_input: Some(input),

@@ -54,7 +54,7 @@ pub(super) fn turn<'a>(
         // is kept off the run's task, which 10,000 runs in flight hold at once.
         let hand_back = opening.req.hand_back;
         let read = std::mem::replace(&mut opening.read, Prefetched::Unread);
-        let opened = Box::pin(open(rt, &opening.req, writer, read)).await?;
+        let opened = Box::pin(open(rt, &mut opening.req, writer, read)).await?;
         drop(opening);
         let (record, state, created) = match opened {
             Opened::Done(out) => return Box::pin(replayed(events, run_id, *out)).await,

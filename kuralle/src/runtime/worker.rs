@@ -119,8 +119,7 @@ impl Runtime {
     /// [`RunError::TurnInProgress`] when the run's current turn (with other input) is
     /// unfinished; [`RunError::UnknownAgent`]; [`RunError::Store`] when the store fails.
     pub async fn submit(&self, request: impl Into<RunRequest>) -> Result<String, RunError> {
-        let request = request.into();
-        let run_id = entry::submit(&self.inner, &request).await?;
+        let run_id = entry::submit(&self.inner, request.into()).await?;
         self.inner.wake.notify_one();
         Ok(run_id)
     }
