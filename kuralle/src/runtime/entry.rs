@@ -50,19 +50,18 @@ pub(super) fn run_leased(
     decision: Option<Decision>,
     claimed: Option<(crate::store::Lease, tokio::time::Instant, Claim)>,
 ) -> impl Future<Output = Result<RunOutput, RunError>> + Send + 'static {
-    // Boxed: the block keeps what it captures for the run's whole life, and these are read
-    // only at its start (the request, by reference, throughout).
-    let (decision, claimed) = (decision.map(Box::new), claimed.map(Box::new));
-    // The request is boxed at the run's first poll, on the thread that runs the run. Boxed here,
-    // on the caller's thread, it was freed when the turn opened, by whichever worker ran it,
-    // into the caller's glibc arena under that arena's lock, which the caller held while it
-    // started the next run: with 10,000 runs started at once, 3,000–10,000 futex calls where
-    // there are now about 130, and the last run's first request at 79 ms instead of 46. `then`
-    // keeps the waiting request and the run's future in one slot (they are the two states of
-    // one enum), so the run's task does not grow by a request.
+    // The request, the decision and the claim are boxed (the run's future keeps what it
+    // captures for its whole life, and these are read only at its start) at the run's first
+    // poll, on the thread that runs it. Boxed here, on the caller's thread, the request was
+    // freed when the turn opened, by whichever worker ran it, into the caller's glibc arena
+    // under that arena's lock, which the caller held while it started the next run: with
+    // 10,000 runs started at once, 3,000–10,500 futex calls where there are now about 130, and
+    // the last run's first request at 79 ms instead of 46. `then` keeps what waits for the
+    // first poll and the run's future in one slot (the two states of one enum): the future
+    // grows by that enum's tag, 8 bytes, and the task not at all.
     futures::future::ready(()).then(move |()| {
         let opening = Box::new(Opening { req, read: Prefetched::Unread });
-        leased(rt, opening, events, interrupt, decision, claimed)
+        leased(rt, opening, events, interrupt, decision.map(Box::new), claimed.map(Box::new))
     })
 }
 
@@ -224,10 +223,11 @@ mod tests {
     /// Every run in flight is one such future on the heap, for as long as it waits on its
     /// model: 10,000 runs hold 10,000 of them. It was 5.2 KiB (an async fn stores its
     /// arguments twice, and a local once borrowed keeps its bytes while later awaits run),
-    /// then 2.4 KiB, and is 1,592 bytes: results held across an await, the lease borrowed for a
+    /// then 2.4 KiB, and is 1,600 bytes: results held across an await, the lease borrowed for a
     /// log line, the model's last event and the answer's parts kept slots beside the model's
-    /// wait. Tokio allocates a task in steps of 128 bytes (its cell is cache-line aligned): 1,592
-    /// bytes make a task of 1,792, and 1,768 one of 1,920.
+    /// wait (the last 8 are the tag of `run_leased`'s `then`). Tokio allocates a task in steps of
+    /// 128 bytes (its cell is cache-line aligned): 1,600 bytes make a task of 1,792, and 1,768
+    /// one of 1,920.
     #[test]
     fn a_runs_task_stays_small() {
         let runtime =

@@ -458,7 +458,7 @@ impl Runtime {
         let (tx, rx) = crate::event::EventSender::channel(self.inner.event_buffer);
         let inner = Arc::clone(&self.inner);
         let token = interrupt.clone();
-        let task = tokio::spawn(async move { entry::run(inner, request, tx, token, Some(decision)).await });
+        let task = tokio::spawn(entry::run(inner, request, tx, token, Some(decision)));
         RunHandle::new(rx, task, interrupt)
     }
 

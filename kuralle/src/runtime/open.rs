@@ -78,14 +78,18 @@ pub(super) async fn open(
         Prefetched::Unread => writer.get_run().await?,
     };
     let Some(mut record) = read else {
-        // Moved, not copied: the request is dropped once the turn is open.
-        let Some(input) = req.input.take() else { return Err(RunError::RunNotFound(run_id.to_owned())) };
+        if req.input.is_none() {
+            return Err(RunError::RunNotFound(run_id.to_owned()));
+        }
         let agent = agent(rt, req.agent.as_deref())?;
+        let limits = turn_limits(rt, agent, req)?;
         let state = RunState {
-            turn_input: Some(input),
+            // Moved, not copied (the request is dropped once the turn is open), and only once
+            // nothing above refused the request.
+            turn_input: req.input.take(),
             inbound_keys: req.idempotency_key.iter().cloned().collect(),
             redact: redactions(agent),
-            limits: Some(Box::new(turn_limits(rt, agent, req)?)),
+            limits: Some(Box::new(limits)),
             ..RunState::default()
         };
         let mut record =

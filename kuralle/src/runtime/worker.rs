@@ -272,9 +272,7 @@ impl Worker {
         let (events, _) = crate::event::EventSender::channel(1);
         let hand_back = CancellationToken::new();
         let token = hand_back.clone();
-        let task = self.tasks.spawn(async move {
-            entry::run_leased(inner, request, events, token, None, Some((lease, sent, claim))).await
-        });
+        let task = self.tasks.spawn(entry::run_leased(inner, request, events, token, None, Some((lease, sent, claim))));
         self.in_flight.insert(task.id(), InFlight { run_id, hand_back });
     }
 
