@@ -469,7 +469,8 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, pin: bool) -> Fi
     }
 }
 
-/// One configuration's spread over its runs, which come sorted by wall time.
+/// One configuration's spread over its runs: each figure's own min / median / max (the upper
+/// of the two middle values for an even count), over the runs that finished within the cap.
 fn spread(runs: &[Figures]) -> String {
     let three = |values: Vec<f64>, unit: &str, digits: usize| {
         let mut v = values;
@@ -487,7 +488,7 @@ fn spread(runs: &[Figures]) -> String {
         f.store,
         f.runs,
         f.latency_ms,
-        three(runs.iter().map(|r| r.wall_s / r.ideal_s()).collect(), "×", 2),
+        three(finished.iter().map(|r| r.wall_s / r.ideal_s()).collect(), "×", 2),
         three(finished.iter().map(|r| r.p99_us / 1e3).collect(), " ms", 1),
         three(finished.iter().map(|r| r.cpu_us_per_run).collect(), " µs", 0),
         if finished.len() < runs.len() {
@@ -765,17 +766,22 @@ fn main() {
                         f
                     })
                     .collect();
-                runs_of_this.sort_by(|a, b| a.wall_s.total_cmp(&b.wall_s));
                 if repeat > 1 {
                     spreads.push(spread(&runs_of_this));
                 }
-                all.push(runs_of_this.swap_remove(repeat / 2));
+                // The chart's run: the median by wall of those that finished (a run stopped at
+                // the cap only when none did).
+                runs_of_this.sort_by(|a, b| a.timed_out.cmp(&b.timed_out).then(a.wall_s.total_cmp(&b.wall_s)));
+                let finished = runs_of_this.iter().filter(|r| !r.timed_out).count();
+                all.push(runs_of_this.swap_remove(if finished > 0 { finished / 2 } else { 0 }));
             }
         }
     }
     if !spreads.is_empty() {
         println!();
-        println!("spread over {repeat} runs of each configuration (min / median / max):");
+        println!(
+            "spread over {repeat} runs of each configuration (each figure's own min / median / max, over the runs that finished):"
+        );
         for line in spreads {
             println!("{line}");
         }
