@@ -65,7 +65,7 @@ pub(super) fn run_leased(
     })
 }
 
-/// The run's turn once its request is boxed ([`run_leased`]). An `async` block, as there.
+/// The run's turn once its request is boxed ([`run_leased`]).
 #[allow(clippy::manual_async_fn)] // on purpose: an async fn stores each argument twice
 fn leased(
     rt: Arc<Inner>,
