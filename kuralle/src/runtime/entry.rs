@@ -76,7 +76,10 @@ fn leased(
     claimed: Option<Box<(crate::store::Lease, tokio::time::Instant, Claim)>>,
 ) -> impl Future<Output = Result<RunOutput, RunError>> + Send + 'static {
     async move {
-        let run_id = opening.req.run_id.clone().unwrap_or_else(crate::store::new_run_id);
+        // Moved, not copied: nothing reads the request's id again. A caller's id is a string
+        // made on the caller's thread, and a copy freed its original when the turn opened, into
+        // the caller's arena (see `run_leased`); now it lives as long as the run.
+        let run_id = opening.req.run_id.take().unwrap_or_else(crate::store::new_run_id);
         // The turn's `invoke_agent` span opens in `drive`, once the run's agent is known: its
         // OpenTelemetry name is fixed when the span starts (see `trace::agent_span`).
         let result = async {
