@@ -298,7 +298,6 @@ async fn timer_lateness(latency: Duration) -> (f64, f64) {
     (late[50].as_secs_f64() * 1e6, late[99].as_secs_f64() * 1e6)
 }
 
-/// The child: `runs` runs at once on one runtime of two worker threads, on `store`.
 /// The runtime's worker threads.
 const WORKERS: usize = 2;
 
@@ -337,6 +336,8 @@ fn pin_workers() -> (fn(), Arc<AtomicUsize>) {
     panic!("--pin-workers pins threads with Linux's sched_setaffinity");
 }
 
+/// The child: `runs` runs at once on one runtime of [`WORKERS`] worker threads (pinned with
+/// `pin`), on `store`.
 fn one(store: &str, runs: usize, latency: Duration, dir: &Path, pin: bool) -> Figures {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.worker_threads(WORKERS).enable_all();
@@ -707,6 +708,7 @@ fn list<T: std::str::FromStr>(s: &str) -> Vec<T> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let pin = args.iter().any(|a| a == "--pin-workers");
     let dir = std::env::temp_dir().join(format!("kuralle-bench-in-flight-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
 
@@ -714,7 +716,7 @@ fn main() {
         let store = args.get(at + 1).expect("--one STORE N LATENCY_MS");
         let runs: usize = args.get(at + 2).and_then(|v| v.parse().ok()).expect("--one STORE N LATENCY_MS");
         let latency: u64 = args.get(at + 3).and_then(|v| v.parse().ok()).expect("--one STORE N LATENCY_MS");
-        let f = one(store, runs, Duration::from_millis(latency), &dir, args.iter().any(|a| a == "--pin-workers"));
+        let f = one(store, runs, Duration::from_millis(latency), &dir, pin);
         let _ = std::fs::remove_dir_all(&dir);
         println!("{}", f.line());
         return;
@@ -730,7 +732,6 @@ fn main() {
     let runs: Vec<usize> = value("--runs").map_or_else(|| vec![100, 1_000, 10_000], |v| list(&v));
     let latencies: Vec<u64> = value("--latency-ms").map_or_else(|| vec![100], |v| list(&v));
     let cap = Duration::from_secs(value("--cap-s").map_or(180, |v| v.parse().expect("--cap-s is seconds")));
-    let pin = args.iter().any(|a| a == "--pin-workers");
     let repeat: usize = value("--repeat").map_or(1, |v| v.parse().expect("--repeat is a count"));
     assert!(repeat >= 1, "--repeat is at least 1");
     // `cargo bench` runs benches with the package's directory as the working directory.
