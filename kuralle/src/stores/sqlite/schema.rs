@@ -120,10 +120,11 @@ pub(super) fn configure_writer(
     }
     conn.pragma_update(None, "synchronous", "FULL").map_err(fail)?;
     // The schema declares the journal's reference to its run, but the writer does not have
-    // SQLite enforce it: every insert of a step reads the run in the same transaction first
-    // (`steps::next_ordinal`, `RunNotFound` when it is gone) and a run's deletion deletes its
-    // steps first (`runs::delete_run`), so the check was a second probe of the runs' index
-    // per journal row: 3% of the writer's instructions at 1,000 runs in flight.
+    // SQLite enforce it: a run's deletion deletes its steps first (`runs::delete_run`), and
+    // every insert of a step finds its run in the same transaction first
+    // (`steps::next_ordinal`: a step of its journal, or its row when the journal is empty;
+    // `RunNotFound` when it is gone), so the check was a second probe of the runs' index per
+    // journal row: 3% of the writer's instructions at 1,000 runs in flight.
     conn.pragma_update(None, "foreign_keys", "OFF").map_err(fail)?;
     // A write in a savepoint (or a statement SQLite journals) keeps a sub-journal (the pages
     // it changed first), which spills to a temporary file past 64 KiB unless temporary

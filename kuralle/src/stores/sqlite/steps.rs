@@ -33,10 +33,15 @@ pub(super) fn next_ordinal(conn: &Db<'_>, errors: Mapper, run_id: &str, fence: u
 }
 
 /// Whether the lease holds, and the run's next ordinal (`NULL` when the run does not exist).
+///
+/// The run's row is read only when its journal is empty: a run's steps are deleted with it,
+/// so a journal that holds a step is a run that exists. SQLite's `coalesce` evaluates its
+/// second argument only when the first is `NULL`, so three appends in four (at 10,000 runs in
+/// flight) skip a probe of the runs' text key.
 pub(super) const NEXT_ORDINAL: &str = concat!(
     "SELECT ",
     fence_holds!(2),
-    ", (SELECT (SELECT coalesce(max(ordinal) + 1, 0) FROM steps WHERE run_id = ?1) FROM runs WHERE run_id = ?1)"
+    ", coalesce((SELECT max(ordinal) + 1 FROM steps WHERE run_id = ?1), (SELECT 0 FROM runs WHERE run_id = ?1))"
 );
 
 /// Inserts `steps` at the ordinals from `first` on, the first one finished with `outcome`
