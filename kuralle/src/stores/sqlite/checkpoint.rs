@@ -1,4 +1,5 @@
-//! WAL checkpoints on their own thread and connection, so the writer thread only commits.
+//! WAL checkpoints on their own thread and connection, so the writer thread only commits (but
+//! for one, between two batches, when steady load has made the WAL long: see [`WAL_CAP`]).
 //!
 //! SQLite's automatic checkpoint runs inside the `COMMIT` that grows the WAL past its threshold:
 //! on the one writer thread, every write queued behind that commit waited for the checkpoint's
@@ -12,60 +13,132 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::mpsc::{self, SyncSender};
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
 
 use super::errors::Mapper;
 use crate::store::StoreError;
 
-/// WAL pages (4 KiB each) not yet copied into the database after which the writer asks for a
-/// checkpoint: SQLite's default threshold is 1,000 pages in the WAL; a longer stretch lets a
+/// WAL frames (a 4 KiB page each) written since the last checkpoint after which the writer
+/// asks for one: SQLite's default threshold is 1,000 frames in the WAL; a longer stretch lets a
 /// page written by many commits be copied once.
 ///
-/// Counted from the last checkpoint, not from the WAL's start: under steady load a
-/// checkpoint rarely catches up before the next commit, so the WAL is not restarted, and a
-/// threshold on its whole length asked for a checkpoint after every commit past the first
-/// 4,096 pages. Each of those copied a few commits' pages, so a page rewritten by every commit
-/// was copied as often: 33,458 page copies for 41,276 frames at 10,000 runs in flight.
+/// Counted from the last checkpoint, not from the WAL's start: under steady load a checkpoint
+/// rarely catches up before the next commit, so the WAL is not restarted, and a threshold on
+/// its whole length asked for a checkpoint after every commit past the first 4,096 frames. Each
+/// of those copied a few commits' pages, so a page rewritten by every commit was copied as
+/// often: 33,458 page copies for 41,276 frames at 10,000 runs in flight.
 pub(super) const CHECKPOINT_PAGES: i32 = 4096;
+
+/// How long the checkpointer waits, while frames are left uncopied, before it copies them
+/// anyway. A checkpoint that catches up lets the writer restart the WAL from its beginning at
+/// its next transaction; without this, the frames a burst left behind stayed until the next
+/// 4,096, and under moderate load (a commit landing during each threshold checkpoint) the WAL
+/// never caught up and grew for the life of the store.
+const CATCH_UP: Duration = Duration::from_millis(100);
+
+/// WAL frames past which the writer checkpoints the WAL itself: 32,768 (128 MiB). Under steady
+/// load the writer is always inside a transaction, so the checkpointer's checkpoints never find
+/// the WAL wholly copied at the start of one, the only moment the writer restarts it, and the
+/// file grew for as long as the load lasted (a test wrote 107,000 frames, 418 MiB, in five
+/// seconds without one restart). Between two batches no transaction of the writer's is open,
+/// so a `PASSIVE` checkpoint on its own connection copies everything (what the checkpointer
+/// left; while the checkpointer is copying it returns at once, to be tried after the next
+/// batch), and the next batch writes from the WAL's beginning. `PASSIVE` never waits for a
+/// reader: one reading an old snapshot only puts the restart off. A short stall once per
+/// 128 MiB of WAL, instead of a file that fills the disk.
+const WAL_CAP: i32 = 8 * CHECKPOINT_PAGES;
+
+/// What the writer's hook and the checkpointer share.
+#[derive(Debug, Default)]
+struct Progress {
+    /// Frames in the WAL after the writer's last commit.
+    frames: AtomicI32,
+    /// Frames the last checkpoint had copied (SQLite counts from the WAL's start).
+    copied: AtomicI32,
+}
+
+impl Progress {
+    fn uncopied(&self) -> i32 {
+        uncopied(self.frames.load(Ordering::Relaxed), self.copied.load(Ordering::Relaxed))
+    }
+}
 
 /// The checkpointer thread and the writer's handle on it.
 pub(super) struct Checkpointer {
     nudge: Option<SyncSender<()>>,
     thread: Option<JoinHandle<()>>,
+    progress: Arc<Progress>,
+    /// [`WAL_CAP`], or a test's.
+    cap: i32,
 }
 
 impl Checkpointer {
     /// Opens the checkpointer's connection to `path` and starts its thread, and hooks `writer`
     /// (which then no longer checkpoints by itself) to wake it.
     pub(super) fn start(path: &Path, writer: &mut Connection, errors: Mapper) -> Result<Self, StoreError> {
+        Self::start_capped(path, writer, errors, WAL_CAP)
+    }
+
+    /// [`start`](Self::start), with the writer checkpointing past `cap` frames.
+    fn start_capped(path: &Path, writer: &mut Connection, errors: Mapper, cap: i32) -> Result<Self, StoreError> {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(path, flags).map_err(|e| errors.at_open(path, e))?;
         conn.busy_timeout(errors.busy_timeout).map_err(|e| errors.map(e))?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(|e| errors.map(e))?;
         // One pending nudge is enough: the checkpoint it starts copies everything committed.
         let (nudge, nudges) = mpsc::sync_channel::<()>(1);
-        // The WAL pages the last checkpoint had copied, for the writer's hook.
-        let copied = Arc::new(AtomicI32::new(0));
-        let hook_copied = Arc::clone(&copied);
-        let thread = std::thread::Builder::new()
-            .name("kuralle-sqlite-checkpoint".into())
-            .spawn(move || checkpoint_loop(conn, nudges, &copied))
-            .map_err(|e| StoreError::Unavailable(format!("cannot start the checkpoint thread: {e}").into()))?;
-        let hook_nudge = nudge.clone();
+        let progress = Arc::new(Progress::default());
+        let thread = {
+            let progress = Arc::clone(&progress);
+            std::thread::Builder::new()
+                .name("kuralle-sqlite-checkpoint".into())
+                .spawn(move || checkpoint_loop(conn, nudges, &progress))
+                .map_err(|e| StoreError::Unavailable(format!("cannot start the checkpoint thread: {e}").into()))?
+        };
+        let (hook_nudge, hook_progress) = (nudge.clone(), Arc::clone(&progress));
         // Replaces SQLite's own checkpointing hook (`wal_autocheckpoint`) on this connection.
         writer
-            .wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, pages: std::ffi::c_int| {
+            .wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, frames: std::ffi::c_int| {
+                hook_progress.frames.store(frames, Ordering::Relaxed);
                 // A nudge already pending, or a stopped thread: nothing more to ask.
-                if uncopied(pages, hook_copied.load(Ordering::Relaxed)) >= CHECKPOINT_PAGES {
+                if hook_progress.uncopied() >= CHECKPOINT_PAGES {
                     let _ = hook_nudge.try_send(());
                 }
                 Ok(())
             }))
             .map_err(|e| errors.map(e))?;
-        Ok(Self { nudge: Some(nudge), thread: Some(thread) })
+        Ok(Self { nudge: Some(nudge), thread: Some(thread), progress, cap })
+    }
+
+    /// Copies the whole WAL once it is longer than the cap, so that it restarts (see
+    /// [`WAL_CAP`]). Called by the writer thread between batches, with its own connection.
+    pub(super) fn catch_up_if_long(&self, writer: &Connection) {
+        let frames = self.progress.frames.load(Ordering::Relaxed);
+        if frames < self.cap {
+            return;
+        }
+        let result = writer
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(2)?)));
+        match result {
+            Ok((busy, copied)) => {
+                if let Ok(done @ 0..) = i32::try_from(copied) {
+                    self.progress.copied.store(done, Ordering::Relaxed);
+                }
+                tracing::debug!(frames, busy, copied, "checkpointed the long SQLite WAL");
+            }
+            // The checkpointer is copying (SQLITE_BUSY): the next batch tries again.
+            Err(e) => tracing::debug!(error = %e, frames, "checkpointing the long SQLite WAL must wait"),
+        }
+    }
+
+    /// Frames in the WAL after the writer's last commit: small again once the WAL restarted.
+    #[cfg(test)]
+    fn wal_frames(&self) -> i32 {
+        self.progress.frames.load(Ordering::Relaxed)
     }
 
     /// Unhooks `writer` and waits for the thread to finish its checkpoint, so that the writer's
@@ -79,25 +152,39 @@ impl Checkpointer {
     }
 }
 
-/// The WAL's pages past those the last checkpoint copied. A WAL shorter than that count was
-/// restarted from its beginning after a checkpoint copied all of it: all its pages are new.
-fn uncopied(pages: std::ffi::c_int, copied: i32) -> i32 {
-    if pages >= copied { pages - copied } else { pages }
+/// The WAL's frames past those the last checkpoint copied. A WAL shorter than that count was
+/// restarted from its beginning after a checkpoint copied all of it: all its frames are new.
+fn uncopied(frames: std::ffi::c_int, copied: i32) -> i32 {
+    if frames >= copied { frames - copied } else { frames }
 }
 
-fn checkpoint_loop(conn: Connection, nudges: mpsc::Receiver<()>, copied: &AtomicI32) {
-    while nudges.recv().is_ok() {
+fn checkpoint_loop(conn: Connection, nudges: mpsc::Receiver<()>, progress: &Progress) {
+    loop {
+        let woken = if progress.uncopied() > 0 {
+            nudges.recv_timeout(CATCH_UP)
+        } else {
+            nudges.recv().map_err(|_| RecvTimeoutError::Disconnected)
+        };
+        match woken {
+            // A nudge the writer queued while the last checkpoint ran, which copied its frames.
+            Ok(()) if progress.uncopied() < CHECKPOINT_PAGES => continue,
+            Ok(()) => {}
+            // A pause with frames left: copy them, so the WAL can restart.
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
         // PASSIVE: copies what no reader still needs, without waiting for readers or the writer.
         let result = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
             Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
         });
         match result {
-            Ok((_, wal_pages, done)) => {
-                // -1 when the checkpoint could not run (no WAL): the count stays.
+            Ok((_, wal_frames, done)) => {
+                // -1 when the checkpoint could not run (no WAL, or another checkpoint): the
+                // count stays.
                 if let Ok(done @ 0..) = i32::try_from(done) {
-                    copied.store(done, Ordering::Relaxed);
+                    progress.copied.store(done, Ordering::Relaxed);
                 }
-                tracing::trace!(wal_pages, copied = done, "checkpointed the SQLite WAL");
+                tracing::trace!(wal_frames, copied = done, "checkpointed the SQLite WAL");
             }
             // The WAL only grows until the next checkpoint succeeds; no write is affected.
             Err(e) => tracing::warn!(error = %e, "checkpointing the SQLite WAL failed"),
@@ -121,5 +208,82 @@ mod tests {
         assert!(uncopied(8191, 4096) < CHECKPOINT_PAGES);
         assert!(uncopied(8192, 4096) >= CHECKPOINT_PAGES);
         assert_eq!(uncopied(12, 9000), 12, "the WAL restarted from its beginning");
+    }
+
+    /// A burst past the threshold leaves frames behind the checkpoint it asked for; a pause
+    /// copies them, so the next commit restarts the WAL from its beginning instead of growing it.
+    #[test]
+    fn a_pause_after_a_burst_lets_the_wal_restart() {
+        let dir = std::env::temp_dir().join(format!("kuralle-checkpoint-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("burst.db");
+        let mut writer = Connection::open(&path).unwrap();
+        let mode: String = writer.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)).unwrap();
+        assert_eq!(mode, "wal");
+        writer.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
+        let errors = Mapper { busy_timeout: Duration::from_secs(5), max_size_bytes: None };
+        let checkpointer = Checkpointer::start(&path, &mut writer, errors).unwrap();
+
+        // About 50 frames a commit (a row of a page each), well past the threshold.
+        let commit = |writer: &Connection, rows: usize| {
+            let tx = writer.unchecked_transaction().unwrap();
+            for _ in 0..rows {
+                tx.execute("INSERT INTO t (x) VALUES (zeroblob(4000))", []).unwrap();
+            }
+            tx.commit().unwrap();
+        };
+        while checkpointer.wal_frames() < CHECKPOINT_PAGES + 1500 {
+            commit(&writer, 50);
+        }
+        assert!(checkpointer.progress.uncopied() > 0, "the burst left frames behind its checkpoint");
+
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while checkpointer.progress.uncopied() > 0 {
+            assert!(std::time::Instant::now() < deadline, "the pause's frames were never copied");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        commit(&writer, 1);
+        assert!(checkpointer.wal_frames() < 50, "the WAL restarted: {} frames", checkpointer.wal_frames());
+
+        checkpointer.stop(&mut writer);
+        drop(writer);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Commits that never pause leave a `PASSIVE` checkpoint no moment to catch up; past the cap
+    /// the writer's own checkpoint between two commits makes the WAL start over anyway.
+    #[test]
+    fn steady_commits_restart_the_wal_past_the_cap() {
+        let dir = std::env::temp_dir().join(format!("kuralle-checkpoint-cap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("steady.db");
+        let mut writer = Connection::open(&path).unwrap();
+        writer.busy_timeout(Duration::from_secs(5)).unwrap();
+        let _: String = writer.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)).unwrap();
+        writer.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
+        let errors = Mapper { busy_timeout: Duration::from_secs(5), max_size_bytes: None };
+        let cap = 3 * CHECKPOINT_PAGES;
+        let checkpointer = Checkpointer::start_capped(&path, &mut writer, errors, cap).unwrap();
+
+        let (mut longest, mut restarted) = (0, false);
+        for _ in 0..2_000 {
+            let tx = writer.unchecked_transaction().unwrap();
+            for _ in 0..50 {
+                tx.execute("INSERT INTO t (x) VALUES (zeroblob(4000))", []).unwrap();
+            }
+            tx.commit().unwrap();
+            checkpointer.catch_up_if_long(&writer);
+            let frames = checkpointer.wal_frames();
+            if frames < longest && longest >= cap {
+                restarted = true;
+                break;
+            }
+            longest = longest.max(frames);
+        }
+        assert!(restarted, "the WAL grew to {longest} frames and never restarted");
+
+        checkpointer.stop(&mut writer);
+        drop(writer);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -264,4 +264,40 @@ mod tests {
         assert!(matches!(stmt, super::super::prepared::Prepared::Kept(_)));
         assert_eq!(stmt.get_status(StatementStatus::RePrepare), 0);
     }
+
+    /// The next ordinal reads the run's row only for an empty journal: a deleted run's journal
+    /// is deleted with it, so its lease (kept, and not released by the deletion) still finds
+    /// no run.
+    #[test]
+    fn appending_to_a_deleted_run_is_run_not_found() {
+        let conn = Connection::open_in_memory().unwrap();
+        let errors = Mapper { busy_timeout: std::time::Duration::from_secs(1), max_size_bytes: None };
+        configure_writer(&conn, &SqliteOptions::default(), errors, None).unwrap();
+        let db = Db::keeping(&conn, KEPT);
+        conn.execute(
+            "INSERT INTO runs (run_id, agent_id, status, epoch, version, state, created_at, updated_at)
+             VALUES ('run-1', 'a', 'running', 0, 0, '{}', 0, 0)",
+            [],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO leases (run_id, owner, token, expires_at, released) VALUES ('run-1', 'me', 1, 0, 0)",
+            [],
+        )
+        .unwrap();
+        let step =
+            |key: &str| NewStep { key: key.into(), kind: StepKind::Tool, name: "t".into(), epoch: 0, started_at_ms: 0 };
+        assert_eq!(append(&db, errors, "run-1", 1, &[step("a")], &[0]).unwrap(), [0]);
+        assert_eq!(append(&db, errors, "run-1", 1, &[step("b")], &[0]).unwrap(), [1]);
+        assert!(super::super::runs::delete_run(&db, errors, "run-1").unwrap());
+        assert_eq!(
+            append(&db, errors, "run-1", 1, &[step("c")], &[0]).unwrap_err(),
+            StoreError::RunNotFound("run-1".into())
+        );
+        assert_eq!(
+            append(&db, errors, "run-1", 2, &[step("c")], &[0]).unwrap_err(),
+            StoreError::Fenced { run_id: "run-1".into(), token: 2 },
+            "the fence is still checked first"
+        );
+    }
 }

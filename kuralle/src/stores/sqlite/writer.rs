@@ -120,6 +120,9 @@ pub(super) fn writer_loop(
                 }
             }
             commit_batch(&db, &mut batch, errors, commits);
+            if let Some(checkpointer) = &checkpointer {
+                checkpointer.catch_up_if_long(&conn);
+            }
         }
         // The kept statements are finalized here, before the connection closes.
     }
