@@ -45,11 +45,12 @@ const CATCH_UP: Duration = Duration::from_millis(100);
 /// the WAL wholly copied at the start of one, the only moment the writer restarts it, and the
 /// file grew for as long as the load lasted (a test wrote 107,000 frames, 418 MiB, in five
 /// seconds without one restart). Between two batches no transaction of the writer's is open,
-/// so a `PASSIVE` checkpoint on its own connection copies everything (what the checkpointer
-/// left; while the checkpointer is copying it returns at once, to be tried after the next
-/// batch), and the next batch writes from the WAL's beginning. `PASSIVE` never waits for a
-/// reader: one reading an old snapshot only puts the restart off. A short stall once per
-/// 128 MiB of WAL, instead of a file that fills the disk.
+/// so a `PASSIVE` checkpoint on its own connection copies everything, and the next batch
+/// writes from the WAL's beginning. Past the cap the checkpointer leaves the copying to the
+/// writer under load (it still copies in a pause), since its checkpoint would hold the lock the
+/// writer's needs. `PASSIVE` never waits: a reader that began while frames were uncopied only
+/// puts the restart off, and the writer tries again an eighth of the cap later. A stall of one
+/// checkpoint once per 128 MiB of WAL, instead of a file that fills the disk.
 const WAL_CAP: i32 = 8 * CHECKPOINT_PAGES;
 
 /// What the writer's hook and the checkpointer share.
@@ -61,9 +62,30 @@ struct Progress {
     copied: AtomicI32,
 }
 
+// Sequentially consistent: the hook and the checkpointer each write one count and read the
+// other, and one of them must see the other's write, or a checkpointer that found nothing to
+// copy could wait for a nudge that the hook, reading an older count, did not send.
 impl Progress {
     fn uncopied(&self) -> i32 {
-        uncopied(self.frames.load(Ordering::Relaxed), self.copied.load(Ordering::Relaxed))
+        uncopied(self.frames.load(Ordering::SeqCst), self.copied.load(Ordering::SeqCst))
+    }
+
+    /// Records the WAL's length after a commit; whether the checkpointer should wake: at the
+    /// threshold, or when frames are left uncopied where there were none, so that a pause
+    /// after the commit copies them (a nudge below the threshold only starts its wait).
+    fn committed(&self, frames: i32) -> bool {
+        let before = self.frames.swap(frames, Ordering::SeqCst);
+        let copied = self.copied.load(Ordering::SeqCst);
+        let now = uncopied(frames, copied);
+        now >= CHECKPOINT_PAGES || (now > 0 && uncopied(before, copied) == 0)
+    }
+
+    fn copied(&self, done: i64) {
+        // -1 when the checkpoint could not run (no WAL, or another checkpoint running): the
+        // count stays.
+        if let Ok(done @ 0..) = i32::try_from(done) {
+            self.copied.store(done, Ordering::SeqCst);
+        }
     }
 }
 
@@ -74,6 +96,10 @@ pub(super) struct Checkpointer {
     progress: Arc<Progress>,
     /// [`WAL_CAP`], or a test's.
     cap: i32,
+    /// The WAL's length when the writer last checkpointed it (0 before it ever did): a reader
+    /// that keeps the WAL from restarting would otherwise have the writer copy and `fsync`
+    /// after every batch, so it tries again only an eighth of the cap later.
+    tried_at: AtomicI32,
 }
 
 impl Checkpointer {
@@ -84,7 +110,12 @@ impl Checkpointer {
     }
 
     /// [`start`](Self::start), with the writer checkpointing past `cap` frames.
-    fn start_capped(path: &Path, writer: &mut Connection, errors: Mapper, cap: i32) -> Result<Self, StoreError> {
+    pub(super) fn start_capped(
+        path: &Path,
+        writer: &mut Connection,
+        errors: Mapper,
+        cap: i32,
+    ) -> Result<Self, StoreError> {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(path, flags).map_err(|e| errors.at_open(path, e))?;
         conn.busy_timeout(errors.busy_timeout).map_err(|e| errors.map(e))?;
@@ -96,49 +127,50 @@ impl Checkpointer {
             let progress = Arc::clone(&progress);
             std::thread::Builder::new()
                 .name("kuralle-sqlite-checkpoint".into())
-                .spawn(move || checkpoint_loop(conn, nudges, &progress))
+                .spawn(move || checkpoint_loop(conn, nudges, &progress, cap))
                 .map_err(|e| StoreError::Unavailable(format!("cannot start the checkpoint thread: {e}").into()))?
         };
         let (hook_nudge, hook_progress) = (nudge.clone(), Arc::clone(&progress));
         // Replaces SQLite's own checkpointing hook (`wal_autocheckpoint`) on this connection.
         writer
             .wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, frames: std::ffi::c_int| {
-                hook_progress.frames.store(frames, Ordering::Relaxed);
                 // A nudge already pending, or a stopped thread: nothing more to ask.
-                if hook_progress.uncopied() >= CHECKPOINT_PAGES {
+                if hook_progress.committed(frames) {
                     let _ = hook_nudge.try_send(());
                 }
                 Ok(())
             }))
             .map_err(|e| errors.map(e))?;
-        Ok(Self { nudge: Some(nudge), thread: Some(thread), progress, cap })
+        Ok(Self { nudge: Some(nudge), thread: Some(thread), progress, cap, tried_at: AtomicI32::new(0) })
     }
 
     /// Copies the whole WAL once it is longer than the cap, so that it restarts (see
     /// [`WAL_CAP`]). Called by the writer thread between batches, with its own connection.
     pub(super) fn catch_up_if_long(&self, writer: &Connection) {
-        let frames = self.progress.frames.load(Ordering::Relaxed);
-        if frames < self.cap {
+        let frames = self.progress.frames.load(Ordering::SeqCst);
+        let tried_at = self.tried_at.load(Ordering::Relaxed);
+        // A WAL shorter than at the last try has restarted since: that try is done with.
+        let retry = tried_at == 0 || frames < tried_at || frames - tried_at >= self.cap / 8;
+        if frames < self.cap || !retry {
             return;
         }
+        self.tried_at.store(frames, Ordering::Relaxed);
         let result = writer
             .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(2)?)));
         match result {
+            // `busy` when the checkpointer was copying (in a pause): the next try comes later.
             Ok((busy, copied)) => {
-                if let Ok(done @ 0..) = i32::try_from(copied) {
-                    self.progress.copied.store(done, Ordering::Relaxed);
-                }
+                self.progress.copied(copied);
                 tracing::debug!(frames, busy, copied, "checkpointed the long SQLite WAL");
             }
-            // The checkpointer is copying (SQLITE_BUSY): the next batch tries again.
-            Err(e) => tracing::debug!(error = %e, frames, "checkpointing the long SQLite WAL must wait"),
+            Err(e) => tracing::warn!(error = %e, frames, "checkpointing the long SQLite WAL failed"),
         }
     }
 
     /// Frames in the WAL after the writer's last commit: small again once the WAL restarted.
     #[cfg(test)]
     fn wal_frames(&self) -> i32 {
-        self.progress.frames.load(Ordering::Relaxed)
+        self.progress.frames.load(Ordering::SeqCst)
     }
 
     /// Unhooks `writer` and waits for the thread to finish its checkpoint, so that the writer's
@@ -158,7 +190,9 @@ fn uncopied(frames: std::ffi::c_int, copied: i32) -> i32 {
     if frames >= copied { frames - copied } else { frames }
 }
 
-fn checkpoint_loop(conn: Connection, nudges: mpsc::Receiver<()>, progress: &Progress) {
+fn checkpoint_loop(conn: Connection, nudges: mpsc::Receiver<()>, progress: &Progress, cap: i32) {
+    // A failing checkpoint is retried at every pause: one warning until one succeeds.
+    let mut failing = false;
     loop {
         let woken = if progress.uncopied() > 0 {
             nudges.recv_timeout(CATCH_UP)
@@ -166,8 +200,12 @@ fn checkpoint_loop(conn: Connection, nudges: mpsc::Receiver<()>, progress: &Prog
             nudges.recv().map_err(|_| RecvTimeoutError::Disconnected)
         };
         match woken {
-            // A nudge the writer queued while the last checkpoint ran, which copied its frames.
+            // Below the threshold: the first frames since the WAL was all copied (wait for a
+            // pause), or a nudge queued while the last checkpoint ran, which copied them.
             Ok(()) if progress.uncopied() < CHECKPOINT_PAGES => continue,
+            // Past the cap the writer checkpoints between its batches, so that the WAL restarts;
+            // a checkpoint here would hold the lock its checkpoint needs.
+            Ok(()) if progress.frames.load(Ordering::SeqCst) >= cap => continue,
             Ok(()) => {}
             // A pause with frames left: copy them, so the WAL can restart.
             Err(RecvTimeoutError::Timeout) => {}
@@ -179,15 +217,17 @@ fn checkpoint_loop(conn: Connection, nudges: mpsc::Receiver<()>, progress: &Prog
         });
         match result {
             Ok((_, wal_frames, done)) => {
-                // -1 when the checkpoint could not run (no WAL, or another checkpoint): the
-                // count stays.
-                if let Ok(done @ 0..) = i32::try_from(done) {
-                    progress.copied.store(done, Ordering::Relaxed);
+                progress.copied(done);
+                if std::mem::take(&mut failing) {
+                    tracing::info!(wal_frames, copied = done, "checkpointing the SQLite WAL works again");
                 }
                 tracing::trace!(wal_frames, copied = done, "checkpointed the SQLite WAL");
             }
             // The WAL only grows until the next checkpoint succeeds; no write is affected.
-            Err(e) => tracing::warn!(error = %e, "checkpointing the SQLite WAL failed"),
+            Err(e) if !std::mem::replace(&mut failing, true) => {
+                tracing::warn!(error = %e, "checkpointing the SQLite WAL failed")
+            }
+            Err(e) => tracing::debug!(error = %e, "checkpointing the SQLite WAL failed again"),
         }
     }
     if let Err((_, e)) = conn.close() {
@@ -215,6 +255,7 @@ mod tests {
     #[test]
     fn a_pause_after_a_burst_lets_the_wal_restart() {
         let dir = std::env::temp_dir().join(format!("kuralle-checkpoint-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("burst.db");
         let mut writer = Connection::open(&path).unwrap();
@@ -235,7 +276,6 @@ mod tests {
         while checkpointer.wal_frames() < CHECKPOINT_PAGES + 1500 {
             commit(&writer, 50);
         }
-        assert!(checkpointer.progress.uncopied() > 0, "the burst left frames behind its checkpoint");
 
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while checkpointer.progress.uncopied() > 0 {
@@ -255,6 +295,7 @@ mod tests {
     #[test]
     fn steady_commits_restart_the_wal_past_the_cap() {
         let dir = std::env::temp_dir().join(format!("kuralle-checkpoint-cap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("steady.db");
         let mut writer = Connection::open(&path).unwrap();

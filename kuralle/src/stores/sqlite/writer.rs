@@ -225,6 +225,7 @@ fn exec(conn: &Db<'_>, sql: &str) -> rusqlite::Result<()> {
 mod tests {
     use std::time::Duration;
 
+    use super::super::checkpoint::Checkpointer;
     use super::*;
 
     type Sql = fn(&Connection) -> Result<(), StoreError>;
@@ -281,5 +282,54 @@ mod tests {
         assert_eq!(commits.load(Ordering::Relaxed), 1);
         assert!(conn.is_autocommit());
         assert_eq!(super::super::column::<i64>(&conn, "SELECT n FROM t ORDER BY n"), [3, 5]);
+    }
+
+    /// Writes queued faster than they commit keep the writer inside a transaction, so only its
+    /// own checkpoint between two batches lets the WAL restart: the file stays near the cap
+    /// instead of growing with everything written.
+    #[test]
+    fn a_writer_that_never_pauses_keeps_the_wal_near_its_cap() {
+        let dir = std::env::temp_dir().join(format!("kuralle-writer-wal-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("steady.db");
+        let mut conn = Connection::open(&path).unwrap();
+        let _: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)).unwrap();
+        conn.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
+        let errors = Mapper { busy_timeout: Duration::from_secs(5), max_size_bytes: None };
+        let cap = 1_000;
+        let checkpointer = Checkpointer::start_capped(&path, &mut conn, errors, cap).unwrap();
+
+        // 200 writes of 50 pages each, one a transaction: 10,000 frames, ten times the cap.
+        let (queue, jobs) = mpsc::channel();
+        let mut replies = Vec::new();
+        for _ in 0..200 {
+            let (write, reply) = job(Writes::Direct, |conn| {
+                for _ in 0..50 {
+                    conn.execute("INSERT INTO t (x) VALUES (zeroblob(4000))", [])
+                        .map_err(|e| Mapper { busy_timeout: Duration::from_secs(1), max_size_bytes: None }.map(e))?;
+                }
+                Ok(())
+            });
+            queue.send(write).unwrap();
+            replies.push(reply);
+        }
+        let commits = std::sync::Arc::new(AtomicU64::new(0));
+        let writer = {
+            let commits = std::sync::Arc::clone(&commits);
+            std::thread::spawn(move || writer_loop(conn, jobs, 1, errors, &commits, Some(checkpointer), &[]))
+        };
+        for reply in replies {
+            reply.blocking_recv().expect("replied").settled().unwrap();
+        }
+        let wal = std::fs::metadata(dir.join("steady.db-wal")).unwrap().len();
+        drop(queue);
+        writer.join().unwrap();
+        assert_eq!(commits.load(Ordering::Relaxed), 200);
+        // Frames of 4 KiB and a 24-byte header; the cap, one transaction past it, and room for
+        // the frames written while a try found the checkpointer busy.
+        assert!(wal < 4 * 1_000 * 4_120, "the WAL grew to {wal} bytes for 10,000 frames written");
+
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
