@@ -250,6 +250,25 @@ mod tests {
         assert_eq!(uncopied(12, 9000), 12, "the WAL restarted from its beginning");
     }
 
+    /// The hook wakes the checkpointer at the threshold, and when a commit leaves frames
+    /// uncopied where there were none (so that a pause copies them), not at every commit.
+    #[test]
+    fn a_commit_wakes_the_checkpointer_at_the_threshold_or_the_first_uncopied_frames() {
+        let progress = Progress::default();
+        assert!(progress.committed(10), "the first frames");
+        assert!(!progress.committed(20), "frames were already waiting");
+        progress.copied(20);
+        assert!(progress.committed(30), "the first frames since the last checkpoint");
+        assert!(!progress.committed(4000));
+        assert!(progress.committed(20 + CHECKPOINT_PAGES), "the threshold");
+        assert!(progress.committed(20 + CHECKPOINT_PAGES + 50), "still past it");
+        progress.copied(i64::from(20 + CHECKPOINT_PAGES + 50));
+        progress.copied(-1);
+        assert_eq!(progress.uncopied(), 0, "a checkpoint that could not run leaves the count");
+        assert!(progress.committed(5), "the WAL restarted: its frames are new");
+        assert_eq!(progress.uncopied(), 5);
+    }
+
     /// A burst past the threshold leaves frames behind the checkpoint it asked for; a pause
     /// copies them, so the next commit restarts the WAL from its beginning instead of growing it.
     #[test]
