@@ -235,6 +235,21 @@ fn checkpoint_loop(conn: Connection, nudges: mpsc::Receiver<()>, progress: &Prog
     }
 }
 
+/// A fresh WAL database `db` with a table `t (x BLOB)`, in directory `name` of the temporary
+/// directory (cleared first: a crashed run with the same process id may have left it).
+#[cfg(test)]
+pub(super) fn wal_database(name: &str) -> (std::path::PathBuf, Connection) {
+    let dir = std::env::temp_dir().join(format!("kuralle-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let conn = Connection::open(dir.join("db")).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)).unwrap();
+    assert_eq!(mode, "wal");
+    conn.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
+    (dir, conn)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,16 +288,9 @@ mod tests {
     /// copies them, so the next commit restarts the WAL from its beginning instead of growing it.
     #[test]
     fn a_pause_after_a_burst_lets_the_wal_restart() {
-        let dir = std::env::temp_dir().join(format!("kuralle-checkpoint-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("burst.db");
-        let mut writer = Connection::open(&path).unwrap();
-        let mode: String = writer.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)).unwrap();
-        assert_eq!(mode, "wal");
-        writer.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
+        let (dir, mut writer) = wal_database("checkpoint-burst");
         let errors = Mapper { busy_timeout: Duration::from_secs(5), max_size_bytes: None };
-        let checkpointer = Checkpointer::start(&path, &mut writer, errors).unwrap();
+        let checkpointer = Checkpointer::start(&dir.join("db"), &mut writer, errors).unwrap();
 
         // About 50 frames a commit (a row of a page each), well past the threshold.
         let commit = |writer: &Connection, rows: usize| {
@@ -313,17 +321,10 @@ mod tests {
     /// the writer's own checkpoint between two commits makes the WAL start over anyway.
     #[test]
     fn steady_commits_restart_the_wal_past_the_cap() {
-        let dir = std::env::temp_dir().join(format!("kuralle-checkpoint-cap-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("steady.db");
-        let mut writer = Connection::open(&path).unwrap();
-        writer.busy_timeout(Duration::from_secs(5)).unwrap();
-        let _: String = writer.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)).unwrap();
-        writer.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
+        let (dir, mut writer) = wal_database("checkpoint-cap");
         let errors = Mapper { busy_timeout: Duration::from_secs(5), max_size_bytes: None };
         let cap = 3 * CHECKPOINT_PAGES;
-        let checkpointer = Checkpointer::start_capped(&path, &mut writer, errors, cap).unwrap();
+        let checkpointer = Checkpointer::start_capped(&dir.join("db"), &mut writer, errors, cap).unwrap();
 
         let (mut longest, mut restarted) = (0, false);
         for _ in 0..2_000 {

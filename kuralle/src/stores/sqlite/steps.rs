@@ -227,37 +227,46 @@ mod tests {
     use crate::store::StepKind;
     use crate::stores::sqlite::{KEPT, SqliteOptions, schema::configure_writer};
 
+    const ERRORS: Mapper = Mapper { busy_timeout: std::time::Duration::from_secs(1), max_size_bytes: None };
+
+    /// An in-memory store's write connection.
+    fn writer() -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        configure_writer(&conn, &SqliteOptions::default(), ERRORS, None).unwrap();
+        conn
+    }
+
+    /// A running run with its lease, token 1.
+    fn leased_run(conn: &Connection, run_id: &str) {
+        conn.execute(
+            "INSERT INTO runs (run_id, agent_id, status, epoch, version, state, created_at, updated_at)
+             VALUES (?1, 'a', 'running', 0, 0, '{}', 0, 0)",
+            [run_id],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO leases (run_id, owner, token, expires_at, released) VALUES (?1, 'me', 1, 0, 0)",
+            [run_id],
+        )
+        .unwrap();
+    }
+
+    fn step(key: &str) -> NewStep {
+        NewStep { key: key.into(), kind: StepKind::Tool, name: "t".into(), epoch: 0, started_at_ms: 0 }
+    }
+
     /// Appending to runs in turn keeps each statement prepared: without the query planner's
     /// stability guarantee, SQLite re-planned the ordinal read at every new run id, on the
     /// writer thread (a tenth of its time at 10,000 runs in flight).
     #[test]
     fn appending_never_reprepares_a_statement() {
-        let conn = Connection::open_in_memory().unwrap();
-        let errors = Mapper { busy_timeout: std::time::Duration::from_secs(1), max_size_bytes: None };
-        configure_writer(&conn, &SqliteOptions::default(), errors, None).unwrap();
+        let conn = writer();
         let db = Db::keeping(&conn, KEPT);
         for i in 0..20 {
             let run_id = format!("run-{i}");
-            conn.execute(
-                "INSERT INTO runs (run_id, agent_id, status, epoch, version, state, created_at, updated_at)
-                 VALUES (?1, 'a', 'running', 0, 0, '{}', 0, 0)",
-                [&run_id],
-            )
-            .unwrap();
-            conn.execute(
-                "INSERT INTO leases (run_id, owner, token, expires_at, released) VALUES (?1, 'me', 1, 0, 0)",
-                [&run_id],
-            )
-            .unwrap();
+            leased_run(&conn, &run_id);
             for n in 0..3 {
-                let step = NewStep {
-                    key: format!("k{n}"),
-                    kind: StepKind::Tool,
-                    name: "t".into(),
-                    epoch: 0,
-                    started_at_ms: 0,
-                };
-                assert_eq!(append(&db, errors, &run_id, 1, &[step], &[0]).unwrap(), [n]);
+                assert_eq!(append(&db, ERRORS, &run_id, 1, &[step(&format!("k{n}"))], &[0]).unwrap(), [n]);
             }
         }
         let stmt = db.prepared(NEXT_ORDINAL).unwrap();
@@ -270,23 +279,10 @@ mod tests {
     /// no run.
     #[test]
     fn appending_to_a_deleted_run_is_run_not_found() {
-        let conn = Connection::open_in_memory().unwrap();
-        let errors = Mapper { busy_timeout: std::time::Duration::from_secs(1), max_size_bytes: None };
-        configure_writer(&conn, &SqliteOptions::default(), errors, None).unwrap();
+        let conn = writer();
         let db = Db::keeping(&conn, KEPT);
-        conn.execute(
-            "INSERT INTO runs (run_id, agent_id, status, epoch, version, state, created_at, updated_at)
-             VALUES ('run-1', 'a', 'running', 0, 0, '{}', 0, 0)",
-            [],
-        )
-        .unwrap();
-        conn.execute(
-            "INSERT INTO leases (run_id, owner, token, expires_at, released) VALUES ('run-1', 'me', 1, 0, 0)",
-            [],
-        )
-        .unwrap();
-        let step =
-            |key: &str| NewStep { key: key.into(), kind: StepKind::Tool, name: "t".into(), epoch: 0, started_at_ms: 0 };
+        leased_run(&conn, "run-1");
+        let errors = ERRORS;
         assert_eq!(append(&db, errors, "run-1", 1, &[step("a")], &[0]).unwrap(), [0]);
         assert_eq!(append(&db, errors, "run-1", 1, &[step("b")], &[0]).unwrap(), [1]);
         assert!(super::super::runs::delete_run(&db, errors, "run-1").unwrap());

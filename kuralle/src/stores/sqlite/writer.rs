@@ -225,7 +225,7 @@ fn exec(conn: &Db<'_>, sql: &str) -> rusqlite::Result<()> {
 mod tests {
     use std::time::Duration;
 
-    use super::super::checkpoint::Checkpointer;
+    use super::super::checkpoint::{Checkpointer, wal_database};
     use super::*;
 
     type Sql = fn(&Connection) -> Result<(), StoreError>;
@@ -289,16 +289,10 @@ mod tests {
     /// instead of growing with everything written.
     #[test]
     fn a_writer_that_never_pauses_keeps_the_wal_near_its_cap() {
-        let dir = std::env::temp_dir().join(format!("kuralle-writer-wal-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("steady.db");
-        let mut conn = Connection::open(&path).unwrap();
-        let _: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)).unwrap();
-        conn.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
+        let (dir, mut conn) = wal_database("writer-wal");
         let errors = Mapper { busy_timeout: Duration::from_secs(5), max_size_bytes: None };
         let cap = 1_000;
-        let checkpointer = Checkpointer::start_capped(&path, &mut conn, errors, cap).unwrap();
+        let checkpointer = Checkpointer::start_capped(&dir.join("db"), &mut conn, errors, cap).unwrap();
 
         // 200 writes of 50 pages each, one a transaction: 10,000 frames, ten times the cap.
         let (queue, jobs) = mpsc::channel();
@@ -322,7 +316,7 @@ mod tests {
         for reply in replies {
             reply.blocking_recv().expect("replied").settled().unwrap();
         }
-        let wal = std::fs::metadata(dir.join("steady.db-wal")).unwrap().len();
+        let wal = std::fs::metadata(dir.join("db-wal")).unwrap().len();
         drop(queue);
         writer.join().unwrap();
         assert_eq!(commits.load(Ordering::Relaxed), 200);
