@@ -33,11 +33,13 @@ use crate::store::StoreError;
 /// often: 33,458 page copies for 41,276 frames at 10,000 runs in flight.
 pub(super) const CHECKPOINT_PAGES: i32 = 4096;
 
-/// How long the checkpointer waits, while frames are left uncopied, before it copies them
-/// anyway. A checkpoint that catches up lets the writer restart the WAL from its beginning at
-/// its next transaction; without this, the frames a burst left behind stayed until the next
-/// 4,096, and under moderate load (a commit landing during each threshold checkpoint) the WAL
-/// never caught up and grew for the life of the store.
+/// How long after its last nudge the checkpointer copies frames left uncopied anyway. The first
+/// frames left uncopied after a checkpoint nudge it, so below the threshold it copies about
+/// every 100 ms under load, and what is left 100 ms into a pause. A checkpoint that catches up
+/// lets the writer restart the WAL from its beginning at its next transaction; without this,
+/// the frames a burst left behind stayed until the next 4,096, and under moderate load (a
+/// commit landing during each threshold checkpoint) the WAL never caught up and grew for the
+/// life of the store.
 const CATCH_UP: Duration = Duration::from_millis(100);
 
 /// WAL frames past which the writer checkpoints the WAL itself: 32,768 (128 MiB). Under steady
@@ -46,9 +48,9 @@ const CATCH_UP: Duration = Duration::from_millis(100);
 /// file grew for as long as the load lasted (a test wrote 107,000 frames, 418 MiB, in five
 /// seconds without one restart). Between two batches no transaction of the writer's is open,
 /// so a `PASSIVE` checkpoint on its own connection copies everything, and the next batch
-/// writes from the WAL's beginning. Past the cap the checkpointer leaves the copying to the
-/// writer under load (it still copies in a pause), since its checkpoint would hold the lock the
-/// writer's needs. `PASSIVE` never waits: a reader that began while frames were uncopied only
+/// writes from the WAL's beginning. Past the cap every commit nudges the checkpointer, which
+/// then leaves the copying to the writer, since its checkpoint would hold the lock the writer's
+/// needs; 100 ms after the last commit it copies what is left itself. `PASSIVE` never waits: a reader that began while frames were uncopied only
 /// puts the restart off, and the writer tries again an eighth of the cap later. A stall of one
 /// checkpoint once per 128 MiB of WAL, instead of a file that fills the disk.
 const WAL_CAP: i32 = 8 * CHECKPOINT_PAGES;
@@ -71,11 +73,18 @@ impl Progress {
     }
 
     /// Records the WAL's length after a commit; whether the checkpointer should wake: at the
-    /// threshold, or when frames are left uncopied where there were none, so that a pause
-    /// after the commit copies them (a nudge below the threshold only starts its wait).
+    /// threshold, or when frames are left uncopied where there were none, so that it copies
+    /// them 100 ms later (a nudge below the threshold only starts its wait).
     fn committed(&self, frames: i32) -> bool {
         let before = self.frames.swap(frames, Ordering::SeqCst);
         let copied = self.copied.load(Ordering::SeqCst);
+        if frames <= before {
+            // A commit writes at least one frame (SQLite calls the hook only then), so a WAL no
+            // longer than before restarted from its beginning: none of it is copied. Unless a
+            // checkpoint of the new WAL has counted meanwhile.
+            let _ = self.copied.compare_exchange(copied, 0, Ordering::SeqCst, Ordering::SeqCst);
+            return true;
+        }
         let now = uncopied(frames, copied);
         now >= CHECKPOINT_PAGES || (now > 0 && uncopied(before, copied) == 0)
     }
@@ -148,17 +157,20 @@ impl Checkpointer {
     /// [`WAL_CAP`]). Called by the writer thread between batches, with its own connection.
     pub(super) fn catch_up_if_long(&self, writer: &Connection) {
         let frames = self.progress.frames.load(Ordering::SeqCst);
+        if frames < self.cap {
+            // Only a restart brings the WAL back under the cap: the last try is done with.
+            self.tried_at.store(0, Ordering::Relaxed);
+            return;
+        }
         let tried_at = self.tried_at.load(Ordering::Relaxed);
-        // A WAL shorter than at the last try has restarted since: that try is done with.
-        let retry = tried_at == 0 || frames < tried_at || frames - tried_at >= self.cap / 8;
-        if frames < self.cap || !retry {
+        if tried_at != 0 && (tried_at..tried_at.saturating_add(self.cap / 8)).contains(&frames) {
             return;
         }
         self.tried_at.store(frames, Ordering::Relaxed);
         let result = writer
             .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(2)?)));
         match result {
-            // `busy` when the checkpointer was copying (in a pause): the next try comes later.
+            // `busy` when the checkpointer was copying: the next try comes later.
             Ok((busy, copied)) => {
                 self.progress.copied(copied);
                 tracing::debug!(frames, busy, copied, "checkpointed the long SQLite WAL");
@@ -191,7 +203,7 @@ fn uncopied(frames: std::ffi::c_int, copied: i32) -> i32 {
 }
 
 fn checkpoint_loop(conn: Connection, nudges: mpsc::Receiver<()>, progress: &Progress, cap: i32) {
-    // A failing checkpoint is retried at every pause: one warning until one succeeds.
+    // A failing checkpoint is retried every 100 ms: one warning until one succeeds.
     let mut failing = false;
     loop {
         let woken = if progress.uncopied() > 0 {
@@ -200,14 +212,14 @@ fn checkpoint_loop(conn: Connection, nudges: mpsc::Receiver<()>, progress: &Prog
             nudges.recv().map_err(|_| RecvTimeoutError::Disconnected)
         };
         match woken {
-            // Below the threshold: the first frames since the WAL was all copied (wait for a
-            // pause), or a nudge queued while the last checkpoint ran, which copied them.
+            // Below the threshold: the first frames since the WAL was all copied (copy them
+            // 100 ms on), or a nudge queued while the last checkpoint ran, which copied them.
             Ok(()) if progress.uncopied() < CHECKPOINT_PAGES => continue,
             // Past the cap the writer checkpoints between its batches, so that the WAL restarts;
             // a checkpoint here would hold the lock its checkpoint needs.
             Ok(()) if progress.frames.load(Ordering::SeqCst) >= cap => continue,
             Ok(()) => {}
-            // A pause with frames left: copy them, so the WAL can restart.
+            // 100 ms since the last nudge, frames left: copy them, so the WAL can restart.
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }
@@ -235,10 +247,21 @@ fn checkpoint_loop(conn: Connection, nudges: mpsc::Receiver<()>, progress: &Prog
     }
 }
 
-/// A fresh WAL database `db` with a table `t (x BLOB)`, in directory `name` of the temporary
-/// directory (cleared first: a crashed run with the same process id may have left it).
+/// A test's directory, removed when the test ends, passed or failed.
 #[cfg(test)]
-pub(super) fn wal_database(name: &str) -> (std::path::PathBuf, Connection) {
+pub(super) struct TestDir(pub(super) std::path::PathBuf);
+
+#[cfg(test)]
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh WAL database `db` with a table `t (x BLOB)`, in directory `name` of the temporary
+/// directory (cleared first: a run killed with the same process id may have left it).
+#[cfg(test)]
+pub(super) fn wal_database(name: &str) -> (TestDir, Connection) {
     let dir = std::env::temp_dir().join(format!("kuralle-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -247,7 +270,7 @@ pub(super) fn wal_database(name: &str) -> (std::path::PathBuf, Connection) {
     let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)).unwrap();
     assert_eq!(mode, "wal");
     conn.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
-    (dir, conn)
+    (TestDir(dir), conn)
 }
 
 #[cfg(test)]
@@ -282,6 +305,9 @@ mod tests {
         assert_eq!(progress.uncopied(), 0, "a checkpoint that could not run leaves the count");
         assert!(progress.committed(5), "the WAL restarted: its frames are new");
         assert_eq!(progress.uncopied(), 5);
+        progress.copied(5);
+        assert!(progress.committed(5), "restarted again, to the length the last checkpoint copied");
+        assert_eq!(progress.uncopied(), 5);
     }
 
     /// A burst past the threshold leaves frames behind the checkpoint it asked for; a pause
@@ -290,7 +316,7 @@ mod tests {
     fn a_pause_after_a_burst_lets_the_wal_restart() {
         let (dir, mut writer) = wal_database("checkpoint-burst");
         let errors = Mapper { busy_timeout: Duration::from_secs(5), max_size_bytes: None };
-        let checkpointer = Checkpointer::start(&dir.join("db"), &mut writer, errors).unwrap();
+        let checkpointer = Checkpointer::start(&dir.0.join("db"), &mut writer, errors).unwrap();
 
         // About 50 frames a commit (a row of a page each), well past the threshold.
         let commit = |writer: &Connection, rows: usize| {
@@ -314,7 +340,6 @@ mod tests {
 
         checkpointer.stop(&mut writer);
         drop(writer);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Commits that never pause leave a `PASSIVE` checkpoint no moment to catch up; past the cap
@@ -324,7 +349,7 @@ mod tests {
         let (dir, mut writer) = wal_database("checkpoint-cap");
         let errors = Mapper { busy_timeout: Duration::from_secs(5), max_size_bytes: None };
         let cap = 3 * CHECKPOINT_PAGES;
-        let checkpointer = Checkpointer::start_capped(&dir.join("db"), &mut writer, errors, cap).unwrap();
+        let checkpointer = Checkpointer::start_capped(&dir.0.join("db"), &mut writer, errors, cap).unwrap();
 
         let (mut longest, mut restarted) = (0, false);
         for _ in 0..2_000 {
@@ -345,6 +370,5 @@ mod tests {
 
         checkpointer.stop(&mut writer);
         drop(writer);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

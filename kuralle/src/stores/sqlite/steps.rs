@@ -282,16 +282,15 @@ mod tests {
         let conn = writer();
         let db = Db::keeping(&conn, KEPT);
         leased_run(&conn, "run-1");
-        let errors = ERRORS;
-        assert_eq!(append(&db, errors, "run-1", 1, &[step("a")], &[0]).unwrap(), [0]);
-        assert_eq!(append(&db, errors, "run-1", 1, &[step("b")], &[0]).unwrap(), [1]);
-        assert!(super::super::runs::delete_run(&db, errors, "run-1").unwrap());
+        assert_eq!(append(&db, ERRORS, "run-1", 1, &[step("a")], &[0]).unwrap(), [0]);
+        assert_eq!(append(&db, ERRORS, "run-1", 1, &[step("b")], &[0]).unwrap(), [1]);
+        assert!(super::super::runs::delete_run(&db, ERRORS, "run-1").unwrap());
         assert_eq!(
-            append(&db, errors, "run-1", 1, &[step("c")], &[0]).unwrap_err(),
+            append(&db, ERRORS, "run-1", 1, &[step("c")], &[0]).unwrap_err(),
             StoreError::RunNotFound("run-1".into())
         );
         assert_eq!(
-            append(&db, errors, "run-1", 2, &[step("c")], &[0]).unwrap_err(),
+            append(&db, ERRORS, "run-1", 2, &[step("c")], &[0]).unwrap_err(),
             StoreError::Fenced { run_id: "run-1".into(), token: 2 },
             "the fence is still checked first"
         );
