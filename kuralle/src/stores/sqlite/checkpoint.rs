@@ -48,11 +48,12 @@ const CATCH_UP: Duration = Duration::from_millis(100);
 /// file grew for as long as the load lasted (a test wrote 107,000 frames, 418 MiB, in five
 /// seconds without one restart). Between two batches no transaction of the writer's is open,
 /// so a `PASSIVE` checkpoint on its own connection copies everything, and the next batch
-/// writes from the WAL's beginning. Past the cap every commit nudges the checkpointer, which
-/// then leaves the copying to the writer, since its checkpoint would hold the lock the writer's
-/// needs; 100 ms after the last commit it copies what is left itself. `PASSIVE` never waits: a reader that began while frames were uncopied only
-/// puts the restart off, and the writer tries again an eighth of the cap later. A stall of one
-/// checkpoint once per 128 MiB of WAL, instead of a file that fills the disk.
+/// writes from the WAL's beginning. Past the cap, the checkpointer leaves the copying to the
+/// writer while commits keep nudging it (its checkpoint would hold the lock the writer's
+/// needs), and copies what is left 100 ms after the last nudge. `PASSIVE` never waits: a
+/// reader that began while frames were uncopied only puts the restart off, and the writer tries
+/// again an eighth of the cap later. A stall of one checkpoint once per 128 MiB of WAL, instead
+/// of a file that fills the disk.
 const WAL_CAP: i32 = 8 * CHECKPOINT_PAGES;
 
 /// What the writer's hook and the checkpointer share.
