@@ -66,10 +66,8 @@ struct Progress {
     frames: AtomicI32,
     /// Frames the last checkpoint had copied (SQLite counts from the WAL's start).
     copied: AtomicI32,
-    /// From this many frames on, a threshold short of the cap, every commit wakes the
-    /// checkpointer, so that the writer's own checkpoint at the cap, which holds every write
-    /// back, finds only the last commits to copy.
-    near_cap: i32,
+    /// [`WAL_CAP`], or a test's.
+    cap: i32,
 }
 
 // Sequentially consistent: the hook and the checkpointer each write one count and read the
@@ -77,7 +75,14 @@ struct Progress {
 // copy could wait for a nudge that the hook, reading an older count, did not send.
 impl Progress {
     fn new(cap: i32) -> Self {
-        Self { frames: AtomicI32::new(0), copied: AtomicI32::new(0), near_cap: cap.saturating_sub(CHECKPOINT_PAGES) }
+        Self { frames: AtomicI32::new(0), copied: AtomicI32::new(0), cap }
+    }
+
+    /// From this many frames on, a threshold short of the cap, every commit wakes the
+    /// checkpointer, so that the writer's own checkpoint at the cap, which holds every write
+    /// back, finds only the last commits to copy.
+    fn near_cap(&self) -> i32 {
+        self.cap.saturating_sub(CHECKPOINT_PAGES)
     }
 
     fn uncopied(&self) -> i32 {
@@ -98,7 +103,7 @@ impl Progress {
             return true;
         }
         let now = uncopied(frames, copied);
-        now >= CHECKPOINT_PAGES || (now > 0 && uncopied(before, copied) == 0) || frames >= self.near_cap
+        now >= CHECKPOINT_PAGES || (now > 0 && uncopied(before, copied) == 0) || frames >= self.near_cap()
     }
 
     fn copied(&self, done: i64) {
@@ -115,8 +120,6 @@ pub(super) struct Checkpointer {
     nudge: Option<SyncSender<()>>,
     thread: Option<JoinHandle<()>>,
     progress: Arc<Progress>,
-    /// [`WAL_CAP`], or a test's.
-    cap: i32,
     /// The WAL's length when the writer last checkpointed it (0 before it ever did): a reader
     /// that keeps the WAL from restarting would otherwise have the writer copy and `fsync`
     /// after every batch, so it tries again only an eighth of the cap later.
@@ -148,7 +151,7 @@ impl Checkpointer {
             let progress = Arc::clone(&progress);
             std::thread::Builder::new()
                 .name("kuralle-sqlite-checkpoint".into())
-                .spawn(move || checkpoint_loop(conn, nudges, &progress, cap))
+                .spawn(move || checkpoint_loop(conn, nudges, &progress))
                 .map_err(|e| StoreError::Unavailable(format!("cannot start the checkpoint thread: {e}").into()))?
         };
         let (hook_nudge, hook_progress) = (nudge.clone(), Arc::clone(&progress));
@@ -162,27 +165,25 @@ impl Checkpointer {
                 Ok(())
             }))
             .map_err(|e| errors.map(e))?;
-        Ok(Self { nudge: Some(nudge), thread: Some(thread), progress, cap, tried_at: AtomicI32::new(0) })
+        Ok(Self { nudge: Some(nudge), thread: Some(thread), progress, tried_at: AtomicI32::new(0) })
     }
 
     /// Copies the whole WAL once it is longer than the cap, so that it restarts (see
     /// [`WAL_CAP`]). Called by the writer thread between batches, with its own connection.
     pub(super) fn catch_up_if_long(&self, writer: &Connection) {
-        let frames = self.progress.frames.load(Ordering::SeqCst);
-        if frames < self.cap {
+        let (frames, cap) = (self.progress.frames.load(Ordering::SeqCst), self.progress.cap);
+        if frames < cap {
             // Only a restart brings the WAL back under the cap: the last try is done with.
             self.tried_at.store(0, Ordering::Relaxed);
             return;
         }
         let tried_at = self.tried_at.load(Ordering::Relaxed);
-        if tried_at != 0 && (tried_at..tried_at.saturating_add(self.cap / 8)).contains(&frames) {
+        if tried_at != 0 && (tried_at..tried_at.saturating_add(cap / 8)).contains(&frames) {
             return;
         }
         self.tried_at.store(frames, Ordering::Relaxed);
-        let result = writer
-            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(2)?)));
-        match result {
-            Ok((busy, copied)) => {
+        match checkpoint(writer) {
+            Ok((busy, _, copied)) => {
                 if busy != 0 {
                     // The checkpointer was copying, and it stops past the cap: try again after
                     // the next batch. (A reader only keeps a try from restarting the WAL.)
@@ -218,7 +219,14 @@ fn uncopied(frames: std::ffi::c_int, copied: i32) -> i32 {
     if frames >= copied { frames - copied } else { frames }
 }
 
-fn checkpoint_loop(conn: Connection, nudges: mpsc::Receiver<()>, progress: &Progress, cap: i32) {
+/// A `PASSIVE` checkpoint: copies what no reader still needs, without waiting for readers or
+/// the writer. Returns whether another checkpoint held the lock (1 or 0), the WAL's frames and
+/// the frames copied (-1 each when it could not run).
+fn checkpoint(conn: &Connection) -> rusqlite::Result<(i64, i64, i64)> {
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+}
+
+fn checkpoint_loop(conn: Connection, nudges: mpsc::Receiver<()>, progress: &Progress) {
     // A failing checkpoint is retried every 100 ms: one warning until one succeeds.
     let mut failing = false;
     loop {
@@ -231,9 +239,9 @@ fn checkpoint_loop(conn: Connection, nudges: mpsc::Receiver<()>, progress: &Prog
         match woken {
             // Past the cap the writer checkpoints between its batches, so that the WAL restarts;
             // a checkpoint here would hold the lock its checkpoint needs.
-            Ok(()) if frames >= cap => continue,
+            Ok(()) if frames >= progress.cap => continue,
             // Near the cap every commit is copied at once: see `Progress::near_cap`.
-            Ok(()) if frames >= progress.near_cap => {}
+            Ok(()) if frames >= progress.near_cap() => {}
             // Below the threshold: the first frames since the WAL was all copied (copy them
             // 100 ms on), or a nudge queued while the last checkpoint ran, which copied them.
             Ok(()) if progress.uncopied() < CHECKPOINT_PAGES => continue,
@@ -242,11 +250,7 @@ fn checkpoint_loop(conn: Connection, nudges: mpsc::Receiver<()>, progress: &Prog
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }
-        // PASSIVE: copies what no reader still needs, without waiting for readers or the writer.
-        let result = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
-            Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
-        });
-        match result {
+        match checkpoint(&conn) {
             Ok((_, wal_frames, done)) => {
                 progress.copied(done);
                 if std::mem::take(&mut failing) {
@@ -277,6 +281,15 @@ impl Drop for TestDir {
     }
 }
 
+/// Inserts `pages` rows of a page each (4,000 bytes) into `t` of [`wal_database`].
+#[cfg(test)]
+pub(super) fn insert_pages(conn: &Connection, pages: usize) -> rusqlite::Result<()> {
+    for _ in 0..pages {
+        conn.execute("INSERT INTO t (x) VALUES (zeroblob(4000))", [])?;
+    }
+    Ok(())
+}
+
 /// A fresh WAL database `db` with a table `t (x BLOB)`, in directory `name` of the temporary
 /// directory (cleared first: a run killed with the same process id may have left it).
 #[cfg(test)]
@@ -295,6 +308,13 @@ pub(super) fn wal_database(name: &str) -> (TestDir, Connection) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `pages` rows of a page each in one transaction.
+    fn commit_pages(conn: &Connection, pages: usize) {
+        let tx = conn.unchecked_transaction().unwrap();
+        insert_pages(&tx, pages).unwrap();
+        tx.commit().unwrap();
+    }
 
     /// A checkpoint is asked for by the pages written since the last one copied, so a WAL that
     /// was never restarted does not ask after every commit; a restarted WAL counts from zero.
@@ -347,15 +367,8 @@ mod tests {
         let checkpointer = Checkpointer::start(&dir.0.join("db"), &mut writer, errors).unwrap();
 
         // About 50 frames a commit (a row of a page each), well past the threshold.
-        let commit = |writer: &Connection, rows: usize| {
-            let tx = writer.unchecked_transaction().unwrap();
-            for _ in 0..rows {
-                tx.execute("INSERT INTO t (x) VALUES (zeroblob(4000))", []).unwrap();
-            }
-            tx.commit().unwrap();
-        };
         while checkpointer.wal_frames() < CHECKPOINT_PAGES + 1500 {
-            commit(&writer, 50);
+            commit_pages(&writer, 50);
         }
 
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -363,7 +376,7 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "the pause's frames were never copied");
             std::thread::sleep(Duration::from_millis(10));
         }
-        commit(&writer, 1);
+        commit_pages(&writer, 1);
         assert!(checkpointer.wal_frames() < 50, "the WAL restarted: {} frames", checkpointer.wal_frames());
 
         checkpointer.stop(&mut writer);
@@ -381,11 +394,7 @@ mod tests {
 
         let (mut longest, mut restarted) = (0, false);
         for _ in 0..2_000 {
-            let tx = writer.unchecked_transaction().unwrap();
-            for _ in 0..50 {
-                tx.execute("INSERT INTO t (x) VALUES (zeroblob(4000))", []).unwrap();
-            }
-            tx.commit().unwrap();
+            commit_pages(&writer, 50);
             checkpointer.catch_up_if_long(&writer);
             let frames = checkpointer.wal_frames();
             if frames < longest && longest >= cap {

@@ -225,7 +225,7 @@ fn exec(conn: &Db<'_>, sql: &str) -> rusqlite::Result<()> {
 mod tests {
     use std::time::Duration;
 
-    use super::super::checkpoint::{Checkpointer, wal_database};
+    use super::super::checkpoint::{Checkpointer, insert_pages, wal_database};
     use super::*;
 
     type Sql = fn(&Connection) -> Result<(), StoreError>;
@@ -299,11 +299,8 @@ mod tests {
         let mut replies = Vec::new();
         for _ in 0..200 {
             let (write, reply) = job(Writes::Direct, |conn| {
-                for _ in 0..50 {
-                    conn.execute("INSERT INTO t (x) VALUES (zeroblob(4000))", [])
-                        .map_err(|e| Mapper { busy_timeout: Duration::from_secs(1), max_size_bytes: None }.map(e))?;
-                }
-                Ok(())
+                insert_pages(conn, 50)
+                    .map_err(|e| Mapper { busy_timeout: Duration::from_secs(1), max_size_bytes: None }.map(e))
             });
             queue.send(write).unwrap();
             replies.push(reply);
