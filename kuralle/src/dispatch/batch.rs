@@ -10,7 +10,7 @@ use tracing::Instrument;
 use super::{
     CallOutcome, TurnCtx,
     call::{self, CallSite},
-    plan::{self, Head, Job, Plan, Planned},
+    plan::{self, Head, Job, Plan, Planned, Ready},
 };
 use crate::{
     approval::Pending,
@@ -111,15 +111,12 @@ pub(super) async fn run(
     // Intents for every fresh call of the batch, in source order, in one append. The fresh
     // calls are found twice (to write their intents, then to note their ordinals), not
     // collected: a vector for them was one allocation more per batch.
-    let fresh = |i: usize, pl: &Plan| match pl {
-        Plan::Job(Job::Run(r)) => r.ordinal.is_none() && leaders.get(i).is_none_or(Option::is_none),
-        _ => false,
-    };
+    let fresh = |i: usize, r: &Ready| r.ordinal.is_none() && leaders.get(i).is_none_or(Option::is_none);
     let intents: Vec<_> = plans
         .iter()
         .enumerate()
         .filter_map(|(i, pl)| match pl {
-            Plan::Job(Job::Run(r)) if fresh(i, pl) => Some((r.key.as_str(), StepKind::Tool, r.tool.name())),
+            Plan::Job(Job::Run(r)) if fresh(i, r) => Some((r.key.as_str(), StepKind::Tool, r.tool.name())),
             _ => None,
         })
         .collect();
@@ -134,8 +131,8 @@ pub(super) async fn run(
     drop(intents);
     let mut ordinals = ordinals.into_iter();
     for (i, pl) in plans.iter_mut().enumerate() {
-        if fresh(i, pl)
-            && let Plan::Job(Job::Run(r)) = pl
+        if let Plan::Job(Job::Run(r)) = pl
+            && fresh(i, r)
         {
             r.ordinal = ordinals.next();
         }
