@@ -238,8 +238,8 @@ pub use runtime::{
 #[allow(deprecated)]
 pub use runtime::{DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_STEPS_PER_RUN};
 pub use store::{
-    FinishedWithIntents, InstanceLock, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind,
-    StepOutcome, StepRecord, StepStatus, StoreError, StoreErrorMessage, StoreFuture,
+    FinishedStep, FinishedWithIntents, InstanceLock, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore,
+    RunSummary, StepKind, StepOutcome, StepRecord, StepStatus, StoreError, StoreErrorMessage, StoreFuture,
 };
 pub use tool::{PreparedCall, Tool, ToolEvent, ToolSet, ToolSpec, ToolStream, Yielded};
 pub use transcript::Transcript;

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use kuralle::stores::DEFAULT_MAX_VALUE_BYTES;
 use kuralle::{
-    FinishedWithIntents, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind, StepOutcome,
-    StepRecord, StepStatus, StoreError,
+    FinishedStep, FinishedWithIntents, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary, StepKind,
+    StepOutcome, StepRecord, StepStatus, StoreError,
 };
 use serde_json::{Value, json};
 
@@ -138,6 +138,7 @@ macro_rules! with_conformance_cases {
         $($callback)+!($($args)*;
             run_create_get_put,
             put_run_and_release_writes_then_gives_the_lease_up,
+            put_run_and_release_after_journals_the_last_step_with_the_run,
             run_list_filter_order_limit,
             run_delete,
             journal_round_trip,
@@ -286,6 +287,74 @@ pub async fn put_run_and_release_writes_then_gives_the_lease_up<S: RunStore>(sto
         let fenced = StoreError::Fenced { run_id: "run-1".into(), token: lease.token };
         assert_eq!(store.append_steps("run-1", lease.token, vec![step("a")]).await.unwrap_err(), fenced);
         assert_eq!(store.release_lease(&lease).await.unwrap_err(), fenced, "released once");
+    } else {
+        assert_eq!(store.current_lease("run-1").await.unwrap().map(|l| l.token), Some(lease.token));
+        store.release_lease(&lease).await.unwrap();
+    }
+    assert_eq!(store.acquire_lease("run-1", "b", HOUR).await.unwrap().token, lease.token + 1);
+}
+
+/// `put_run_and_release_after`: the last step appended finished at the journal's next
+/// ordinal, with the run written and the lease given up as `put_run_and_release` does. A stale
+/// token writes nothing. A refused run leaves the run and the lease as they were; a store that
+/// does both in one transaction leaves the journal so too, one that does them apart (the
+/// provided implementation) holds the step, refuses it again as a duplicate, and takes the
+/// run alone.
+pub async fn put_run_and_release_after_journals_the_last_step_with_the_run<S: RunStore>(store: S) {
+    let lease = store.acquire_lease("run-1", "a", HOUR).await.unwrap();
+    let original = run("run-1", RunStatus::Running, 10);
+    store.create_run(original.clone(), lease.token).await.unwrap();
+    assert_eq!(store.append_steps("run-1", lease.token, vec![step("call")]).await.unwrap(), [0]);
+    store.finish_step("run-1", lease.token, 0, StepOutcome::Finished(json!("ok").into()), 1_500).await.unwrap();
+    let last = FinishedStep {
+        step: NewStep {
+            key: "model:1".into(),
+            kind: StepKind::Model,
+            name: "model".into(),
+            epoch: 0,
+            started_at_ms: 1_600,
+        },
+        outcome: StepOutcome::Finished(json!({"text": "done"}).into()),
+        finished_at_ms: 1_700,
+    };
+    let mut done = original.clone();
+    done.status = RunStatus::Finished;
+    done.state = json!({"answer": "done"}).into();
+    done.updated_at_ms = 20;
+
+    let fenced = StoreError::Fenced { run_id: "run-1".into(), token: lease.token + 1 };
+    let refused = store.put_run_and_release_after(last.clone(), done.clone(), lease.token + 1).await.unwrap_err();
+    assert_eq!(refused, fenced);
+    assert_eq!(store.steps("run-1").await.unwrap().len(), 1, "a stale token journals nothing");
+    let mut stale = done.clone();
+    stale.version = 5;
+    let conflict = store.put_run_and_release_after(last.clone(), stale, lease.token).await.unwrap_err();
+    assert_eq!(conflict, StoreError::VersionConflict { run_id: "run-1".into(), expected: 5, actual: 0 });
+    assert_eq!(store.get_run("run-1").await.unwrap(), Some(original.clone()), "a refused run is as it was");
+    assert_eq!(store.current_lease("run-1").await.unwrap().map(|l| l.token), Some(lease.token), "still held");
+    let kept = store.steps("run-1").await.unwrap().len() == 2;
+
+    let (version, released) = if kept {
+        let again = store.put_run_and_release_after(last.clone(), done.clone(), lease.token).await.unwrap_err();
+        assert_eq!(again, StoreError::DuplicateKey { run_id: "run-1".into(), key: "model:1".into() });
+        store.put_run_and_release(done.clone(), lease.token).await.unwrap()
+    } else {
+        store.put_run_and_release_after(last.clone(), done.clone(), lease.token).await.unwrap()
+    };
+    assert_eq!(version, 1);
+    assert_eq!(store.get_run("run-1").await.unwrap(), Some(RunRecord { version: 1, ..done }));
+    let journal = store.steps("run-1").await.unwrap();
+    assert_eq!(journal.len(), 2);
+    let step = &journal[1];
+    assert_eq!(
+        (step.ordinal, step.key.as_str(), step.kind, step.name.as_str()),
+        (1, "model:1", StepKind::Model, "model")
+    );
+    assert_eq!((step.status, step.started_at_ms, step.finished_at_ms), (StepStatus::Finished, 1_600, Some(1_700)));
+    assert_eq!(step.result.as_ref().map(|r| r.to_value()), Some(json!({"text": "done"})));
+    assert_eq!(step.error, None);
+    if released {
+        assert_eq!(store.current_lease("run-1").await.unwrap(), None);
     } else {
         assert_eq!(store.current_lease("run-1").await.unwrap().map(|l| l.token), Some(lease.token));
         store.release_lease(&lease).await.unwrap();

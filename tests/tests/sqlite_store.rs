@@ -547,3 +547,41 @@ async fn a_run_unreadable_under_its_new_lease_gives_the_lease_back() {
     let again = store.acquire_lease("run-1", "c", Duration::from_secs(3600)).await.unwrap();
     assert_eq!(again.token, 3, "taken and given back once in between");
 }
+
+/// A one-call run is five commits: its lease, its row, the response with the call's intent,
+/// the call's outcome, and its answer with the run's end. The answer's model response is
+/// journaled in the write that closes the run, and the lease is given up in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_call_run_is_five_commits_and_its_answer_lands_with_its_end() {
+    use kuralle::testing::{ScriptedModel, Turn};
+    use kuralle::{AgentDef, RunRequest, Runtime, StepKind};
+    use kuralle_tests::FnTool;
+
+    let (_dir, path) = db_path();
+    let store = SqliteStore::open(&path).unwrap();
+    let model = ScriptedModel::new([Turn::tool_calls([("c1", "charge", r#"{"amount":1}"#)]), Turn::text("Paid.")]);
+    let runtime = Runtime::builder()
+        .agent(AgentDef::new("shop", "Take payment.").tool(FnTool::new("charge", |_, _| async { Ok(json!("ok")) })))
+        .model(model)
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let before = store.commit_count();
+    let out = runtime.run(RunRequest::new("pay").run_id("r")).await.unwrap();
+    assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Paid."));
+    assert_eq!(store.commit_count() - before, 5);
+    let journal: Vec<(StepKind, StepStatus)> =
+        store.steps("r").await.unwrap().iter().map(|s| (s.kind, s.status)).collect();
+    assert_eq!(
+        journal,
+        [
+            (StepKind::Model, StepStatus::Finished),
+            (StepKind::Tool, StepStatus::Finished),
+            (StepKind::Model, StepStatus::Finished)
+        ]
+    );
+    let answer = store.steps("r").await.unwrap().pop().unwrap();
+    assert!(answer.result.unwrap().as_str().contains("Paid."), "the answer is journaled");
+    assert_eq!(store.get_run("r").await.unwrap().unwrap().status, RunStatus::Finished);
+    assert_eq!(store.current_lease("r").await.unwrap(), None, "the closing write gave the lease up");
+}

@@ -26,7 +26,9 @@ use crate::{
     json::JsonText,
     keymap::CompactKey,
     limits::Spent,
-    store::{FinishedWithIntents, NewStep, RunStore, StepKind, StepOutcome, StepRecord, StepStatus, StoreError},
+    store::{
+        FinishedStep, FinishedWithIntents, NewStep, RunStore, StepKind, StepOutcome, StepRecord, StepStatus, StoreError,
+    },
 };
 pub(crate) use fence::Fence;
 use retry::Retrying;
@@ -284,6 +286,17 @@ impl Journal {
     /// Writes a deferred finished step, if any, on its own.
     pub(crate) async fn flush(&self) -> Result<(), RunError> {
         self.begin(&[]).await.map(drop)
+    }
+
+    /// The deferred finished step, if any, for the write that closes the turn
+    /// ([`RunWriter::put_run_closing`]) to journal with the run's row: one commit where a
+    /// flush and the close were two. The journal notes nothing of it: the turn ends with that
+    /// write.
+    pub(crate) fn take_deferred(&self) -> Option<FinishedStep> {
+        let d = self.state().deferred.take()?;
+        let step =
+            NewStep { key: d.key, kind: d.kind, name: d.name, epoch: self.epoch, started_at_ms: d.started_at_ms };
+        Some(FinishedStep { step, outcome: StepOutcome::Finished(d.value), finished_at_ms: now_ms() })
     }
 
     /// Writes intents for `(key, kind, name)` in order, in one append (preceded by a deferred

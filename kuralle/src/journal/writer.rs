@@ -4,7 +4,7 @@
 
 use crate::{
     journal::Fence,
-    store::{FinishedWithIntents, NewStep, RunRecord, RunStore, StepOutcome, StoreError},
+    store::{FinishedStep, FinishedWithIntents, NewStep, RunRecord, RunStore, StepOutcome, StoreError},
 };
 
 /// The writes of one run under one fence. Borrowed and free to build: the journal builds one
@@ -41,12 +41,26 @@ impl<'a> RunWriter<'a> {
     }
 
     /// The run's last write of a turn: [`put_run`](Self::put_run), giving the lease up in the
-    /// same write when the fence's holder allows it and the store can.
-    pub(crate) async fn put_run_closing(&self, record: RunRecord) -> Result<u64, StoreError> {
+    /// same write when the fence's holder allows it and the store can, after `last` (the
+    /// turn's model response still to journal, if any), in the same write where the store can
+    /// ([`RunStore::put_run_and_release_after`]).
+    pub(crate) async fn put_run_closing(
+        &self,
+        record: RunRecord,
+        last: Option<FinishedStep>,
+    ) -> Result<u64, StoreError> {
         if !self.fence.may_release_at_close() {
+            if let Some(last) = last {
+                self.append_finished_with_intents(last.into()).await?;
+            }
             return self.put_run(record).await;
         }
-        let (version, released) = self.fence.watch(self.store.put_run_and_release(record, self.fence.token()).await)?;
+        let token = self.fence.token();
+        let written = match last {
+            Some(last) => self.store.put_run_and_release_after(last, record, token).await,
+            None => self.store.put_run_and_release(record, token).await,
+        };
+        let (version, released) = self.fence.watch(written)?;
         if released {
             self.fence.mark_released();
         }

@@ -10,7 +10,7 @@ use crate::{
     journal::RunWriter,
     json::JsonText,
     model::Usage,
-    store::{RunRecord, RunStatus, StoreError},
+    store::{FinishedStep, RunRecord, RunStatus, StoreError},
     transcript::Transcript,
 };
 
@@ -26,6 +26,9 @@ pub(super) struct Closing {
     pub(super) pending: Vec<Pending>,
     /// The accepted typed output, if any.
     pub(super) value: Option<serde_json::Value>,
+    /// The turn's last model response, journaled with the closing write (not with a failed
+    /// turn's, which the turn flushes first).
+    pub(super) last: Option<FinishedStep>,
 }
 
 /// Persists the turn's end. Losing an optimistic-concurrency race re-reads and retries: the
@@ -41,7 +44,7 @@ pub(super) fn close<'a>(
     mut state: RunState,
     closing: Closing,
 ) -> impl Future<Output = Result<RunOutput, RunError>> + Send + 'a {
-    let Closing { transcript, status, text, usage, pending, value } = closing;
+    let Closing { transcript, status, text, usage, pending, value, mut last } = closing;
     // A failed turn's transcript is kept for display; a retry starts the turn again here.
     state.turn_start = (status == RunStatus::Failed).then_some(state.messages.len());
     state.messages = transcript;
@@ -54,6 +57,9 @@ pub(super) fn close<'a>(
     // race rebuilds it.
     record.state = JsonText::null();
     async move {
+        // Whether a close was refused: after one, a store that journals `last` apart from the
+        // run (`RunStore::put_run_and_release_after`'s provided two writes) may hold it.
+        let mut refused = false;
         for _ in 0..CLOSE_ATTEMPTS {
             let attempt = RunRecord {
                 state: JsonText::serialize_from(&state).unwrap_or_default(),
@@ -64,7 +70,7 @@ pub(super) fn close<'a>(
             let written = if status == RunStatus::Failed {
                 writer.put_run(attempt).await
             } else {
-                writer.put_run_closing(attempt).await
+                writer.put_run_closing(attempt, last.clone()).await
             };
             match written {
                 Ok(version) => {
@@ -72,11 +78,14 @@ pub(super) fn close<'a>(
                     return Ok(output_of(&record, &state));
                 }
                 Err(StoreError::VersionConflict { actual, .. }) => {
+                    refused = true;
                     let fresh = writer.get_run().await?.ok_or_else(|| RunError::RunNotFound(record.run_id.clone()))?;
                     let keys = decode_state(&fresh)?.inbound_keys;
                     state.inbound_keys = keys;
                     record.version = actual.max(fresh.version);
                 }
+                // Journaled by the refused attempt: only the run is left to write.
+                Err(StoreError::DuplicateKey { .. }) if refused && last.is_some() => last = None,
                 Err(e) => return Err(e.into()),
             }
         }
@@ -84,5 +93,64 @@ pub(super) fn close<'a>(
             format!("run `{}` kept changing under this turn; gave up after {CLOSE_ATTEMPTS} attempts", record.run_id)
                 .into(),
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::{
+        journal::Fence,
+        store::{NewStep, RunStore, StepKind, StepOutcome, StepStatus},
+        stores::{MemoryStore, SqliteStore},
+    };
+
+    /// A close refused by a version conflict is retried with the run read again, and its last
+    /// model response lands once: with the run (one transaction) or, where the store journals
+    /// it apart, by the refused attempt, whose step a retry then finds a duplicate.
+    #[tokio::test]
+    async fn a_refused_close_journals_its_last_step_once() {
+        for release in [true, false] {
+            let stores: [Box<dyn RunStore>; 2] =
+                [Box::new(MemoryStore::new()), Box::new(SqliteStore::in_memory().unwrap())];
+            for store in stores {
+                let lease = store.acquire_lease("r", "me", Duration::from_secs(60)).await.unwrap();
+                let state = JsonText::serialize_from(&RunState::default()).unwrap();
+                store.create_run(RunRecord::new("r", "a").with_state(state), lease.token).await.unwrap();
+                // Another write under the lease since the turn read the run (version 0).
+                let read = store.get_run("r").await.unwrap().unwrap();
+                assert_eq!(store.put_run(read, lease.token).await.unwrap(), 1);
+                let fence = Fence::new(&lease, CancellationToken::new());
+                if release {
+                    fence.on_close(Box::new(|| true));
+                }
+                let last = FinishedStep {
+                    step: NewStep::new("m", StepKind::Model, "model"),
+                    outcome: StepOutcome::Finished(JsonText::from(serde_json::json!({"text": "done"}))),
+                    finished_at_ms: 7,
+                };
+                let closing = Closing {
+                    transcript: Transcript::default(),
+                    status: RunStatus::Finished,
+                    text: "done".into(),
+                    usage: Usage::default(),
+                    pending: Vec::new(),
+                    value: None,
+                    last: Some(last),
+                };
+                let writer = RunWriter::new(store.as_ref(), &fence);
+                let out = close(writer, RunRecord::new("r", "a"), RunState::default(), closing).await.unwrap();
+                assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "done"));
+                let run = store.get_run("r").await.unwrap().unwrap();
+                assert_eq!((run.status, run.version), (RunStatus::Finished, 2));
+                let steps = store.steps("r").await.unwrap();
+                let journaled: Vec<_> = steps.iter().map(|s| (s.key.as_str(), s.status)).collect();
+                assert_eq!(journaled, [("m", StepStatus::Finished)], "release at close: {release}");
+            }
+        }
     }
 }

@@ -316,8 +316,8 @@ fn steps<'a>(
             transcript = state.messages.clone();
         }
         // A final answer (or an interrupted or paused turn) may leave its model response
-        // unwritten; it is journaled before the run's state says the turn ended.
-        if !fence.is_lost() {
+        // unwritten; it is journaled before, or with, the write that says the turn ended.
+        if failure.is_some() && !fence.is_lost() {
             Box::pin(ctx.journal.flush()).await?;
         }
         if fence.is_lost() {
@@ -326,12 +326,15 @@ fn steps<'a>(
         }
         if let Some(e) = failure {
             // The turn's transcript and usage are kept (every repair shows in them); the run fails.
-            let closing = Closing { transcript, status: RunStatus::Failed, text, usage, pending, value: None };
+            let closing =
+                Closing { transcript, status: RunStatus::Failed, text, usage, pending, value: None, last: None };
             Box::pin(close(RunWriter::new(rt.store.as_ref(), fence), *record, *state, closing)).await?;
             events.send(Event::Error { message: e.to_string() }).await;
             return Err(e.into());
         }
-        let closing = Closing { transcript, status, text, usage, pending, value };
+        // One commit for the response and the run's end (`RunStore::put_run_and_release_after`).
+        let last = ctx.journal.take_deferred();
+        let closing = Closing { transcript, status, text, usage, pending, value, last };
         let out = Box::pin(close(RunWriter::new(rt.store.as_ref(), fence), *record, *state, closing)).await?;
         events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
         Ok(out)

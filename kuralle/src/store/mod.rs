@@ -22,7 +22,7 @@ pub(crate) use instances::{Registered, Registry, owner_prefix};
 pub use leases::Lease;
 pub(crate) use runs::new_run_id;
 pub use runs::{RunFilter, RunRecord, RunStatus, RunSummary};
-pub use steps::{FinishedWithIntents, NewStep, StepKind, StepOutcome, StepRecord, StepStatus};
+pub use steps::{FinishedStep, FinishedWithIntents, NewStep, StepKind, StepOutcome, StepRecord, StepStatus};
 
 /// Shorthand for store futures.
 ///
@@ -154,6 +154,54 @@ pub trait RunStore: Send + Sync + 'static {
     /// ```
     fn put_run_and_release(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, (u64, bool)> {
         Box::pin(async move { Ok((self.put_run(run, fence).await?, false)) })
+    }
+
+    /// [`put_run_and_release`](Self::put_run_and_release) after appending `last`, already
+    /// finished, under the same lease: the write that closes a turn, which journals the turn's
+    /// last model response with the row that says the turn ended. Returns what
+    /// `put_run_and_release` returns.
+    ///
+    /// A store that can should do both in one transaction: one commit where there were two,
+    /// and a refused run (a version conflict, a fenced token) leaves the journal as it was.
+    /// The provided implementation is two writes,
+    /// [`append_finished_with_intents`](Self::append_finished_with_intents) with no intents and
+    /// then `put_run_and_release`. Its run can be refused after `last` was journaled, and
+    /// `last` sent again is then [`StoreError::DuplicateKey`]; the runtime, which retries a
+    /// refused close, takes that as journaled and retries with the run alone. Either way a
+    /// crash before the end loses at most `last`, which a resumed run asks its model for again.
+    ///
+    /// ```
+    /// use kuralle::{FinishedStep, JsonText, NewStep, RunStatus, RunStore, StepKind, StepOutcome, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let lease = store.acquire_lease("run-1", "worker-a", std::time::Duration::from_secs(30)).await?;
+    /// store.create_run(kuralle::RunRecord::new("run-1", "support"), lease.token).await?;
+    /// let mut done = store.get_run("run-1").await?.expect("created");
+    /// done.status = RunStatus::Finished;
+    /// let last = FinishedStep {
+    ///     step: NewStep::new("model:0", StepKind::Model, "model"),
+    ///     outcome: StepOutcome::Finished(JsonText::from(serde_json::json!({"text": "hi"}))),
+    ///     finished_at_ms: 5,
+    /// };
+    /// let (version, released) = store.put_run_and_release_after(last, done, lease.token).await?;
+    /// assert_eq!(version, 1);
+    /// if !released {
+    ///     store.release_lease(&lease).await?;
+    /// }
+    /// assert_eq!(store.steps("run-1").await?.len(), 1);
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    fn put_run_and_release_after(
+        &self,
+        last: FinishedStep,
+        run: RunRecord,
+        fence: u64,
+    ) -> StoreFuture<'_, (u64, bool)> {
+        Box::pin(async move {
+            self.append_finished_with_intents(&run.run_id, fence, last.into()).await?;
+            self.put_run_and_release(run, fence).await
+        })
     }
 
     /// Runs matching `filter`, most recently updated first.

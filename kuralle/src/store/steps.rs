@@ -281,3 +281,33 @@ pub struct FinishedWithIntents {
     /// The intents appended after it, in order.
     pub intents: Vec<NewStep>,
 }
+
+/// A step appended already finished: a turn's last model response, which
+/// [`RunStore::put_run_and_release_after`](super::RunStore::put_run_and_release_after) journals
+/// in the write that closes the turn.
+///
+/// ```
+/// use kuralle::{FinishedStep, JsonText, NewStep, StepKind, StepOutcome};
+///
+/// let last = FinishedStep {
+///     step: NewStep::new("model:3", StepKind::Model, "model"),
+///     outcome: StepOutcome::Finished(JsonText::from(serde_json::json!({"text": "done"}))),
+///     finished_at_ms: 5,
+/// };
+/// assert_eq!(last.step.key, "model:3");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinishedStep {
+    /// The step, appended at the journal's next ordinal.
+    pub step: NewStep,
+    /// Its outcome.
+    pub outcome: StepOutcome,
+    /// When it finished, milliseconds since the Unix epoch.
+    pub finished_at_ms: i64,
+}
+
+impl From<FinishedStep> for FinishedWithIntents {
+    fn from(last: FinishedStep) -> Self {
+        Self { finished: last.step, outcome: last.outcome, finished_at_ms: last.finished_at_ms, intents: Vec::new() }
+    }
+}

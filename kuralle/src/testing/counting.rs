@@ -12,8 +12,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use crate::store::{
-    FinishedWithIntents, InstanceLock, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore, RunSummary,
-    StepOutcome, StepRecord, StoreError, StoreFuture,
+    FinishedStep, FinishedWithIntents, InstanceLock, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore,
+    RunSummary, StepOutcome, StepRecord, StoreError, StoreFuture,
 };
 
 /// Counts of what went through a [`CountingStore`].
@@ -98,6 +98,16 @@ impl RunStore for CountingStore {
     fn put_run_and_release(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, (u64, bool)> {
         self.count(0);
         self.inner.put_run_and_release(run, fence)
+    }
+
+    fn put_run_and_release_after(
+        &self,
+        last: FinishedStep,
+        run: RunRecord,
+        fence: u64,
+    ) -> StoreFuture<'_, (u64, bool)> {
+        self.count(1);
+        self.inner.put_run_and_release_after(last, run, fence)
     }
 
     fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>> {

@@ -43,8 +43,8 @@ use self::schema::configure_writer;
 use self::writer::{FnJob, Job, Writes, writer_loop};
 use super::{DEFAULT_MAX_VALUE_BYTES, check_len};
 use crate::store::{
-    FinishedWithIntents, InstanceLock, Lease, NewStep, Registry, RunFilter, RunRecord, RunStore, RunSummary,
-    StepOutcome, StepRecord, StoreError, StoreFuture,
+    FinishedStep, FinishedWithIntents, InstanceLock, Lease, NewStep, Registry, RunFilter, RunRecord, RunStore,
+    RunSummary, StepOutcome, StepRecord, StoreError, StoreFuture,
 };
 
 /// The statements the writer keeps prepared (see [`Db`]): those of every write a run makes
@@ -459,6 +459,43 @@ impl RunStore for SqliteStore {
         }))
     }
 
+    /// One job: the run's row, the last step appended finished, the lease released. The row
+    /// goes first: only it can be refused in the ordinary course (a version conflict, a lost
+    /// fence), and then nothing is changed yet. The step's insert, after it, fails only for a
+    /// key already journaled, which the runtime never sends to a store that does both in one
+    /// transaction; should a caller, the batch's transaction is rolled back (`Writes::Direct`).
+    fn put_run_and_release_after(
+        &self,
+        last: FinishedStep,
+        run: RunRecord,
+        fence: u64,
+    ) -> StoreFuture<'_, (u64, bool)> {
+        let FinishedStep { step, outcome, finished_at_ms } = last;
+        let max = self.inner.options.max_value_bytes;
+        let prepared = prepare_run(&run, max);
+        let epoch = to_i64("step epoch", step.epoch);
+        let outcome = prepare_outcome(outcome, max);
+        let errors = self.inner.errors;
+        let data = (run, prepared, step, epoch, outcome);
+        Box::pin(self.write(Writes::Direct, data, move |conn, (run, prepared, step, epoch, outcome)| {
+            let (prepared, epoch) = (prepared.as_ref().map_err(Clone::clone)?, *epoch.as_ref().map_err(Clone::clone)?);
+            let outcome = outcome.as_ref().map_err(Clone::clone)?;
+            let version = runs::update_run(conn, errors, run, fence, prepared)?;
+            let ordinal = steps::next_ordinal(conn, errors, &run.run_id, fence)?;
+            steps::insert(
+                conn,
+                errors,
+                &run.run_id,
+                ordinal,
+                std::slice::from_ref(step),
+                &[epoch],
+                Some((outcome, finished_at_ms)),
+            )?;
+            leases::release(conn, errors, &run.run_id, fence)?;
+            Ok((version, true))
+        }))
+    }
+
     fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>> {
         let errors = self.inner.errors;
         self.read(move |conn| runs::list_runs(conn, errors, &filter))
@@ -857,6 +894,58 @@ mod tests {
             assert_eq!(store.finish_step("ghost", ghost.token + 1, 0, finished(1), 3).await.unwrap_err(), fenced);
             assert_eq!(store.append_steps("ghost", ghost.token + 1, vec![intent("a")]).await.unwrap_err(), fenced);
             assert_eq!(store.current_lease("ghost").await.unwrap(), Some(ghost));
+        });
+    }
+
+    /// The closing write is one transaction: a refused run (a version conflict, a stale token, a
+    /// missing run) journals nothing, and a written one lands with its last step and gives the
+    /// lease up.
+    #[test]
+    fn the_closing_write_journals_the_last_step_or_nothing() {
+        let store = SqliteStore::in_memory().unwrap();
+        futures::executor::block_on(async {
+            let lease = created(&store).await;
+            assert_eq!(store.append_finished_with_intents("r", lease.token, response(&["a"])).await.unwrap(), [0, 1]);
+            store.finish_step("r", lease.token, 1, finished(1), 3).await.unwrap();
+            let last = || {
+                let response = response(&[]);
+                crate::store::FinishedStep {
+                    step: NewStep { key: "m2".into(), ..response.finished },
+                    outcome: response.outcome,
+                    finished_at_ms: 9,
+                }
+            };
+            let mut stale = record("r");
+            stale.version = 3;
+            let conflict = StoreError::VersionConflict { run_id: "r".into(), expected: 3, actual: 0 };
+            assert_eq!(store.put_run_and_release_after(last(), stale, lease.token).await.unwrap_err(), conflict);
+            let fenced = StoreError::Fenced { run_id: "r".into(), token: lease.token + 1 };
+            assert_eq!(
+                store.put_run_and_release_after(last(), record("r"), lease.token + 1).await.unwrap_err(),
+                fenced
+            );
+            let ghost = store.acquire_lease("ghost", "me", Duration::from_secs(60)).await.unwrap();
+            let missing = StoreError::RunNotFound("ghost".into());
+            assert_eq!(
+                store.put_run_and_release_after(last(), record("ghost"), ghost.token).await.unwrap_err(),
+                missing
+            );
+            assert_eq!(store.steps("r").await.unwrap().len(), 2, "refused: nothing journaled");
+            assert_eq!(store.steps("ghost").await.unwrap().len(), 0);
+            assert_eq!(store.current_lease("r").await.unwrap(), Some(lease.clone()), "refused: the lease kept");
+
+            let commits = store.commit_count();
+            let mut done = record("r");
+            done.status = RunStatus::Finished;
+            assert_eq!(store.put_run_and_release_after(last(), done.clone(), lease.token).await.unwrap(), (1, true));
+            assert_eq!(store.commit_count(), commits + 1, "one commit");
+            assert_eq!(store.get_run("r").await.unwrap(), Some(RunRecord { version: 1, ..done }));
+            let steps = store.steps("r").await.unwrap();
+            let last_step = &steps[2];
+            use crate::store::StepStatus::Finished;
+            assert_eq!((last_step.ordinal, last_step.key.as_str(), last_step.status), (2, "m2", Finished));
+            assert_eq!(last_step.finished_at_ms, Some(9));
+            assert_eq!(store.current_lease("r").await.unwrap(), None);
         });
     }
 
