@@ -4,7 +4,8 @@
 //! N; what the runtime adds on top is the figure (issue 27).
 //!
 //! `cargo bench -p kuralle --bench in_flight -- [--store memory|sqlite] [--runs 100,1000,10000]
-//! [--latency-ms 100] [--svg PATH] [--cap-s 180] [--pin-workers] [--repeat 1]` prints, per store and N:
+//! [--latency-ms 100] [--svg PATH] [--cap-s 180] [--workers 2] [--pin-workers] [--repeat 1]` prints, per
+//! store and N:
 //! - wall time, and wall / ideal (4 × latency);
 //! - added latency per turn, p50 and p99: a run's time from one model request to its next, less
 //!   the model's latency. That is the turn's wall time beyond the model, as a user waits for it:
@@ -49,7 +50,11 @@
 //! per run): on a shared machine one run says little, and a goal met "in most runs" needs the
 //! count. The chart gets each configuration's median run (by wall).
 //!
-//! `--pin-workers` pins the runtime's two worker threads to a CPU each (`on_thread_start`), as
+//! `--workers N` gives the runtime N worker threads (2 by default, one per core of these
+//! machines). With SQLite, one leaves the other core to the store's writer thread
+//! (`docs/operations.md`, "SQLite on few cores: one worker fewer").
+//!
+//! `--pin-workers` pins the runtime's worker threads to a CPU each (`on_thread_start`), as
 //! a service on a small VM may: without it the VM's scheduler can run both on one vCPU for
 //! milliseconds, which is the tail of the added latency at 1,000 runs on these machines.
 
@@ -298,31 +303,39 @@ async fn timer_lateness(latency: Duration) -> (f64, f64) {
     (late[50].as_secs_f64() * 1e6, late[99].as_secs_f64() * 1e6)
 }
 
-/// The runtime's worker threads.
+/// The runtime's worker threads, by default: one per core of these machines.
 const WORKERS: usize = 2;
 
-/// An `on_thread_start` hook that pins the runtime's first [`WORKERS`] threads, each to a CPU
+/// The runtime's worker threads: how many (`--workers`), and whether each is pinned to a CPU of
+/// its own (`--pin-workers`).
+#[derive(Clone, Copy)]
+struct Threads {
+    workers: usize,
+    pin: bool,
+}
+
+/// An `on_thread_start` hook that pins the runtime's first `workers` threads, each to a CPU
 /// of its own among those the process may use, and the count of threads it has seen. The
 /// workers are the threads a multi-thread runtime starts when it is built, but their hooks
-/// run on their own threads, later: the caller waits for `WORKERS` of them before it uses the
+/// run on their own threads, later: the caller waits for `workers` of them before it uses the
 /// runtime, so that no blocking thread (`spawn_blocking`) comes first and takes a CPU. On a VM
 /// whose scheduler packs threads onto few vCPUs, a worker woken to take work otherwise waits,
 /// runnable, behind the busy one on its vCPU while the other vCPU idles
 /// (`docs/performance.md`, "Added latency at 1,000: where the tail comes from").
 #[cfg(target_os = "linux")]
-fn pin_workers() -> (impl Fn() + Send + Sync + 'static, Arc<AtomicUsize>) {
+fn pin_workers(workers: usize) -> (impl Fn() + Send + Sync + 'static, Arc<AtomicUsize>) {
     use nix::{
         sched::{CpuSet, sched_getaffinity, sched_setaffinity},
         unistd::Pid,
     };
     let allowed = sched_getaffinity(Pid::from_raw(0)).expect("read the process's CPUs");
     let cpus: Vec<usize> = (0..CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap_or(false)).collect();
-    assert!(cpus.len() >= WORKERS, "--pin-workers needs {WORKERS} CPUs, the process may use {cpus:?}");
+    assert!(cpus.len() >= workers, "--pin-workers needs {workers} CPUs, the process may use {cpus:?}");
     let started = Arc::new(AtomicUsize::new(0));
     let seen = Arc::clone(&started);
     let hook = move || {
         let n = seen.fetch_add(1, Ordering::AcqRel);
-        if n < WORKERS {
+        if n < workers {
             let mut one = CpuSet::new();
             one.set(cpus[n]).expect("a CPU of the set");
             sched_setaffinity(Pid::from_raw(0), &one).expect("pin a worker thread");
@@ -332,23 +345,23 @@ fn pin_workers() -> (impl Fn() + Send + Sync + 'static, Arc<AtomicUsize>) {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn pin_workers() -> (fn(), Arc<AtomicUsize>) {
+fn pin_workers(_workers: usize) -> (fn(), Arc<AtomicUsize>) {
     panic!("--pin-workers pins threads with Linux's sched_setaffinity");
 }
 
-/// The child: `runs` runs at once on one runtime of [`WORKERS`] worker threads (pinned with
-/// `pin`), on `store`.
-fn one(store: &str, runs: usize, latency: Duration, dir: &Path, pin: bool) -> Figures {
+/// The child: `runs` runs at once on one runtime of `threads.workers` worker threads (pinned
+/// with `threads.pin`), on `store`.
+fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads) -> Figures {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.worker_threads(WORKERS).enable_all();
-    let pinned = pin.then(|| {
-        let (hook, started) = pin_workers();
+    builder.worker_threads(threads.workers).enable_all();
+    let pinned = threads.pin.then(|| {
+        let (hook, started) = pin_workers(threads.workers);
         builder.on_thread_start(hook);
         started
     });
     let rt = builder.build().unwrap();
     if let Some(started) = pinned {
-        while started.load(Ordering::Acquire) < WORKERS {
+        while started.load(Ordering::Acquire) < threads.workers {
             std::thread::yield_now();
         }
     }
@@ -501,10 +514,11 @@ fn spread(runs: &[Figures]) -> String {
 }
 
 /// Runs one configuration in a child process, killed after `cap`.
-fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, pin: bool) -> Figures {
+fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, threads: Threads) -> Figures {
     let mut child = Command::new(std::env::current_exe().expect("this binary"))
         .args(["--one", store, &runs.to_string(), &latency_ms.to_string()])
-        .args(pin.then_some("--pin-workers"))
+        .args(["--workers", &threads.workers.to_string()])
+        .args(threads.pin.then_some("--pin-workers"))
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the child");
@@ -708,7 +722,10 @@ fn list<T: std::str::FromStr>(s: &str) -> Vec<T> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let pin = args.iter().any(|a| a == "--pin-workers");
+    let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+    let workers: usize = value("--workers").map_or(WORKERS, |v| v.parse().expect("--workers is a count"));
+    assert!(workers >= 1, "--workers is at least 1");
+    let threads = Threads { workers, pin: args.iter().any(|a| a == "--pin-workers") };
     let dir = std::env::temp_dir().join(format!("kuralle-bench-in-flight-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
 
@@ -716,12 +733,11 @@ fn main() {
         let store = args.get(at + 1).expect("--one STORE N LATENCY_MS");
         let runs: usize = args.get(at + 2).and_then(|v| v.parse().ok()).expect("--one STORE N LATENCY_MS");
         let latency: u64 = args.get(at + 3).and_then(|v| v.parse().ok()).expect("--one STORE N LATENCY_MS");
-        let f = one(store, runs, Duration::from_millis(latency), &dir, pin);
+        let f = one(store, runs, Duration::from_millis(latency), &dir, threads);
         let _ = std::fs::remove_dir_all(&dir);
         println!("{}", f.line());
         return;
     }
-    let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
     let stores: Vec<String> = match value("--store") {
         Some(s) => s.split(',').map(str::to_owned).collect(),
         None => vec!["memory".to_owned(), "sqlite".to_owned()],
@@ -744,11 +760,12 @@ fn main() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 
-    let pinned = if pin { ", each pinned to a CPU of its own" } else { "" };
+    let pinned = if threads.pin { ", each pinned to a CPU of its own" } else { "" };
     println!(
-        "runs in flight on one runtime ({WORKERS} worker threads{pinned}), each {CALLS} one-call turns and an answer; \
+        "runs in flight on one runtime ({} worker threads{pinned}), each {CALLS} one-call turns and an answer; \
          added latency per turn = request to next request, less the model's latency; \
-         answer -> next request = from the answer handed over to the run's next request"
+         answer -> next request = from the answer handed over to the run's next request",
+        threads.workers
     );
     println!(
         "| store | runs in flight | model latency | wall | wall / ideal | added latency per turn p50 / p99 | answer → next request p50 / p99 | first request p50 / last | `run` calls made in | CPU per run | idle timer lateness p50 / p99 | journal writes/s | store writes per run | peak RSS per run | peak live heap per run | store writes per commit |"
@@ -761,7 +778,7 @@ fn main() {
             for n in &runs {
                 let mut runs_of_this: Vec<Figures> = (0..repeat)
                     .map(|_| {
-                        let f = spawn_one(store, *n, *latency, cap, pin);
+                        let f = spawn_one(store, *n, *latency, cap, threads);
                         print_row(&f);
                         let _ = std::io::stdout().flush();
                         f
