@@ -153,6 +153,7 @@ macro_rules! with_conformance_cases {
             lease_takeover_fences_the_old_token,
             lease_release_gives_a_higher_token,
             lease_with_the_run_read_under_it,
+            lease_with_the_run_created_under_it,
             leases_renewed_in_one_batch_keep_their_own_outcomes,
             a_lease_renews_and_releases_as_granted,
             queue_claims_each_runnable_run_once,
@@ -360,6 +361,43 @@ pub async fn put_run_and_release_after_journals_the_last_step_with_the_run<S: Ru
         store.release_lease(&lease).await.unwrap();
     }
     assert_eq!(store.acquire_lease("run-1", "b", HOUR).await.unwrap().token, lease.token + 1);
+}
+
+/// `acquire_lease_and_create_run`: a run that is not there is created under the new lease,
+/// as given; one that is there is read and left as it was. A lease held by another owner is
+/// `LeaseHeld` and creates nothing; a run the store refuses (too large) leaves neither a run
+/// nor a lease held.
+pub async fn lease_with_the_run_created_under_it<S: RunStore>(store: S) {
+    let new = run("run-1", RunStatus::Running, 10);
+    let (lease, there) = store.acquire_lease_and_create_run(new.clone(), "a", HOUR).await.unwrap();
+    assert_eq!(there, None, "created");
+    assert_eq!((lease.run_id.as_str(), lease.owner.as_str()), ("run-1", "a"));
+    assert_eq!(store.current_lease("run-1").await.unwrap().map(|l| l.token), Some(lease.token));
+    assert_eq!(store.get_run("run-1").await.unwrap(), Some(new.clone()));
+    assert_eq!(store.append_steps("run-1", lease.token, vec![step("a")]).await.unwrap(), [0], "writable under it");
+
+    let other = run("run-2", RunStatus::Running, 20);
+    let held = store.acquire_lease("run-2", "b", HOUR).await.unwrap();
+    let busy = store.acquire_lease_and_create_run(other, "a", HOUR).await.unwrap_err();
+    assert!(matches!(busy, StoreError::LeaseHeld { ref owner, .. } if owner == "b"), "{busy:?}");
+    assert_eq!(store.get_run("run-2").await.unwrap(), None, "a held lease creates nothing");
+    assert_eq!(store.current_lease("run-2").await.unwrap().map(|l| l.token), Some(held.token));
+
+    store.release_lease(&lease).await.unwrap();
+    let mut again = run("run-1", RunStatus::Paused, 30);
+    again.agent_id = "sales".into();
+    let (second, there) = store.acquire_lease_and_create_run(again, "c", HOUR).await.unwrap();
+    assert_eq!(there, Some(new.clone()), "the run that was there");
+    assert_eq!(store.get_run("run-1").await.unwrap(), Some(new), "left as it was");
+    assert_eq!(second.token, lease.token + 1);
+    assert_eq!(store.steps("run-1").await.unwrap().len(), 1);
+
+    let mut big = run("big", RunStatus::Running, 1);
+    big.state = Value::String("x".repeat(DEFAULT_MAX_VALUE_BYTES)).into();
+    let refused = store.acquire_lease_and_create_run(big, "a", HOUR).await.unwrap_err();
+    assert!(matches!(refused, StoreError::LimitExceeded(_)), "{refused:?}");
+    assert_eq!(store.get_run("big").await.unwrap(), None);
+    assert_eq!(store.current_lease("big").await.unwrap(), None, "no lease left held");
 }
 
 /// `list_runs`: most recently updated first (ties by run id), filtered by status, limited.

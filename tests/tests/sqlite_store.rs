@@ -550,7 +550,8 @@ async fn a_run_unreadable_under_its_new_lease_gives_the_lease_back() {
 
 /// A one-call run is five commits: its lease, its row, the response with the call's intent,
 /// the call's outcome, and its answer with the run's end. The answer's model response is
-/// journaled in the write that closes the run, and the lease is given up in it.
+/// journaled in the write that closes the run, and the lease is given up in it. A run whose
+/// id the runtime makes is four: its lease and its row are one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_call_run_is_five_commits_and_its_answer_lands_with_its_end() {
     use kuralle::testing::{ScriptedModel, Turn};
@@ -559,7 +560,8 @@ async fn a_one_call_run_is_five_commits_and_its_answer_lands_with_its_end() {
 
     let (_dir, path) = db_path();
     let store = SqliteStore::open(&path).unwrap();
-    let model = ScriptedModel::new([Turn::tool_calls([("c1", "charge", r#"{"amount":1}"#)]), Turn::text("Paid.")]);
+    let call = || Turn::tool_calls([("c1", "charge", r#"{"amount":1}"#)]);
+    let model = ScriptedModel::new([call(), Turn::text("Paid."), call(), Turn::text("Paid.")]);
     let runtime = Runtime::builder()
         .agent(AgentDef::new("shop", "Take payment.").tool(FnTool::new("charge", |_, _| async { Ok(json!("ok")) })))
         .model(model)
@@ -584,4 +586,13 @@ async fn a_one_call_run_is_five_commits_and_its_answer_lands_with_its_end() {
     assert!(answer.result.unwrap().as_str().contains("Paid."), "the answer is journaled");
     assert_eq!(store.get_run("r").await.unwrap().unwrap().status, RunStatus::Finished);
     assert_eq!(store.current_lease("r").await.unwrap(), None, "the closing write gave the lease up");
+
+    // A run id the runtime makes: the lease request creates the run, one commit less.
+    let before = store.commit_count();
+    let out = runtime.run(RunRequest::new("pay again")).await.unwrap();
+    assert_eq!(out.status, RunStatus::Finished);
+    assert_eq!(store.commit_count() - before, 4);
+    let run = store.get_run(&out.run_id).await.unwrap().unwrap();
+    assert_eq!((run.status, run.agent_id.as_str()), (RunStatus::Finished, "shop"));
+    assert_eq!(store.steps(&out.run_id).await.unwrap().len(), 3);
 }

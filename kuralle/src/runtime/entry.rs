@@ -12,7 +12,7 @@ use super::{
     decide::{DecidedAt, record_under},
     instance::Claim,
     lease::{self, Held},
-    open::{Opening, Prefetched, open},
+    open::{Opening, Prefetched, for_store, new_run, open},
     turn::turn,
 };
 use crate::{
@@ -60,7 +60,9 @@ pub(super) fn run_leased(
     // first poll and the run's future in one slot (the two states of one enum): the future
     // grows by that enum's tag, 8 bytes, and the task not at all.
     futures::future::ready(()).then(move |()| {
-        let opening = Box::new(Opening { req, read: Prefetched::Unread });
+        // A run id the runtime makes is a run nobody knows yet: its lease creates it.
+        let read = if req.run_id.is_none() { Prefetched::New } else { Prefetched::Unread };
+        let opening = Box::new(Opening { req, read });
         leased(rt, opening, events, interrupt, decision.map(Box::new), claimed.map(Box::new))
     })
 }
@@ -96,17 +98,8 @@ fn leased(
                         // Boxed, as in `turn`: the run's task keeps only what it waits on for long.
                         let claim = Box::pin(rt.claim_instance()).await?;
                         let owner = rt.owner_id();
-                        // The run is read with its lease: one request to the store, not two.
-                        let ((lease, run), granted) = Box::pin(lease::acquire_reading(
-                            rt.store.as_ref(),
-                            &owner,
-                            &run_id,
-                            rt.lease_ttl,
-                            opening.req.wait_for_lease,
-                        ))
-                        .await?;
+                        let (lease, granted) = Box::pin(take_lease(&rt, &owner, &run_id, &mut opening)).await?;
                         decided_at = DecidedAt::granted(&lease, rt.lease_ttl);
-                        opening.read = Prefetched::Read(run.map(Box::new));
                         (lease, granted, claim)
                     }
                 };
@@ -146,6 +139,37 @@ fn leased(
             Ending::Told(result) => Box::pin(told(&rt, &run_id, &events, result)).await,
         }
     }
+}
+
+/// Takes the run's lease for a turn, with the run read in the same request (one request to
+/// the store, not two), or, for a run id the runtime made ([`Prefetched::New`]), the run
+/// created in it: a new run's lease and row were two writes. What was read or created goes to
+/// `opening.read`.
+async fn take_lease(
+    rt: &Inner,
+    owner: &str,
+    run_id: &str,
+    opening: &mut Opening,
+) -> Result<(crate::store::Lease, tokio::time::Instant), RunError> {
+    let store = rt.store.as_ref();
+    if matches!(opening.read, Prefetched::New) {
+        let (mut record, state) = new_run(rt, &mut opening.req, run_id)?;
+        let ((lease, there), granted) =
+            lease::acquire_creating(store, owner, for_store(&mut record), rt.lease_ttl).await?;
+        opening.read = match there {
+            None => Prefetched::Created(Box::new((record, state))),
+            // Not this runtime's after all: the turn opens it as any run, with its input back.
+            Some(run) => {
+                opening.req.input = state.turn_input;
+                Prefetched::Read(Some(Box::new(run)))
+            }
+        };
+        return Ok((lease, granted));
+    }
+    let ((lease, run), granted) =
+        lease::acquire_reading(store, owner, run_id, rt.lease_ttl, opening.req.wait_for_lease).await?;
+    opening.read = Prefetched::Read(run.map(Box::new));
+    Ok((lease, granted))
 }
 
 type TurnResult = Result<RunOutput, RunError>;

@@ -69,6 +69,25 @@ pub(crate) async fn acquire_reading(
     attempt(wait, || store.acquire_lease_and_get_run(run_id, owner, ttl)).await
 }
 
+/// [`acquire_reading`] for a run id this process just made: the run created from `new` under
+/// the new lease, in the same request ([`RunStore::acquire_lease_and_create_run`]). Nobody
+/// else holds a lease on an id nobody knew, so there is nothing to wait for.
+pub(crate) async fn acquire_creating(
+    store: &dyn RunStore,
+    owner: &str,
+    new: RunRecord,
+    ttl: Duration,
+) -> Result<((Lease, Option<RunRecord>), Instant), RunError> {
+    let sent = Instant::now();
+    match store.acquire_lease_and_create_run(new, owner, ttl).await {
+        Ok(granted) => Ok((granted, sent)),
+        Err(StoreError::LeaseHeld { run_id, owner, expires_at_ms }) => {
+            Err(RunError::Busy { run_id, owner, expires_at_ms })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Makes the request `take` until it is granted, as [`acquire`] describes.
 async fn attempt<'a, T>(
     wait: Option<Duration>,

@@ -62,8 +62,14 @@ pub(super) struct Opening {
 pub(super) enum Prefetched {
     /// The lease came without the run (a worker's claim, a decision recorded since): read it.
     Unread,
+    /// A run id the runtime made: no lease taken yet, and no run to read; the lease request
+    /// creates it ([`RunStore::acquire_lease_and_create_run`](crate::RunStore::acquire_lease_and_create_run)).
+    New,
     /// Read in the same request as the lease: `None` when there is no such run yet.
     Read(Option<Box<RunRecord>>),
+    /// Created in the same request as the lease ([`new_run`]): the row as the turn keeps it,
+    /// and its state.
+    Created(Box<(RunRecord, RunState)>),
 }
 
 pub(super) async fn open(
@@ -75,25 +81,15 @@ pub(super) async fn open(
     let run_id = writer.run_id();
     let read = match read {
         Prefetched::Read(run) => run.map(|run| *run),
-        Prefetched::Unread => writer.get_run().await?,
+        // `New` is replaced when the lease is taken; read as any run should it not be.
+        Prefetched::Unread | Prefetched::New => writer.get_run().await?,
+        Prefetched::Created(created) => {
+            let (record, state) = *created;
+            return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state), created: true });
+        }
     };
     let Some(mut record) = read else {
-        if req.input.is_none() {
-            return Err(RunError::RunNotFound(run_id.to_owned()));
-        }
-        let agent = agent(rt, req.agent.as_deref())?;
-        let limits = turn_limits(rt, agent, req)?;
-        let state = RunState {
-            // Moved, not copied (the request is dropped once the turn is open), and only once
-            // nothing above refused the request.
-            turn_input: req.input.take(),
-            inbound_keys: req.idempotency_key.iter().cloned().collect(),
-            redact: redactions(agent),
-            limits: Some(Box::new(limits)),
-            ..RunState::default()
-        };
-        let mut record =
-            RunRecord::new(run_id, agent.id.clone()).with_state(JsonText::serialize_from(&state).unwrap_or_default());
+        let (mut record, state) = new_run(rt, req, run_id)?;
         writer.create_run(for_store(&mut record)).await?;
         return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state), created: true });
     };
@@ -148,6 +144,29 @@ pub(super) async fn open(
     Ok(Opened::Turn { record: Box::new(record), state: Box::new(state), created: false })
 }
 
+/// The row and state of a new run `run_id` for `req`, its input moved into the state; nothing
+/// is written. `RunNotFound` for a request without input (a resume of no run), and the
+/// request's own errors (an unknown agent, a dollar cap on an unpriced model).
+pub(super) fn new_run(rt: &Inner, req: &mut RunRequest, run_id: &str) -> Result<(RunRecord, RunState), RunError> {
+    if req.input.is_none() {
+        return Err(RunError::RunNotFound(run_id.to_owned()));
+    }
+    let agent = agent(rt, req.agent.as_deref())?;
+    let limits = turn_limits(rt, agent, req)?;
+    let state = RunState {
+        // Moved, not copied (the request is dropped once the turn is open), and only once
+        // nothing above refused the request.
+        turn_input: req.input.take(),
+        inbound_keys: req.idempotency_key.iter().cloned().collect(),
+        redact: redactions(agent),
+        limits: Some(Box::new(limits)),
+        ..RunState::default()
+    };
+    let record =
+        RunRecord::new(run_id, agent.id.clone()).with_state(JsonText::serialize_from(&state).unwrap_or_default());
+    Ok((record, state))
+}
+
 /// `Runtime::retry`: the failed turn opens again in its own epoch, so its journal replays.
 pub(super) async fn reopen_failed(
     writer: RunWriter<'_>,
@@ -175,7 +194,7 @@ pub(super) async fn reopen_failed(
 /// `record` as the store writes it, and left behind for the turn without its state. The state
 /// is already decoded (`RunState`), and the turn's close writes it anew from there, so the
 /// turn holding its JSON as well kept the run's whole conversation twice until the close.
-fn for_store(record: &mut RunRecord) -> RunRecord {
+pub(super) fn for_store(record: &mut RunRecord) -> RunRecord {
     let state = std::mem::take(&mut record.state);
     RunRecord { state, ..record.clone() }
 }

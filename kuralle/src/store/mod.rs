@@ -393,6 +393,46 @@ pub trait RunStore: Send + Sync + 'static {
         })
     }
 
+    /// [`acquire_lease_and_get_run`](Self::acquire_lease_and_get_run) for `new`'s run id,
+    /// creating `new` under the new lease when no such run exists: how a run whose id the
+    /// runtime made starts, one write where the lease and then the row were two. Returns the
+    /// lease and the run that was there (`None`: `new` was created). When the create or the
+    /// read fails, the lease is released again and the error returned.
+    ///
+    /// The default makes the two calls. A store overrides it when one costs less (SQLite: one
+    /// job, one commit).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kuralle::{RunRecord, RunStore, stores::MemoryStore};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let store = MemoryStore::new();
+    /// let ttl = Duration::from_secs(30);
+    /// let (lease, there) = store.acquire_lease_and_create_run(RunRecord::new("run-1", "support"), "worker-a", ttl).await?;
+    /// assert!(there.is_none(), "created");
+    /// assert_eq!(store.get_run("run-1").await?.map(|r| r.agent_id).as_deref(), Some("support"));
+    /// store.release_lease(&lease).await?;
+    /// let (_, there) = store.acquire_lease_and_create_run(RunRecord::new("run-1", "sales"), "worker-a", ttl).await?;
+    /// assert_eq!(there.map(|r| r.agent_id).as_deref(), Some("support"), "the run that was there, unchanged");
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    fn acquire_lease_and_create_run<'a>(
+        &'a self,
+        new: RunRecord,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, (Lease, Option<RunRecord>)> {
+        Box::pin(async move {
+            let (lease, there) = self.acquire_lease_and_get_run(&new.run_id, owner, ttl).await?;
+            if there.is_some() {
+                return Ok((lease, there));
+            }
+            let created = self.create_run(new, lease.token).await;
+            read_under(self, lease, created.map(|()| None)).await
+        })
+    }
+
     /// Extends `lease` to the store's now + `ttl`; returns it with the new expiry. Succeeds iff
     /// its token is still the run's current one and not released (an expired lease nobody took
     /// over may be renewed); else [`StoreError::Fenced`]. Only the lease's run id and token

@@ -170,6 +170,16 @@ impl RunStore for CountingStore {
         self.inner.acquire_lease_and_get_run(run_id, owner, ttl)
     }
 
+    fn acquire_lease_and_create_run<'a>(
+        &'a self,
+        new: RunRecord,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, (Lease, Option<RunRecord>)> {
+        self.count(0);
+        self.inner.acquire_lease_and_create_run(new, owner, ttl)
+    }
+
     fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease> {
         self.count(0);
         self.renewals.fetch_add(1, Ordering::Relaxed);

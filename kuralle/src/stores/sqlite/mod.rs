@@ -608,6 +608,37 @@ impl RunStore for SqliteStore {
         })
     }
 
+    /// One job: the lease taken, then the row inserted unless the run exists (which changes
+    /// nothing, so no savepoint), else the run read, as `acquire_lease_and_get_run` reads it.
+    fn acquire_lease_and_create_run<'a>(
+        &'a self,
+        new: RunRecord,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, (Lease, Option<RunRecord>)> {
+        let prepared = prepare_run(&new, self.inner.options.max_value_bytes);
+        let data = (new, prepared, owner.to_owned());
+        let errors = self.inner.errors;
+        Box::pin(async move {
+            let (lease, read) = self
+                .write(Writes::Direct, data, move |conn, (new, prepared, owner)| {
+                    // Refused before the lease is taken: a run too large to store.
+                    let prepared = prepared.as_ref().map_err(Clone::clone)?;
+                    let lease = leases::acquire(conn, errors, &new.run_id, owner, ttl_ms(ttl))?;
+                    if runs::insert_row(conn, errors, new, prepared)? {
+                        return Ok((lease, Ok(None)));
+                    }
+                    match runs::get_run(conn, errors, &new.run_id) {
+                        // SQLite rolled the whole transaction back: see `acquire_lease_and_get_run`.
+                        Err(e) if conn.is_autocommit() => Err(e),
+                        read => Ok((lease, read)),
+                    }
+                })
+                .await?;
+            crate::store::read_under(self, lease, read).await
+        })
+    }
+
     fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease> {
         let lease = lease.clone();
         let errors = self.inner.errors;

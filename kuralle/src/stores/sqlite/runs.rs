@@ -28,9 +28,23 @@ pub(super) fn insert_run(
     errors: Mapper,
     run: &RunRecord,
     fence: u64,
-    (epoch, version): &PreparedRun,
+    prepared: &PreparedRun,
 ) -> Result<(), StoreError> {
     check_fence(conn, errors, &run.run_id, fence)?;
+    if !insert_row(conn, errors, run, prepared)? {
+        return Err(StoreError::RunExists(run.run_id.clone()));
+    }
+    Ok(())
+}
+
+/// Inserts the run's row unless the run exists; whether it did. The caller has checked the
+/// fence (or has just taken the lease in the same transaction).
+pub(super) fn insert_row(
+    conn: &Db<'_>,
+    errors: Mapper,
+    run: &RunRecord,
+    (epoch, version): &PreparedRun,
+) -> Result<bool, StoreError> {
     let inserted = conn
         .prepared(INSERT_RUN)
         .and_then(|mut stmt| {
@@ -46,10 +60,7 @@ pub(super) fn insert_run(
             ])
         })
         .map_err(|e| errors.map(e))?;
-    if inserted == 0 {
-        return Err(StoreError::RunExists(run.run_id.clone()));
-    }
-    Ok(())
+    Ok(inserted > 0)
 }
 
 /// Inserts a run's row, unless the run exists.
