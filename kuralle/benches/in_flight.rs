@@ -40,6 +40,11 @@
 //!   included;
 //! - on SQLite, store write calls per durable commit (`SqliteStore::commit_count`).
 //!
+//! `--store handoff` is a diagnostic, not a store: MemoryStore whose every write a run makes
+//! also waits for a thread of its own to answer, in batches, as `SqliteStore`'s writer thread
+//! answers, but without SQL. Against `memory` it shows what waiting on another thread for each
+//! write costs the runtime's side (`docs/performance.md`, "SQLite at 10,000, eleventh pass").
+//!
 //! Each configuration runs in a child process of this binary (`--one STORE N LATENCY_MS`), so
 //! its peak RSS is its own, and is killed after `--cap-s` seconds. The chart (throughput and
 //! p50/p99 added latency against runs in flight) is written as SVG to `--svg`
@@ -372,6 +377,7 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads
     });
     let inner: Arc<dyn RunStore> = match &sqlite {
         Some(s) => Arc::new(s.clone()),
+        None if store == "handoff" => Arc::new(handoff::Handoff::new(Arc::new(MemoryStore::new()))),
         None => Arc::new(MemoryStore::new()),
     };
     let counting = Arc::new(CountingStore::new(inner));
@@ -743,7 +749,7 @@ fn main() {
         None => vec!["memory".to_owned(), "sqlite".to_owned()],
     };
     for s in &stores {
-        assert!(s == "memory" || s == "sqlite", "--store is memory or sqlite, not {s}");
+        assert!(s == "memory" || s == "sqlite" || s == "handoff", "--store is memory, sqlite or handoff, not {s}");
     }
     let runs: Vec<usize> = value("--runs").map_or_else(|| vec![100, 1_000, 10_000], |v| list(&v));
     let latencies: Vec<u64> = value("--latency-ms").map_or_else(|| vec![100], |v| list(&v));
@@ -809,4 +815,161 @@ fn main() {
     }
     std::fs::write(&svg_path, svg(&all)).expect("write the SVG chart");
     println!("chart: {}", svg_path.display());
+}
+
+/// `--store handoff`: a run's writes go to a `MemoryStore`, and each then waits for a thread of
+/// its own to answer, which answers what is queued together, after 300 µs (a commit's time
+/// without its CPU). Reads and the background writes (renewals, releases) do not wait.
+mod handoff {
+    use std::{
+        sync::{Arc, Mutex, mpsc},
+        time::Duration,
+    };
+
+    use futures::future::BoxFuture;
+    use kuralle::{
+        FinishedStep, FinishedWithIntents, InstanceLock, Lease, NewStep, RunFilter, RunRecord, RunStatus, RunStore,
+        RunSummary, StepOutcome, StepRecord, StoreError, StoreFuture,
+    };
+    use tokio::sync::oneshot;
+
+    /// The most writes answered together (as the SQLite writer's batch).
+    const BATCH: usize = 512;
+
+    pub struct Handoff {
+        inner: Arc<dyn RunStore>,
+        queue: Mutex<mpsc::Sender<oneshot::Sender<()>>>,
+    }
+
+    impl Handoff {
+        pub fn new(inner: Arc<dyn RunStore>) -> Self {
+            let (queue, waiting) = mpsc::channel::<oneshot::Sender<()>>();
+            std::thread::spawn(move || {
+                let mut batch = Vec::with_capacity(BATCH);
+                while let Ok(first) = waiting.recv() {
+                    batch.push(first);
+                    batch.extend(waiting.try_iter().take(BATCH - 1));
+                    std::thread::sleep(Duration::from_micros(300));
+                    for answer in batch.drain(..) {
+                        let _ = answer.send(());
+                    }
+                }
+            });
+            Self { inner, queue: Mutex::new(queue) }
+        }
+
+        /// `write`, then a wait for the thread's answer.
+        fn handed<'a, T: Send + 'a>(&'a self, write: StoreFuture<'a, T>) -> StoreFuture<'a, T> {
+            Box::pin(async move {
+                let written = write.await;
+                let (answer, answered) = oneshot::channel();
+                self.queue.lock().unwrap().send(answer).expect("the hand-off thread runs");
+                let _ = answered.await;
+                written
+            })
+        }
+    }
+
+    impl RunStore for Handoff {
+        fn create_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, ()> {
+            self.handed(self.inner.create_run(run, fence))
+        }
+        fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunRecord>> {
+            self.inner.get_run(run_id)
+        }
+        fn put_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, u64> {
+            self.handed(self.inner.put_run(run, fence))
+        }
+        fn put_run_and_release(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, (u64, bool)> {
+            self.handed(self.inner.put_run_and_release(run, fence))
+        }
+        fn put_run_and_release_after(
+            &self,
+            last: FinishedStep,
+            run: RunRecord,
+            fence: u64,
+        ) -> StoreFuture<'_, (u64, bool)> {
+            self.handed(self.inner.put_run_and_release_after(last, run, fence))
+        }
+        fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>> {
+            self.inner.list_runs(filter)
+        }
+        fn delete_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, bool> {
+            self.inner.delete_run(run_id)
+        }
+        fn append_steps<'a>(&'a self, run_id: &'a str, fence: u64, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>> {
+            self.handed(self.inner.append_steps(run_id, fence, steps))
+        }
+        fn finish_step<'a>(
+            &'a self,
+            run_id: &'a str,
+            fence: u64,
+            ordinal: u64,
+            outcome: StepOutcome,
+            finished_at_ms: i64,
+        ) -> StoreFuture<'a, ()> {
+            self.handed(self.inner.finish_step(run_id, fence, ordinal, outcome, finished_at_ms))
+        }
+        fn append_finished_with_intents<'a>(
+            &'a self,
+            run_id: &'a str,
+            fence: u64,
+            write: FinishedWithIntents,
+        ) -> StoreFuture<'a, Vec<u64>> {
+            self.handed(self.inner.append_finished_with_intents(run_id, fence, write))
+        }
+        fn cancel_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunStatus>> {
+            self.inner.cancel_run(run_id)
+        }
+        fn steps<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Vec<StepRecord>> {
+            self.inner.steps(run_id)
+        }
+        fn acquire_lease<'a>(&'a self, run_id: &'a str, owner: &'a str, ttl: Duration) -> StoreFuture<'a, Lease> {
+            self.handed(self.inner.acquire_lease(run_id, owner, ttl))
+        }
+        fn acquire_lease_and_get_run<'a>(
+            &'a self,
+            run_id: &'a str,
+            owner: &'a str,
+            ttl: Duration,
+        ) -> StoreFuture<'a, (Lease, Option<RunRecord>)> {
+            self.handed(self.inner.acquire_lease_and_get_run(run_id, owner, ttl))
+        }
+        fn acquire_lease_and_create_run<'a>(
+            &'a self,
+            new: RunRecord,
+            owner: &'a str,
+            ttl: Duration,
+        ) -> StoreFuture<'a, (Lease, Option<RunRecord>)> {
+            self.handed(self.inner.acquire_lease_and_create_run(new, owner, ttl))
+        }
+        fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease> {
+            self.inner.renew_lease(lease, ttl)
+        }
+        fn renew_leases<'a>(
+            &'a self,
+            leases: &'a [Lease],
+            ttl: Duration,
+        ) -> StoreFuture<'a, Vec<Result<Lease, StoreError>>> {
+            self.inner.renew_leases(leases, ttl)
+        }
+        fn release_lease<'a>(&'a self, lease: &'a Lease) -> StoreFuture<'a, ()> {
+            self.inner.release_lease(lease)
+        }
+        fn current_lease<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<Lease>> {
+            self.inner.current_lease(run_id)
+        }
+        fn claim_runnable<'a>(&'a self, owner: &'a str, ttl: Duration, limit: usize) -> StoreFuture<'a, Vec<Lease>> {
+            self.inner.claim_runnable(owner, ttl, limit)
+        }
+        fn lock_instance<'a>(&'a self, instance_id: &'a str) -> StoreFuture<'a, Option<Box<dyn InstanceLock>>> {
+            self.inner.lock_instance(instance_id)
+        }
+        fn notify_runnable(&self) -> StoreFuture<'_, ()> {
+            self.inner.notify_runnable()
+        }
+        fn wait_runnable(&self, poll: Duration) -> BoxFuture<'_, ()> {
+            self.inner.wait_runnable(poll)
+        }
+    }
 }
