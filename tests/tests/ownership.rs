@@ -484,3 +484,35 @@ fn slow_charge(count: &Arc<AtomicUsize>, takes: Duration) -> FnTool {
         }
     })
 }
+
+/// A closing write answered by an outage after it journaled the answer's response (the
+/// connection broke before the answer came back) does not fail the run: the response is found
+/// journaled, as the journal finds any step after an outage, and the run closes with it once.
+#[tokio::test(start_paused = true)]
+async fn a_closing_write_lost_in_an_outage_finds_its_answer_journaled() {
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let flaky = FlakyStore::new(memory.clone());
+    let outage = flaky.clone();
+    // The charge's outcome is the run's last write before its close: the close's append is next.
+    let tool = FnTool::new("charge", move |_, _| {
+        let outage = outage.clone();
+        async move {
+            outage.lose_append_answers(1);
+            Ok(json!("charged"))
+        }
+    });
+    let rt = runtime(Arc::new(flaky), tool, pay_then_done());
+    let out = rt.run(RunRequest::new("pay").run_id("r")).await.unwrap();
+    assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Paid."));
+    let journal: Vec<_> = memory.steps("r").await.unwrap().iter().map(|s| (s.kind, s.status)).collect();
+    assert_eq!(
+        journal,
+        [
+            (StepKind::Model, StepStatus::Finished),
+            (StepKind::Tool, StepStatus::Finished),
+            (StepKind::Model, StepStatus::Finished)
+        ]
+    );
+    assert_eq!(memory.get_run("r").await.unwrap().unwrap().status, RunStatus::Finished);
+    assert_eq!(memory.current_lease("r").await.unwrap(), None);
+}

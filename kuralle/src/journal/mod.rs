@@ -299,6 +299,23 @@ impl Journal {
         Some(FinishedStep { step, outcome: StepOutcome::Finished(d.value), finished_at_ms: now_ms() })
     }
 
+    /// Journals `last`, which a closing write ([`take_deferred`](Self::take_deferred)) failed
+    /// to write in doubt (an outage answered it, and it may have committed), as the journal
+    /// writes any step after an outage: tried again while the lease is proven held, and found
+    /// journaled if that write landed.
+    pub(crate) async fn journal_after_doubt(&self, last: FinishedStep) -> Result<(), RunError> {
+        let FinishedStep { step, outcome, .. } = last;
+        let value = match outcome {
+            StepOutcome::Finished(value) => value,
+            // `take_deferred` makes only finished steps.
+            StepOutcome::Failed(_) => return Err(RunError::Store(StoreError::Corrupt("a failed closing step".into()))),
+        };
+        let deferred =
+            Deferred { key: step.key, kind: step.kind, name: step.name, value, started_at_ms: step.started_at_ms };
+        self.append(Some(&deferred), &[], Retrying::after_doubt()).await?;
+        Ok(())
+    }
+
     /// Writes intents for `(key, kind, name)` in order, in one append (preceded by a deferred
     /// finished step, if any, in the same commit); returns the intents' ordinals. Borrowed:
     /// the store gets its own copies, and the cache keeps a key's digest, not its text.
@@ -309,7 +326,7 @@ impl Journal {
         }
         let n = intents.len() as u64;
         self.reserve(n)?;
-        let mut ordinals = match self.append(deferred.as_ref(), intents).await {
+        let mut ordinals = match self.append(deferred.as_ref(), intents, Retrying::new()).await {
             Ok(o) => o,
             Err(e) => {
                 self.state().len -= n + u64::from(deferred.is_some());
@@ -345,7 +362,12 @@ impl Journal {
     /// broke): under our fence nobody else appends, so the ordinals are read back and the calls
     /// run now. Ending the turn instead would leave their intents `Running` for the next turn,
     /// which must then report an `at_most_once` call that never started as indeterminate.
-    async fn append(&self, deferred: Option<&Deferred>, intents: &[Intent<'_>]) -> Result<Vec<u64>, StoreError> {
+    async fn append(
+        &self,
+        deferred: Option<&Deferred>,
+        intents: &[Intent<'_>],
+        mut retrying: Retrying,
+    ) -> Result<Vec<u64>, StoreError> {
         let started_at_ms = now_ms();
         let step = |key: &str, kind: StepKind, name: &str, started_at_ms: i64| NewStep {
             key: key.to_owned(),
@@ -354,7 +376,6 @@ impl Journal {
             epoch: self.epoch,
             started_at_ms,
         };
-        let mut retrying = Retrying::new();
         loop {
             let new: Vec<NewStep> =
                 intents.iter().map(|(key, kind, name)| step(key, *kind, name, started_at_ms)).collect();

@@ -18,17 +18,25 @@ pub(super) struct Retrying {
     pause: Duration,
     /// Set at the first failure.
     until: Option<Instant>,
+    /// Whether a write of the same data failed in doubt before the first attempt.
+    in_doubt: bool,
 }
 
 impl Retrying {
     pub(super) fn new() -> Self {
-        Self { pause: FIRST_PAUSE, until: None }
+        Self { pause: FIRST_PAUSE, until: None, in_doubt: false }
+    }
+
+    /// For data another write already tried to journal, and failed in doubt (an outage
+    /// answered it): the first attempt may find it journaled.
+    pub(super) fn after_doubt() -> Self {
+        Self { in_doubt: true, ..Self::new() }
     }
 
     /// Whether an attempt failed already: an earlier attempt may have committed with its
     /// answer lost.
     pub(super) fn retried(&self) -> bool {
-        self.until.is_some()
+        self.in_doubt || self.until.is_some()
     }
 
     /// Waits before the next attempt after `error` (the first failure is logged, as `what`);

@@ -7,7 +7,7 @@ use crate::{
     clock::now_ms,
     error::RunError,
     event::RunOutput,
-    journal::RunWriter,
+    journal::{Journal, RunWriter},
     json::JsonText,
     model::Usage,
     store::{FinishedStep, RunRecord, RunStatus, StoreError},
@@ -40,6 +40,7 @@ pub(super) struct Closing {
 /// allocator's small sizes: with 10,000 runs in flight a large one took glibc's arena lock.
 pub(super) fn close<'a>(
     writer: RunWriter<'a>,
+    journal: &'a Journal,
     mut record: RunRecord,
     mut state: RunState,
     closing: Closing,
@@ -86,6 +87,14 @@ pub(super) fn close<'a>(
                 }
                 // Journaled by the refused attempt: only the run is left to write.
                 Err(StoreError::DuplicateKey { .. }) if refused && last.is_some() => last = None,
+                // In doubt: the answer is journaled as the journal writes a step after an
+                // outage (tried again while the lease holds, found if it landed), then the run
+                // alone, as when the two were separate writes.
+                Err(StoreError::Unavailable(_)) if last.is_some() => {
+                    if let Some(last) = last.take() {
+                        journal.journal_after_doubt(last).await?;
+                    }
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -98,7 +107,7 @@ pub(super) fn close<'a>(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::{sync::Arc, time::Duration};
 
     use tokio_util::sync::CancellationToken;
 
@@ -115,8 +124,8 @@ mod tests {
     #[tokio::test]
     async fn a_refused_close_journals_its_last_step_once() {
         for release in [true, false] {
-            let stores: [Box<dyn RunStore>; 2] =
-                [Box::new(MemoryStore::new()), Box::new(SqliteStore::in_memory().unwrap())];
+            let stores: [Arc<dyn RunStore>; 2] =
+                [Arc::new(MemoryStore::new()), Arc::new(SqliteStore::in_memory().unwrap())];
             for store in stores {
                 let lease = store.acquire_lease("r", "me", Duration::from_secs(60)).await.unwrap();
                 let state = JsonText::serialize_from(&RunState::default()).unwrap();
@@ -142,8 +151,11 @@ mod tests {
                     value: None,
                     last: Some(last),
                 };
+                let journal =
+                    Journal::open(Arc::clone(&store), Arc::clone(&fence), "r", 0, 100, false, true).await.unwrap();
                 let writer = RunWriter::new(store.as_ref(), &fence);
-                let out = close(writer, RunRecord::new("r", "a"), RunState::default(), closing).await.unwrap();
+                let out =
+                    close(writer, &journal, RunRecord::new("r", "a"), RunState::default(), closing).await.unwrap();
                 assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "done"));
                 let run = store.get_run("r").await.unwrap().unwrap();
                 assert_eq!((run.status, run.version), (RunStatus::Finished, 2));

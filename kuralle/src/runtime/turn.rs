@@ -328,14 +328,15 @@ fn steps<'a>(
             // The turn's transcript and usage are kept (every repair shows in them); the run fails.
             let closing =
                 Closing { transcript, status: RunStatus::Failed, text, usage, pending, value: None, last: None };
-            Box::pin(close(RunWriter::new(rt.store.as_ref(), fence), *record, *state, closing)).await?;
+            Box::pin(close(RunWriter::new(rt.store.as_ref(), fence), &ctx.journal, *record, *state, closing)).await?;
             events.send(Event::Error { message: e.to_string() }).await;
             return Err(e.into());
         }
         // One commit for the response and the run's end (`RunStore::put_run_and_release_after`).
         let last = ctx.journal.take_deferred();
         let closing = Closing { transcript, status, text, usage, pending, value, last };
-        let out = Box::pin(close(RunWriter::new(rt.store.as_ref(), fence), *record, *state, closing)).await?;
+        let out =
+            Box::pin(close(RunWriter::new(rt.store.as_ref(), fence), &ctx.journal, *record, *state, closing)).await?;
         events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
         Ok(out)
     }
