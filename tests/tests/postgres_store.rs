@@ -276,3 +276,48 @@ async fn notify_wakes_a_waiting_worker_of_another_store() {
     }
     waiting.await.unwrap();
 }
+
+/// The closing write is one statement: a refused run (a version conflict, a stale token, a
+/// missing run) journals nothing, and a written one lands with its last step at the next
+/// ordinal and gives the lease up. A key already journaled refuses it whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_closing_write_journals_the_last_step_or_nothing() {
+    use kuralle::{FinishedStep, NewStep, RunRecord, StepKind};
+    let Some((store, _guard)) = store("the_closing_write_journals_the_last_step_or_nothing").await else { return };
+    let lease = store.acquire_lease("r", "me", Duration::from_secs(60)).await.unwrap();
+    store.create_run(run("r", RunStatus::Running, 1), lease.token).await.unwrap();
+    assert_eq!(store.append_steps("r", lease.token, vec![step("a")]).await.unwrap(), [0]);
+    let last = |key: &str| FinishedStep {
+        step: NewStep { started_at_ms: 7, ..NewStep::new(key, StepKind::Model, "model") },
+        outcome: StepOutcome::Finished(json!({"text": "done"}).into()),
+        finished_at_ms: 9,
+    };
+    let mut stale = run("r", RunStatus::Finished, 2);
+    stale.version = 3;
+    let conflict = StoreError::VersionConflict { run_id: "r".into(), expected: 3, actual: 0 };
+    assert_eq!(store.put_run_and_release_after(last("m"), stale, lease.token).await.unwrap_err(), conflict);
+    let fenced = StoreError::Fenced { run_id: "r".into(), token: lease.token + 1 };
+    let done = RunRecord { updated_at_ms: 2, ..run("r", RunStatus::Finished, 1) };
+    assert_eq!(store.put_run_and_release_after(last("m"), done.clone(), lease.token + 1).await.unwrap_err(), fenced);
+    let duplicate = StoreError::DuplicateKey { run_id: "r".into(), key: "a".into() };
+    assert_eq!(store.put_run_and_release_after(last("a"), done.clone(), lease.token).await.unwrap_err(), duplicate);
+    let ghost = store.acquire_lease("ghost", "me", Duration::from_secs(60)).await.unwrap();
+    let missing = StoreError::RunNotFound("ghost".into());
+    let nobody = run("ghost", RunStatus::Finished, 2);
+    assert_eq!(store.put_run_and_release_after(last("m"), nobody, ghost.token).await.unwrap_err(), missing);
+    assert_eq!(store.steps("r").await.unwrap().len(), 1, "refused: nothing journaled");
+    assert_eq!(store.get_run("r").await.unwrap().unwrap().version, 0, "refused: the run as it was");
+    assert_eq!(store.current_lease("r").await.unwrap().map(|l| l.token), Some(lease.token), "refused: still held");
+
+    assert_eq!(store.put_run_and_release_after(last("m"), done.clone(), lease.token).await.unwrap(), (1, true));
+    assert_eq!(store.get_run("r").await.unwrap(), Some(RunRecord { version: 1, ..done }));
+    let steps = store.steps("r").await.unwrap();
+    let closing = &steps[1];
+    assert_eq!((closing.ordinal, closing.key.as_str(), closing.status), (1, "m", StepStatus::Finished));
+    assert_eq!((closing.started_at_ms, closing.finished_at_ms), (7, Some(9)));
+    assert_eq!(closing.result.as_ref().map(|r| r.to_value()), Some(json!({"text": "done"})));
+    assert_eq!(store.current_lease("r").await.unwrap(), None);
+    // The run's next ordinal moved with it.
+    let next = store.acquire_lease("r", "me", Duration::from_secs(60)).await.unwrap();
+    assert_eq!(store.append_steps("r", next.token, vec![step("b")]).await.unwrap(), [2]);
+}

@@ -243,6 +243,17 @@ impl crate::store::RunStore for PostgresStore {
         Box::pin(async move { self.put_run_statement(&run, Some(fence), true).await })
     }
 
+    /// One statement: the run written with its last step at the next ordinal, then the lease
+    /// released (one commit); a refused run journals nothing.
+    fn put_run_and_release_after(
+        &self,
+        last: crate::store::FinishedStep,
+        run: crate::store::RunRecord,
+        fence: u64,
+    ) -> crate::store::StoreFuture<'_, (u64, bool)> {
+        Box::pin(async move { self.put_run_release_after(&last, &run, fence).await })
+    }
+
     fn list_runs(
         &self,
         filter: crate::store::RunFilter,

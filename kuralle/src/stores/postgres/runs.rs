@@ -5,8 +5,9 @@ use tokio_postgres::Row;
 use super::PostgresStore;
 use super::codec::{decode, encode, to_i64, to_u64};
 use super::errors::{Fail, retrying};
+use super::steps::KEY_CONSTRAINT;
 use crate::store::StoreError;
-use crate::store::{RunFilter, RunRecord, RunStatus, RunSummary};
+use crate::store::{FinishedStep, RunFilter, RunRecord, RunStatus, RunSummary};
 use crate::stores::check_len;
 
 impl PostgresStore {
@@ -94,18 +95,95 @@ impl PostgresStore {
                 let released = release && get::<bool>(&row, 2)?;
                 return Ok((to_u64("kuralle_runs.version", next)?, released));
             }
-            // The statement's snapshot may predate the winning writer: read the version anew.
-            let stmt = client.prepare_cached(&self.inner.sql.run_version).await.map_err(Fail::read)?;
-            match client.query_opt(&stmt, &[&run.run_id]).await.map_err(Fail::read)? {
-                None => Err(StoreError::RunNotFound(run.run_id.clone()).into()),
-                Some(row) => {
-                    let actual = to_u64("kuralle_runs.version", get(&row, 0)?)?;
-                    Err(StoreError::VersionConflict { run_id: run.run_id.clone(), expected: run.version, actual }
-                        .into())
-                }
-            }
+            Err(self.refused(&client, run).await)
         })
         .await
+    }
+
+    /// `put_run_statement` with the lease released, after `last` appended finished at the
+    /// run's next ordinal, in one statement (one commit).
+    pub(super) async fn put_run_release_after(
+        &self,
+        last: &FinishedStep,
+        run: &RunRecord,
+        fence: u64,
+    ) -> Result<(u64, bool), StoreError> {
+        let fence = fence_param(Some(fence))?;
+        let epoch = to_i64("run epoch", run.epoch)?;
+        let expected = to_i64("run version", run.version)?;
+        let next = expected
+            .checked_add(1)
+            .ok_or_else(|| StoreError::LimitExceeded(format!("run `{}` version overflow", run.run_id).into()))?;
+        check_len("run state", run.state.len(), self.inner.options.max_value_bytes)?;
+        let state = encode(&run.state.to_value());
+        let status = run.status.as_str();
+        let (step_status, result, error) = self.outcome_columns(&last.outcome)?;
+        let step = &last.step;
+        let (kind, step_epoch) = (step.kind.as_str(), to_i64("step epoch", step.epoch)?);
+        retrying(|| async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(&self.inner.sql.put_run_release_after).await.map_err(Fail::write)?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 18] = [
+                &run.run_id,
+                &fence,
+                &run.agent_id,
+                &status,
+                &epoch,
+                &next,
+                &state,
+                &run.updated_at_ms,
+                &expected,
+                &step.key,
+                &kind,
+                &step.name,
+                &step_epoch,
+                &step_status,
+                &result,
+                &error,
+                &step.started_at_ms,
+                &last.finished_at_ms,
+            ];
+            let row = match client.query_one(&stmt, &params).await {
+                Ok(row) => row,
+                // The statement rolled back whole: the run is as it was.
+                Err(e) if e.as_db_error().and_then(|db| db.constraint()) == Some(KEY_CONSTRAINT) => {
+                    return Err(StoreError::DuplicateKey { run_id: run.run_id.clone(), key: step.key.clone() }.into());
+                }
+                Err(e) => return Err(Fail::write(e)),
+            };
+            let (allowed, updated): (bool, bool) = (get(&row, 0)?, get(&row, 1)?);
+            if !allowed {
+                return Err(fenced(&run.run_id, fence).into());
+            }
+            if updated {
+                if !get::<bool>(&row, 3)? {
+                    let message = format!("run `{}`: its closing step was not stored", run.run_id);
+                    return Err(StoreError::Corrupt(message.into()).into());
+                }
+                return Ok((to_u64("kuralle_runs.version", next)?, get::<bool>(&row, 2)?));
+            }
+            Err(self.refused(&client, run).await)
+        })
+        .await
+    }
+
+    /// Why a fenced-in write of `run` updated no row: the run is gone, or its version moved.
+    /// Read anew: the statement's snapshot may predate the winning writer.
+    async fn refused(&self, client: &deadpool_postgres::Object, run: &RunRecord) -> Fail {
+        let stmt = match client.prepare_cached(&self.inner.sql.run_version).await {
+            Ok(stmt) => stmt,
+            Err(e) => return Fail::read(e),
+        };
+        match client.query_opt(&stmt, &[&run.run_id]).await {
+            Err(e) => Fail::read(e),
+            Ok(None) => StoreError::RunNotFound(run.run_id.clone()).into(),
+            Ok(Some(row)) => match get::<i64>(&row, 0).and_then(|v| to_u64("kuralle_runs.version", v)) {
+                Ok(actual) => {
+                    StoreError::VersionConflict { run_id: run.run_id.clone(), expected: run.version, actual }.into()
+                }
+                Err(e) => e.into(),
+            },
+        }
     }
 
     pub(super) async fn list_run_rows(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {

@@ -36,6 +36,7 @@ pub(super) struct Sql {
     pub get_run: String,
     pub put_run: String,
     pub put_run_release: String,
+    pub put_run_release_after: String,
     pub run_version: String,
     pub list_runs: String,
     pub delete_run: String,
@@ -90,6 +91,36 @@ impl Sql {
                     RETURNING 1
                 )
                 SELECT (SELECT ok FROM ok), EXISTS (SELECT 1 FROM upd), EXISTS (SELECT 1 FROM rel)",
+            ),
+            // `put_run_release` after a step appended finished ($10 key, $11 kind, $12 name, $13
+            // epoch, $14 status, $15 result, $16 error, $17 started_at, $18 finished_at) at the
+            // run's next ordinal, which the run's one update takes (a statement cannot update
+            // a row twice): the run written, its last step journaled and its lease released, or
+            // none of it.
+            put_run_release_after: bind(
+                "WITH {fence},
+                upd AS (
+                    UPDATE {s}.kuralle_runs
+                    SET agent_id = $3, status = $4, epoch = $5, version = $6, state = $7, updated_at = $8,
+                        next_ordinal = next_ordinal + 1
+                    WHERE run_id = $1 AND version = $9 AND (SELECT ok FROM ok)
+                    RETURNING next_ordinal - 1 AS ordinal
+                ),
+                ins AS (
+                    INSERT INTO {s}.kuralle_steps
+                        (run_id, ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at)
+                    SELECT $1, upd.ordinal, $10, $11, $12, $13::int8, $14::text, $15::jsonb, $16::jsonb,
+                        $17::int8, $18::int8
+                    FROM upd
+                    RETURNING 1
+                ),
+                rel AS (
+                    UPDATE {s}.kuralle_leases SET released = true
+                    WHERE run_id = $1 AND token = $2::int8 AND NOT released AND EXISTS (SELECT 1 FROM upd)
+                    RETURNING 1
+                )
+                SELECT (SELECT ok FROM ok), EXISTS (SELECT 1 FROM upd), EXISTS (SELECT 1 FROM rel),
+                    EXISTS (SELECT 1 FROM ins)",
             ),
             run_version: bind("SELECT version FROM {s}.kuralle_runs WHERE run_id = $1"),
             list_runs: bind(

@@ -11,10 +11,10 @@ use crate::stores::check_len;
 use crate::{json::JsonText, store::StoreError};
 
 /// A step outcome as its `status`, `result` and `error` columns.
-type OutcomeColumns = (&'static str, Option<serde_json::Value>, Option<serde_json::Value>);
+pub(super) type OutcomeColumns = (&'static str, Option<serde_json::Value>, Option<serde_json::Value>);
 
 /// The unique constraint on `(run_id, key)` as PostgreSQL names it.
-const KEY_CONSTRAINT: &str = "kuralle_steps_run_id_key_key";
+pub(super) const KEY_CONSTRAINT: &str = "kuralle_steps_run_id_key_key";
 
 impl PostgresStore {
     pub(super) async fn append_fenced(
@@ -43,7 +43,7 @@ impl PostgresStore {
     }
 
     /// The `(status, result, error)` columns of `outcome`, after its size check.
-    fn outcome_columns(&self, outcome: &StepOutcome) -> Result<OutcomeColumns, StoreError> {
+    pub(super) fn outcome_columns(&self, outcome: &StepOutcome) -> Result<OutcomeColumns, StoreError> {
         let max = self.inner.options.max_value_bytes;
         Ok(match outcome {
             // JSONB at the boundary: the text becomes a tree only here.
