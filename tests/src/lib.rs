@@ -252,6 +252,7 @@ pub struct FlakyStore {
     fail_claims: Arc<AtomicBool>,
     fail_put: Arc<AtomicBool>,
     lose_appends: Arc<AtomicUsize>,
+    lose_closes: Arc<AtomicUsize>,
 }
 
 /// What [`FlakyStore::after_next_list`] runs: it gets the wrapped store.
@@ -273,6 +274,7 @@ impl FlakyStore {
             fail_claims: Arc::default(),
             fail_put: Arc::default(),
             lose_appends: Arc::default(),
+            lose_closes: Arc::default(),
         }
     }
 
@@ -333,6 +335,12 @@ impl FlakyStore {
         self.lose_appends.store(n, Ordering::SeqCst);
     }
 
+    /// Makes the next `n` closing writes (`put_run_and_release_after`) land whole in the wrapped
+    /// store and then fail as an outage: the connection broke after the commit.
+    pub fn lose_close_answers(&self, n: usize) {
+        self.lose_closes.store(n, Ordering::SeqCst);
+    }
+
     /// Makes `append_steps` fail (or succeed again).
     pub fn fail_append(&self, on: bool) {
         self.fail_append.store(on, Ordering::SeqCst);
@@ -349,6 +357,25 @@ impl kuralle::RunStore for FlakyStore {
     }
     fn get_run<'a>(&'a self, run_id: &'a str) -> kuralle::StoreFuture<'a, Option<kuralle::RunRecord>> {
         self.inner.get_run(run_id)
+    }
+    fn put_run_and_release_after(
+        &self,
+        last: kuralle::FinishedStep,
+        run: kuralle::RunRecord,
+        fence: u64,
+    ) -> kuralle::StoreFuture<'_, (u64, bool)> {
+        let lose = self.lose_closes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        Box::pin(async move {
+            if lose {
+                self.inner.put_run_and_release_after(last, run, fence).await?;
+                return Err(kuralle::StoreError::Unavailable(
+                    "simulated outage: the answer to a committed close was lost".into(),
+                ));
+            }
+            // The trait's provided two writes, through this store's own faults.
+            self.append_finished_with_intents(&run.run_id, fence, last.into()).await?;
+            self.put_run_and_release(run, fence).await
+        })
     }
     fn put_run(&self, run: kuralle::RunRecord, fence: u64) -> kuralle::StoreFuture<'_, u64> {
         if self.fail_put.load(Ordering::SeqCst) {

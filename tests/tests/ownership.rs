@@ -516,3 +516,32 @@ async fn a_closing_write_lost_in_an_outage_finds_its_answer_journaled() {
     assert_eq!(memory.get_run("r").await.unwrap().unwrap().status, RunStatus::Finished);
     assert_eq!(memory.current_lease("r").await.unwrap(), None);
 }
+
+/// A closing write that landed whole (the run, its answer, the lease released in one
+/// transaction) and whose answer an outage lost: the turn reads the run back, finds its write,
+/// and finishes, not a lost lease. On a store whose close keeps the lease, the lease is then
+/// released as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closing_write_that_landed_whole_finishes_the_run() {
+    let sqlite: Arc<dyn RunStore> = Arc::new(kuralle::stores::SqliteStore::in_memory().unwrap());
+    for inner in [sqlite, Arc::new(MemoryStore::new()) as Arc<dyn RunStore>] {
+        let flaky = FlakyStore::new(inner.clone());
+        flaky.lose_close_answers(1);
+        let count = Arc::new(AtomicUsize::new(0));
+        let rt = runtime(Arc::new(flaky), charge(&count, None), pay_then_done());
+        let out = rt.run(RunRequest::new("pay").run_id("r")).await.unwrap();
+        assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Paid."));
+        let journal: Vec<_> = inner.steps("r").await.unwrap().iter().map(|s| (s.kind, s.status)).collect();
+        assert_eq!(
+            journal,
+            [
+                (StepKind::Model, StepStatus::Finished),
+                (StepKind::Tool, StepStatus::Finished),
+                (StepKind::Model, StepStatus::Finished)
+            ]
+        );
+        assert_eq!(inner.get_run("r").await.unwrap().unwrap().status, RunStatus::Finished);
+        assert_eq!(inner.current_lease("r").await.unwrap(), None, "given up, once");
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+}

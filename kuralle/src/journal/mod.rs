@@ -300,9 +300,9 @@ impl Journal {
     }
 
     /// Journals `last`, which a closing write ([`take_deferred`](Self::take_deferred)) failed
-    /// to write in doubt (an outage answered it, and it may have committed), as the journal
-    /// writes any step after an outage: tried again while the lease is proven held, and found
-    /// journaled if that write landed.
+    /// to write in doubt (an outage answered it, and it may have committed): once, and found
+    /// journaled if that write's append landed. Not tried again on an outage: the close stopped
+    /// renewing the lease before its write, so no renewal proves it held.
     pub(crate) async fn journal_after_doubt(&self, last: FinishedStep) -> Result<(), RunError> {
         let FinishedStep { step, outcome, .. } = last;
         let value = match outcome {
@@ -312,7 +312,7 @@ impl Journal {
         };
         let deferred =
             Deferred { key: step.key, kind: step.kind, name: step.name, value, started_at_ms: step.started_at_ms };
-        self.append(Some(&deferred), &[], Retrying::after_doubt()).await?;
+        self.append(Some(&deferred), &[], Retrying::once_after_doubt()).await?;
         Ok(())
     }
 

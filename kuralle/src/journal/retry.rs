@@ -20,17 +20,20 @@ pub(super) struct Retrying {
     until: Option<Instant>,
     /// Whether a write of the same data failed in doubt before the first attempt.
     in_doubt: bool,
+    /// Whether a failed attempt is final.
+    once: bool,
 }
 
 impl Retrying {
     pub(super) fn new() -> Self {
-        Self { pause: FIRST_PAUSE, until: None, in_doubt: false }
+        Self { pause: FIRST_PAUSE, until: None, in_doubt: false, once: false }
     }
 
-    /// For data another write already tried to journal, and failed in doubt (an outage
-    /// answered it): the first attempt may find it journaled.
-    pub(super) fn after_doubt() -> Self {
-        Self { in_doubt: true, ..Self::new() }
+    /// One attempt, for data another write already tried to journal and failed in doubt (an
+    /// outage answered it): the attempt may find it journaled. Not tried again: the caller's
+    /// lease may no longer be renewed (a turn's close stops renewing first).
+    pub(super) fn once_after_doubt() -> Self {
+        Self { in_doubt: true, once: true, ..Self::new() }
     }
 
     /// Whether an attempt failed already: an earlier attempt may have committed with its
@@ -42,6 +45,9 @@ impl Retrying {
     /// Waits before the next attempt after `error` (the first failure is logged, as `what`);
     /// `false` once the patience is spent.
     pub(super) async fn again(&mut self, fence: &Fence, what: &str, error: &StoreError) -> bool {
+        if self.once {
+            return false;
+        }
         let now = Instant::now();
         let until = *self.until.get_or_insert_with(|| {
             tracing::warn!(run_id = %fence.run_id(), %error, "{what} failed; retrying while the lease is held");

@@ -67,6 +67,16 @@ impl<'a> RunWriter<'a> {
         Ok(version)
     }
 
+    /// After a closing write that landed though an outage answered it: notes the lease given
+    /// up when the store no longer holds it under this turn's token (the write released it).
+    pub(crate) async fn note_release(&self) -> Result<(), StoreError> {
+        let current = self.store.current_lease(self.run_id()).await?;
+        if current.is_none_or(|lease| lease.token != self.fence.token()) {
+            self.fence.mark_released();
+        }
+        Ok(())
+    }
+
     /// Appends `Running` intents; returns their ordinals.
     pub(crate) async fn append_steps(&self, steps: Vec<NewStep>) -> Result<Vec<u64>, StoreError> {
         self.fence.watch(self.store.append_steps(self.run_id(), self.fence.token(), steps).await)

@@ -62,9 +62,10 @@ pub(super) fn close<'a>(
         // run (`RunStore::put_run_and_release_after`'s provided two writes) may hold it.
         let mut refused = false;
         for _ in 0..CLOSE_ATTEMPTS {
+            let at_ms = now_ms();
             let attempt = RunRecord {
                 state: JsonText::serialize_from(&state).unwrap_or_default(),
-                updated_at_ms: now_ms(),
+                updated_at_ms: at_ms,
                 ..record.clone()
             };
             // A failed turn's close may be followed by marking the run ended, under the lease.
@@ -87,12 +88,19 @@ pub(super) fn close<'a>(
                 }
                 // Journaled by the refused attempt: only the run is left to write.
                 Err(StoreError::DuplicateKey { .. }) if refused && last.is_some() => last = None,
-                // In doubt: the answer is journaled as the journal writes a step after an
-                // outage (tried again while the lease holds, found if it landed), then the run
-                // alone, as when the two were separate writes.
-                Err(StoreError::Unavailable(_)) if last.is_some() => {
-                    if let Some(last) = last.take() {
-                        journal.journal_after_doubt(last).await?;
+                // In doubt: an outage answered the write, which may have landed whole (its
+                // answer lost) or not at all.
+                Err(e @ StoreError::Unavailable(_)) if status != RunStatus::Failed => {
+                    if let Some(version) = landed(writer, &record, at_ms).await? {
+                        record.version = version;
+                        return Ok(output_of(&record, &state));
+                    }
+                    // Not landed: the answer is journaled as the journal journals a step after
+                    // an outage (found if an earlier write of it landed), then the run alone, as
+                    // when the two were separate writes.
+                    match last.take() {
+                        Some(last) => journal.journal_after_doubt(last).await?,
+                        None => return Err(e.into()),
                     }
                 }
                 Err(e) => return Err(e.into()),
@@ -103,6 +111,21 @@ pub(super) fn close<'a>(
                 .into(),
         )))
     }
+}
+
+/// The version a closing write of `record` at `at_ms` gave the run, if the run reads as that
+/// write left it: the write landed whole though an outage answered it. A run written with its
+/// last step (one transaction, or after the step's own write) holds the step too. Read without
+/// the lease, which the write may have given up; a given-up lease is noted, so that the turn
+/// does not release it again.
+async fn landed(writer: RunWriter<'_>, record: &RunRecord, at_ms: i64) -> Result<Option<u64>, RunError> {
+    let Some(fresh) = writer.get_run().await? else { return Ok(None) };
+    let ours = fresh.version == record.version + 1 && fresh.status == record.status && fresh.updated_at_ms == at_ms;
+    if !ours {
+        return Ok(None);
+    }
+    writer.note_release().await?;
+    Ok(Some(fresh.version))
 }
 
 #[cfg(test)]
