@@ -4,31 +4,76 @@
 use std::time::Duration;
 
 use super::PostgresStore;
-use super::codec::{to_i64, to_u64, ttl_ms};
+use tokio_postgres::{Row, types::ToSql};
+
+use super::codec::{encode, to_i64, to_u64, ttl_ms};
 use super::errors::{Fail, retrying};
 use super::runs::get;
-use crate::store::{Lease, StoreError};
+use crate::store::{Lease, RunRecord, StoreError};
+use crate::stores::check_len;
 
 /// How often acquiring retries when the holder it was refused by let go in the meantime.
 const ACQUIRE_ATTEMPTS: usize = 8;
 
 impl PostgresStore {
     pub(super) async fn acquire(&self, run_id: &str, owner: &str, ttl: Duration) -> Result<Lease, StoreError> {
+        Ok(self.acquire_by(run_id, owner, ttl, &self.inner.sql.acquire_lease, &[]).await?.0)
+    }
+
+    /// [`RunStore::acquire_lease_and_create_run`](crate::RunStore::acquire_lease_and_create_run)
+    /// in one statement when the run is not there (the lease taken, the run created under it);
+    /// when it is, a read of it follows.
+    pub(super) async fn acquire_creating(
+        &self,
+        new: &RunRecord,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<(Lease, Option<RunRecord>), StoreError> {
+        // Refused before the lease is taken: a run too large to store.
+        check_len("run state", new.state.len(), self.inner.options.max_value_bytes)?;
+        let (epoch, version) = (to_i64("run epoch", new.epoch)?, to_i64("run version", new.version)?);
+        let state = encode(&new.state.to_value());
+        let status = new.status.as_str();
+        let run: [&(dyn ToSql + Sync); 7] =
+            [&new.agent_id, &status, &epoch, &version, &state, &new.created_at_ms, &new.updated_at_ms];
+        let sql = &self.inner.sql.acquire_lease_create;
+        let (lease, row) = self.acquire_by(&new.run_id, owner, ttl, sql, &run).await?;
+        if get::<bool>(&row, 2)? {
+            return Ok((lease, None));
+        }
+        let read = self.get_run_row(&new.run_id).await;
+        crate::store::read_under(self, lease, read).await
+    }
+
+    /// Takes run `run_id`'s lease with `sql` (the acquire statement, or one that does more
+    /// under the lease it takes, with `extra` as its parameters from `$4` on); returns the lease
+    /// and the statement's row.
+    async fn acquire_by(
+        &self,
+        run_id: &str,
+        owner: &str,
+        ttl: Duration,
+        sql: &str,
+        extra: &[&(dyn ToSql + Sync)],
+    ) -> Result<(Lease, Row), StoreError> {
         let ttl = ttl_ms(ttl);
         retrying(|| async {
             let client = self.client().await?;
-            let acquire = client.prepare_cached(&self.inner.sql.acquire_lease).await.map_err(Fail::write)?;
+            let acquire = client.prepare_cached(sql).await.map_err(Fail::write)?;
             let holder = client.prepare_cached(&self.inner.sql.lease_holder).await.map_err(Fail::read)?;
+            let mut params: Vec<&(dyn ToSql + Sync)> = vec![&run_id, &owner, &ttl];
+            params.extend_from_slice(extra);
             for _ in 0..ACQUIRE_ATTEMPTS {
                 // One statement: the row lock makes concurrent acquirers take turns, and each
                 // re-checks "released or expired" against the row as the previous one left it.
-                if let Some(row) = client.query_opt(&acquire, &[&run_id, &owner, &ttl]).await.map_err(Fail::write)? {
-                    return Ok(Lease {
+                if let Some(row) = client.query_opt(&acquire, &params).await.map_err(Fail::write)? {
+                    let lease = Lease {
                         run_id: run_id.to_owned(),
                         owner: owner.to_owned(),
                         token: to_u64("kuralle_leases.token", get(&row, 0)?)?,
                         expires_at_ms: get(&row, 1)?,
-                    });
+                    };
+                    return Ok((lease, row));
                 }
                 if let Some(row) = client.query_opt(&holder, &[&run_id]).await.map_err(Fail::read)? {
                     let free: bool = get(&row, 2)?;

@@ -311,6 +311,16 @@ impl crate::store::RunStore for PostgresStore {
         Box::pin(self.acquire(run_id, owner, ttl))
     }
 
+    /// One statement when the run is not there: the lease taken, the run created under it.
+    fn acquire_lease_and_create_run<'a>(
+        &'a self,
+        new: crate::store::RunRecord,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> crate::store::StoreFuture<'a, (crate::store::Lease, Option<crate::store::RunRecord>)> {
+        Box::pin(async move { self.acquire_creating(&new, owner, ttl).await })
+    }
+
     fn renew_lease<'a>(
         &'a self,
         lease: &'a crate::store::Lease,

@@ -29,6 +29,20 @@ macro_rules! ms {
     };
 }
 
+/// Takes run `$1`'s lease for owner `$2` for `$3` ms iff it is released or expired (or there
+/// is none); the token only grows. Returns the token and the expiry, or no row.
+const ACQUIRE: &str = concat!(
+    "INSERT INTO {s}.kuralle_leases AS l (run_id, owner, token, expires_at, released)
+     VALUES ($1, $2, 1, clock_timestamp() + $3::int8 * interval '1 millisecond', false)
+     ON CONFLICT (run_id) DO UPDATE
+     SET owner = EXCLUDED.owner, token = l.token + 1, released = false,
+         expires_at = clock_timestamp() + $3::int8 * interval '1 millisecond'
+     WHERE l.released OR l.expires_at <= clock_timestamp()
+     RETURNING l.token, ",
+    ms!("l.expires_at"),
+    " AS expires_at_ms"
+);
+
 /// Statements with the schema name filled in.
 #[derive(Debug)]
 pub(super) struct Sql {
@@ -47,6 +61,7 @@ pub(super) struct Sql {
     pub finish_step: String,
     pub steps: String,
     pub acquire_lease: String,
+    pub acquire_lease_create: String,
     pub lease_holder: String,
     pub renew_lease: String,
     pub renew_leases: String,
@@ -63,7 +78,9 @@ pub(super) struct Sql {
 impl Sql {
     /// The statements for the (already quoted) schema `s`.
     pub fn new(s: &str) -> Self {
-        let bind = |sql: &str| sql.replace("{fence}", FENCE).replace("{put_run}", PUT_RUN).replace("{s}", s);
+        let bind = |sql: &str| {
+            sql.replace("{fence}", FENCE).replace("{put_run}", PUT_RUN).replace("{acquire}", ACQUIRE).replace("{s}", s)
+        };
         Self {
             create_run: bind(
                 "WITH {fence},
@@ -186,16 +203,22 @@ impl Sql {
                 "SELECT ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at
                  FROM {s}.kuralle_steps WHERE run_id = $1 ORDER BY ordinal",
             ),
-            acquire_lease: bind(concat!(
-                "INSERT INTO {s}.kuralle_leases AS l (run_id, owner, token, expires_at, released)
-                 VALUES ($1, $2, 1, clock_timestamp() + $3::int8 * interval '1 millisecond', false)
-                 ON CONFLICT (run_id) DO UPDATE
-                 SET owner = EXCLUDED.owner, token = l.token + 1, released = false,
-                     expires_at = clock_timestamp() + $3::int8 * interval '1 millisecond'
-                 WHERE l.released OR l.expires_at <= clock_timestamp()
-                 RETURNING l.token, ",
-                ms!("l.expires_at")
-            )),
+            acquire_lease: bind(ACQUIRE),
+            // `acquire_lease`, and the run created under the lease it took ($4 agent, $5 status,
+            // $6 epoch, $7 version, $8 state, $9 created_at, $10 updated_at) unless it exists:
+            // no row when the lease was not taken, else its token, its expiry and whether the
+            // run was created.
+            acquire_lease_create: bind(
+                "WITH acq AS ({acquire}),
+                ins AS (
+                    INSERT INTO {s}.kuralle_runs
+                        (run_id, agent_id, status, epoch, version, next_ordinal, state, created_at, updated_at)
+                    SELECT $1, $4, $5, $6, $7, 0, $8, $9, $10 FROM acq
+                    ON CONFLICT (run_id) DO NOTHING
+                    RETURNING 1
+                )
+                SELECT token, expires_at_ms, EXISTS (SELECT 1 FROM ins) FROM acq",
+            ),
             lease_holder: bind(concat!(
                 "SELECT owner, ",
                 ms!("expires_at"),
