@@ -72,14 +72,7 @@ impl PostgresStore {
         release: bool,
     ) -> Result<(u64, bool), StoreError> {
         let fence = fence_param(fence)?;
-        let epoch = to_i64("run epoch", run.epoch)?;
-        let expected = to_i64("run version", run.version)?;
-        let next = expected
-            .checked_add(1)
-            .ok_or_else(|| StoreError::LimitExceeded(format!("run `{}` version overflow", run.run_id).into()))?;
-        check_len("run state", run.state.len(), self.inner.options.max_value_bytes)?;
-        let state = encode(&run.state.to_value());
-        let status = run.status.as_str();
+        let Put { epoch, expected, next, state, status } = self.put_of(run)?;
         retrying(|| async {
             let client = self.client().await?;
             let sql = if release { &self.inner.sql.put_run_release } else { &self.inner.sql.put_run };
@@ -109,14 +102,7 @@ impl PostgresStore {
         fence: u64,
     ) -> Result<(u64, bool), StoreError> {
         let fence = fence_param(Some(fence))?;
-        let epoch = to_i64("run epoch", run.epoch)?;
-        let expected = to_i64("run version", run.version)?;
-        let next = expected
-            .checked_add(1)
-            .ok_or_else(|| StoreError::LimitExceeded(format!("run `{}` version overflow", run.run_id).into()))?;
-        check_len("run state", run.state.len(), self.inner.options.max_value_bytes)?;
-        let state = encode(&run.state.to_value());
-        let status = run.status.as_str();
+        let Put { epoch, expected, next, state, status } = self.put_of(run)?;
         let (step_status, result, error) = self.outcome_columns(&last.outcome)?;
         let step = &last.step;
         let (kind, step_epoch) = (step.kind.as_str(), to_i64("step epoch", step.epoch)?);
@@ -165,6 +151,22 @@ impl PostgresStore {
             Err(self.refused(&client, run).await)
         })
         .await
+    }
+
+    /// `run`'s columns for a compare-and-swap write, its size checked.
+    fn put_of(&self, run: &RunRecord) -> Result<Put, StoreError> {
+        let expected = to_i64("run version", run.version)?;
+        let next = expected
+            .checked_add(1)
+            .ok_or_else(|| StoreError::LimitExceeded(format!("run `{}` version overflow", run.run_id).into()))?;
+        check_len("run state", run.state.len(), self.inner.options.max_value_bytes)?;
+        Ok(Put {
+            epoch: to_i64("run epoch", run.epoch)?,
+            expected,
+            next,
+            state: encode(&run.state.to_value()),
+            status: run.status.as_str(),
+        })
     }
 
     /// Why a fenced-in write of `run` updated no row: the run is gone, or its version moved.
@@ -262,6 +264,16 @@ fn run_from_row(row: &Row) -> Result<RunRecord, StoreError> {
 }
 
 /// Column `index` of `row`, typed.
+/// A run's columns as `put_run` and the closing write bind them: `expected` is the version the
+/// write compares, `next` the one it writes.
+struct Put {
+    epoch: i64,
+    expected: i64,
+    next: i64,
+    state: serde_json::Value,
+    status: &'static str,
+}
+
 pub(super) fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, index: usize) -> Result<T, StoreError> {
     row.try_get(index)
         .map_err(|e| StoreError::Corrupt(format!("unexpected column {index} in a kuralle row: {e}").into()))
