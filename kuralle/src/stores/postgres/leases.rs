@@ -41,7 +41,12 @@ impl PostgresStore {
         if get::<bool>(&row, 2)? {
             return Ok((lease, None));
         }
-        let read = self.get_run_row(&new.run_id).await;
+        let read = match self.get_run_row(&new.run_id).await {
+            // Deleted since the statement met it (an operator's `delete_run`): created now,
+            // under the lease, as the statement would have.
+            Ok(None) => self.create_run_fenced(new, Some(lease.token)).await.map(|()| None),
+            read => read,
+        };
         crate::store::read_under(self, lease, read).await
     }
 
