@@ -485,6 +485,15 @@ fn slow_charge(count: &Arc<AtomicUsize>, takes: Duration) -> FnTool {
     })
 }
 
+/// Run `r` paid once and finished: its response, the charge and its answer, each journaled
+/// once and finished.
+async fn assert_paid_once(store: &dyn RunStore) {
+    let journal: Vec<_> = store.steps("r").await.unwrap().iter().map(|s| (s.kind, s.status)).collect();
+    let finished = |kind| (kind, StepStatus::Finished);
+    assert_eq!(journal, [finished(StepKind::Model), finished(StepKind::Tool), finished(StepKind::Model)]);
+    assert_eq!(store.get_run("r").await.unwrap().unwrap().status, RunStatus::Finished);
+}
+
 /// A closing write answered by an outage after it journaled the answer's response (the
 /// connection broke before the answer came back) does not fail the run: the response is found
 /// journaled, as the journal finds any step after an outage, and the run closes with it once.
@@ -504,16 +513,7 @@ async fn a_closing_write_lost_in_an_outage_finds_its_answer_journaled() {
     let rt = runtime(Arc::new(flaky), tool, pay_then_done());
     let out = rt.run(RunRequest::new("pay").run_id("r")).await.unwrap();
     assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Paid."));
-    let journal: Vec<_> = memory.steps("r").await.unwrap().iter().map(|s| (s.kind, s.status)).collect();
-    assert_eq!(
-        journal,
-        [
-            (StepKind::Model, StepStatus::Finished),
-            (StepKind::Tool, StepStatus::Finished),
-            (StepKind::Model, StepStatus::Finished)
-        ]
-    );
-    assert_eq!(memory.get_run("r").await.unwrap().unwrap().status, RunStatus::Finished);
+    assert_paid_once(memory.as_ref()).await;
     assert_eq!(memory.current_lease("r").await.unwrap(), None);
 }
 
@@ -531,16 +531,7 @@ async fn a_closing_write_that_landed_whole_finishes_the_run() {
         let rt = runtime(Arc::new(flaky), charge(&count, None), pay_then_done());
         let out = rt.run(RunRequest::new("pay").run_id("r")).await.unwrap();
         assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Paid."));
-        let journal: Vec<_> = inner.steps("r").await.unwrap().iter().map(|s| (s.kind, s.status)).collect();
-        assert_eq!(
-            journal,
-            [
-                (StepKind::Model, StepStatus::Finished),
-                (StepKind::Tool, StepStatus::Finished),
-                (StepKind::Model, StepStatus::Finished)
-            ]
-        );
-        assert_eq!(inner.get_run("r").await.unwrap().unwrap().status, RunStatus::Finished);
+        assert_paid_once(inner.as_ref()).await;
         assert_eq!(inner.current_lease("r").await.unwrap(), None, "given up, once");
         assert_eq!(count.load(Ordering::SeqCst), 1);
     }
