@@ -18,34 +18,33 @@ pub(super) struct Retrying {
     pause: Duration,
     /// Set at the first failure.
     until: Option<Instant>,
-    /// Whether a write of the same data failed in doubt before the first attempt.
-    in_doubt: bool,
-    /// Whether a failed attempt is final.
-    once: bool,
+    /// A single attempt at data an earlier write left in doubt: it may find the data
+    /// journaled, and a failure is final.
+    after_doubt: bool,
 }
 
 impl Retrying {
     pub(super) fn new() -> Self {
-        Self { pause: FIRST_PAUSE, until: None, in_doubt: false, once: false }
+        Self { pause: FIRST_PAUSE, until: None, after_doubt: false }
     }
 
     /// One attempt, for data another write already tried to journal and failed in doubt (an
     /// outage answered it): the attempt may find it journaled. Not tried again: the caller's
     /// lease may no longer be renewed (a turn's close stops renewing first).
     pub(super) fn once_after_doubt() -> Self {
-        Self { in_doubt: true, once: true, ..Self::new() }
+        Self { after_doubt: true, ..Self::new() }
     }
 
     /// Whether an attempt failed already: an earlier attempt may have committed with its
     /// answer lost.
     pub(super) fn retried(&self) -> bool {
-        self.in_doubt || self.until.is_some()
+        self.after_doubt || self.until.is_some()
     }
 
     /// Waits before the next attempt after `error` (the first failure is logged, as `what`);
     /// `false` once the patience is spent.
     pub(super) async fn again(&mut self, fence: &Fence, what: &str, error: &StoreError) -> bool {
-        if self.once {
+        if self.after_doubt {
             return false;
         }
         let now = Instant::now();
