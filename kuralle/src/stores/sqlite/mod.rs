@@ -411,6 +411,21 @@ impl SqliteStore {
 }
 
 /// Checks an outcome's size on the caller's thread, so the writer only runs SQL.
+/// Run `run_id` read in the job that has just taken its lease: the read's own result, which
+/// [`read_under`](crate::store::read_under) turns into a released lease when it failed; but
+/// when SQLite rolled the whole transaction back (an I/O error, a full disk), the lease went
+/// with it, and the writer must see the job fail.
+fn read_under_new_lease(
+    conn: &Db<'_>,
+    errors: Mapper,
+    run_id: &str,
+) -> Result<Result<Option<RunRecord>, StoreError>, StoreError> {
+    match runs::get_run(conn, errors, run_id) {
+        Err(e) if conn.is_autocommit() => Err(e),
+        read => Ok(read),
+    }
+}
+
 fn prepare_outcome(outcome: StepOutcome, max: usize) -> Result<steps::PreparedOutcome, StoreError> {
     match outcome {
         // Stored as the runtime wrote it: the text is checked by its length, never re-serialized.
@@ -596,12 +611,7 @@ impl RunStore for SqliteStore {
             let (lease, read) = self
                 .write(Writes::Direct, data, move |conn, (run_id, owner)| {
                     let lease = leases::acquire(conn, errors, run_id, owner, ttl_ms(ttl))?;
-                    match runs::get_run(conn, errors, run_id) {
-                        // SQLite rolled the whole transaction back (an I/O error, a full disk):
-                        // the lease went with it, and the writer must see the write fail.
-                        Err(e) if conn.is_autocommit() => Err(e),
-                        read => Ok((lease, read)),
-                    }
+                    Ok((lease, read_under_new_lease(conn, errors, run_id)?))
                 })
                 .await?;
             crate::store::read_under(self, lease, read).await
@@ -628,11 +638,7 @@ impl RunStore for SqliteStore {
                     if runs::insert_row(conn, errors, new, prepared)? {
                         return Ok((lease, Ok(None)));
                     }
-                    match runs::get_run(conn, errors, &new.run_id) {
-                        // SQLite rolled the whole transaction back: see `acquire_lease_and_get_run`.
-                        Err(e) if conn.is_autocommit() => Err(e),
-                        read => Ok((lease, read)),
-                    }
+                    Ok((lease, read_under_new_lease(conn, errors, &new.run_id)?))
                 })
                 .await?;
             crate::store::read_under(self, lease, read).await
