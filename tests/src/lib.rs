@@ -253,10 +253,14 @@ pub struct FlakyStore {
     fail_put: Arc<AtomicBool>,
     lose_appends: Arc<AtomicUsize>,
     lose_closes: Arc<AtomicUsize>,
+    before_create: Arc<std::sync::Mutex<Option<CreateHook>>>,
 }
 
 /// What [`FlakyStore::after_next_list`] runs: it gets the wrapped store.
 type ListHook = Box<dyn FnOnce(Arc<dyn kuralle::RunStore>) -> BoxFuture<'static, ()> + Send>;
+
+/// What [`FlakyStore::before_next_create`] runs: it gets the wrapped store and the new run's id.
+type CreateHook = Box<dyn FnOnce(Arc<dyn kuralle::RunStore>, String) -> BoxFuture<'static, ()> + Send>;
 
 impl FlakyStore {
     /// Wraps `inner`; nothing fails until told to.
@@ -275,6 +279,7 @@ impl FlakyStore {
             fail_put: Arc::default(),
             lose_appends: Arc::default(),
             lose_closes: Arc::default(),
+            before_create: Arc::default(),
         }
     }
 
@@ -321,6 +326,16 @@ impl FlakyStore {
         hook: impl FnOnce(Arc<dyn kuralle::RunStore>) -> BoxFuture<'static, ()> + Send + 'static,
     ) {
         *self.after_list.lock().unwrap() = Some(Box::new(hook));
+    }
+
+    /// Runs `hook` on the wrapped store, with the run's id, before the next
+    /// `acquire_lease_and_create_run` goes on to it: another process made a run of that id in
+    /// between.
+    pub fn before_next_create(
+        &self,
+        hook: impl FnOnce(Arc<dyn kuralle::RunStore>, String) -> BoxFuture<'static, ()> + Send + 'static,
+    ) {
+        *self.before_create.lock().unwrap() = Some(Box::new(hook));
     }
 
     /// Makes `put_run` fail (or succeed again): a turn's journal is written but the run's row
@@ -446,6 +461,20 @@ impl kuralle::RunStore for FlakyStore {
         ttl: Duration,
     ) -> kuralle::StoreFuture<'a, kuralle::Lease> {
         self.inner.acquire_lease(run_id, owner, ttl)
+    }
+    fn acquire_lease_and_create_run<'a>(
+        &'a self,
+        new: kuralle::RunRecord,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> kuralle::StoreFuture<'a, (kuralle::Lease, Option<kuralle::RunRecord>)> {
+        let hook = self.before_create.lock().unwrap().take();
+        Box::pin(async move {
+            if let Some(hook) = hook {
+                hook(Arc::clone(&self.inner), new.run_id.clone()).await;
+            }
+            self.inner.acquire_lease_and_create_run(new, owner, ttl).await
+        })
     }
     fn renew_lease<'a>(&'a self, lease: &'a kuralle::Lease, ttl: Duration) -> kuralle::StoreFuture<'a, kuralle::Lease> {
         if self.hang_renew.lock().unwrap().as_deref() == Some(lease.run_id.as_str()) {

@@ -536,3 +536,44 @@ async fn a_closing_write_that_landed_whole_finishes_the_run() {
         assert_eq!(count.load(Ordering::SeqCst), 1);
     }
 }
+
+/// A run id the runtime made names, by the time its lease is asked for, a run another process
+/// made (which UUIDs make all but impossible, and a store may still answer): the runtime
+/// neither overwrites nor refuses that run, but opens it as any run it was asked to resume,
+/// with the request's input as its next turn. Nothing of the earlier turn runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_made_run_id_found_taken_opens_the_run_that_is_there() {
+    let sqlite: Arc<dyn RunStore> = Arc::new(kuralle::stores::SqliteStore::in_memory().unwrap());
+    for inner in [sqlite, Arc::new(MemoryStore::new()) as Arc<dyn RunStore>] {
+        let count = Arc::new(AtomicUsize::new(0));
+        let flaky = FlakyStore::new(inner.clone());
+        let (earlier_count, planted) = (count.clone(), Arc::new(std::sync::Mutex::new(None)));
+        let planted_id = planted.clone();
+        flaky.before_next_create(move |store, run_id| {
+            Box::pin(async move {
+                let other = runtime(store, charge(&earlier_count, None), pay_then_done());
+                let out = other.run(RunRequest::new("pay").run_id(run_id.clone())).await.unwrap();
+                assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Paid."));
+                *planted_id.lock().unwrap() = Some(run_id);
+            })
+        });
+        let rt = runtime(Arc::new(flaky), charge(&count, None), pay_then_done());
+        let out = rt.run(RunRequest::new("and again?")).await.unwrap();
+
+        let planted = planted.lock().unwrap().clone().expect("the hook made a run");
+        assert_eq!(out.run_id, planted, "the run that was there");
+        assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Already paid."));
+        assert_eq!(count.load(Ordering::SeqCst), 1, "the earlier turn's charge did not run again");
+        let journal: Vec<_> = inner.steps(&planted).await.unwrap().iter().map(|s| (s.kind, s.status)).collect();
+        let finished = |kind| (kind, StepStatus::Finished);
+        assert_eq!(
+            journal,
+            [finished(StepKind::Model), finished(StepKind::Tool), finished(StepKind::Model), finished(StepKind::Model)],
+            "the earlier turn's steps, then the new turn's answer"
+        );
+        let state = inner.get_run(&planted).await.unwrap().unwrap().state;
+        let (first, second) = (state.as_str().find("\"pay\""), state.as_str().find("and again?"));
+        assert!(first.is_some() && first < second, "both turns' inputs, in order: {}", state.as_str());
+        assert_eq!(inner.current_lease(&planted).await.unwrap(), None, "given up");
+    }
+}
