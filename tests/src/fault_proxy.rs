@@ -11,6 +11,10 @@
 //! - [`Mode::Reset`]: every open connection is closed with a TCP RST on both sides, and new
 //!   ones are reset as soon as they are accepted.
 //!
+//! It also counts a PostgreSQL client's statements and requests in what it forwards
+//! ([`ProxyStats::pg_statements`], [`ProxyStats::pg_requests`]), for tests of how many a store's
+//! call costs.
+//!
 //! ```
 //! use kuralle_tests::fault_proxy::{FaultProxy, Mode};
 //! use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,6 +47,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
+use crate::pg_frames::{Counts, Frames};
+
 /// How the proxy treats traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -65,6 +71,11 @@ pub struct ProxyStats {
     pub reset: u64,
     /// Bytes forwarded, both directions.
     pub bytes: u64,
+    /// PostgreSQL statements the clients sent, when the traffic is PostgreSQL's and not
+    /// encrypted ([`Counts::statements`]).
+    pub pg_statements: u64,
+    /// PostgreSQL requests the clients sent ([`Counts::requests`]).
+    pub pg_requests: u64,
 }
 
 #[derive(Debug, Default)]
@@ -72,6 +83,7 @@ struct Counters {
     accepted: AtomicU64,
     reset: AtomicU64,
     bytes: AtomicU64,
+    pg: Counts,
 }
 
 /// A running proxy; dropping it stops it and closes its connections.
@@ -115,6 +127,8 @@ impl FaultProxy {
             accepted: self.counters.accepted.load(Ordering::Relaxed),
             reset: self.counters.reset.load(Ordering::Relaxed),
             bytes: self.counters.bytes.load(Ordering::Relaxed),
+            pg_statements: self.counters.pg.statements(),
+            pg_requests: self.counters.pg.requests(),
         }
     }
 }
@@ -178,8 +192,8 @@ async fn connection(client: TcpStream, target: SocketAddr, mut mode: watch::Rece
             _ = until_reset.wait_for(|m| *m == Mode::Reset) => true,
             _ = async {
                 tokio::join!(
-                    pump(&mut cr, &mut sw, mode.clone(), &counters),
-                    pump(&mut sr, &mut cw, mode.clone(), &counters),
+                    pump(&mut cr, &mut sw, mode.clone(), &counters, Some(Frames::default())),
+                    pump(&mut sr, &mut cw, mode.clone(), &counters, None),
                 )
             } => false,
         }
@@ -195,9 +209,15 @@ async fn passable(mode: &mut watch::Receiver<Mode>) -> Option<Mode> {
 }
 
 /// Copies `from` to `to` chunk by chunk under the current mode, until EOF (then half-closes
-/// `to`) or an error. A reset is handled by the caller, which drops this future.
-async fn pump<R, W>(from: &mut R, to: &mut W, mut mode: watch::Receiver<Mode>, counters: &Counters)
-where
+/// `to`) or an error, counting a client's PostgreSQL messages in `frames`. A reset is handled
+/// by the caller, which drops this future.
+async fn pump<R, W>(
+    from: &mut R,
+    to: &mut W,
+    mut mode: watch::Receiver<Mode>,
+    counters: &Counters,
+    mut frames: Option<Frames>,
+) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
@@ -221,6 +241,9 @@ where
         }
         // Counted before the write, so that whoever reads these bytes sees them counted.
         counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(frames) = &mut frames {
+            frames.feed(&buf[..n], &counters.pg);
+        }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
@@ -267,7 +290,7 @@ mod tests {
         let proxy = FaultProxy::start(echo().await).await.unwrap();
         let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
         assert_eq!(round_trip(&mut client, b"hello").await.unwrap(), b"hello");
-        assert_eq!(proxy.stats(), ProxyStats { accepted: 1, reset: 0, bytes: 10 });
+        assert_eq!(proxy.stats(), ProxyStats { accepted: 1, reset: 0, bytes: 10, ..ProxyStats::default() });
     }
 
     #[tokio::test]

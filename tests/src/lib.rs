@@ -6,6 +6,7 @@ pub mod conformance;
 pub mod fault_proxy;
 pub mod in_flight;
 pub mod invariants;
+pub mod pg_frames;
 pub mod postgres;
 pub mod private_pg;
 pub mod serving;

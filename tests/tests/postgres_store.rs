@@ -321,3 +321,60 @@ async fn the_closing_write_journals_the_last_step_or_nothing() {
     let next = store.acquire_lease("r", "me", Duration::from_secs(60)).await.unwrap();
     assert_eq!(store.append_steps("r", next.token, vec![step("b")]).await.unwrap(), [2]);
 }
+
+/// A one-call run on PostgreSQL is four statements, each its own request: the lease taken with
+/// the run's row, the model's response with the call's intent, the call's outcome, and the
+/// answer with the run's end and the lease's release. Counted in the client's messages on
+/// the wire (a proxy between the store and the server), after a first run prepared them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_call_run_is_four_statements_on_the_wire() {
+    use kuralle::testing::{ScriptedModel, Turn};
+    use kuralle_tests::fault_proxy::FaultProxy;
+    let Some(url) = database_url("a_one_call_run_is_four_statements_on_the_wire") else { return };
+    let config: tokio_postgres::Config = url.parse().expect("DATABASE_URL parses");
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => {
+            eprintln!("skipping a_one_call_run_is_four_statements_on_the_wire: DATABASE_URL names no TCP host");
+            return;
+        }
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let server = tokio::net::lookup_host((host.as_str(), port)).await.unwrap().next().expect("the server's address");
+    let proxy = FaultProxy::start(server).await.unwrap();
+    let quoted = |v: &[u8]| format!("'{}'", String::from_utf8_lossy(v).replace('\\', "\\\\").replace('\'', "\\'"));
+    let mut through = format!(
+        "host=127.0.0.1 port={} user={} dbname={} sslmode=disable",
+        proxy.addr().port(),
+        quoted(config.get_user().unwrap_or("postgres").as_bytes()),
+        quoted(config.get_dbname().unwrap_or("postgres").as_bytes()),
+    );
+    if let Some(password) = config.get_password() {
+        through.push_str(&format!(" password={}", quoted(password)));
+    }
+    let schema = unique_schema("wire");
+    let _guard = SchemaGuard { url: url.clone(), schema: schema.clone() };
+    // One connection, so the second run finds every statement the first prepared.
+    let options = PostgresOptions { schema, max_connections: 1, ..PostgresOptions::default() };
+    let store = PostgresStore::connect_with(&through, options).await.unwrap();
+    let model = ScriptedModel::by_transcript([Turn::tool_calls([("c1", "echo", r#"{"x":1}"#)]), Turn::text("Done.")]);
+    let rt = kuralle::Runtime::builder()
+        .agent(kuralle::AgentDef::new("a", "x").tool(kuralle_tests::echo_tool("echo")))
+        .model(model)
+        .store(store)
+        .build()
+        .unwrap();
+
+    let first = rt.run(kuralle::RunRequest::new("go")).await.unwrap();
+    assert_eq!((first.status, first.text.as_str()), (RunStatus::Finished, "Done."));
+    let before = proxy.stats();
+    let second = rt.run(kuralle::RunRequest::new("go")).await.unwrap();
+    assert_eq!((second.status, second.text.as_str()), (RunStatus::Finished, "Done."));
+    let after = proxy.stats();
+    assert!(before.pg_statements > 0, "the proxy sees the store's messages: {before:?}");
+    assert_eq!(
+        (after.pg_statements - before.pg_statements, after.pg_requests - before.pg_requests),
+        (4, 4),
+        "statements and requests of the second run"
+    );
+}
