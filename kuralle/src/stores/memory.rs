@@ -12,8 +12,9 @@ use crate::clock::now_ms;
 use crate::json::JsonText;
 use crate::keymap::{CompactKey, KeyMap};
 use crate::store::{
-    FinishedWithIntents, InstanceLock, Lease, NewStep, Registered, Registry, RunFilter, RunRecord, RunStatus, RunStore,
-    RunSummary, StepKind, StepOutcome, StepRecord, StepStatus, StoreError, StoreFuture, owner_prefix,
+    FinishedStep, FinishedWithIntents, InstanceLock, Lease, NewStep, Registered, Registry, RunFilter, RunRecord,
+    RunStatus, RunStore, RunSummary, StepKind, StepOutcome, StepRecord, StepStatus, StoreError, StoreFuture,
+    owner_prefix,
 };
 
 /// A [`RunStore`] that keeps runs and journals in memory, behind a mutex per shard of runs.
@@ -321,27 +322,51 @@ impl MemoryStore {
 
     fn put_run_now(&self, run: RunRecord, fence: u64) -> Result<u64, StoreError> {
         let mut state = self.lock(&run.run_id);
+        let version = self.check_put(&state, &run, fence)?;
+        state.write_run(run, version);
+        Ok(version)
+    }
+
+    /// [`RunStore::put_run_and_release`] under one lock.
+    fn put_and_release_now(&self, run: RunRecord, fence: u64) -> Result<(u64, bool), StoreError> {
+        let mut state = self.lock(&run.run_id);
+        let version = self.check_put(&state, &run, fence)?;
+        state.release(&run.run_id);
+        state.write_run(run, version);
+        Ok((version, true))
+    }
+
+    /// [`RunStore::put_run_and_release_after`] under one lock. The run is checked first, as
+    /// the durable stores write it first: a refused run journals nothing.
+    fn close_now(&self, last: FinishedStep, run: RunRecord, fence: u64) -> Result<(u64, bool), StoreError> {
+        let FinishedStep { step, outcome, finished_at_ms } = last;
+        let mut state = self.lock(&run.run_id);
+        let version = self.check_put(&state, &run, fence)?;
+        self.check_outcome_size(&outcome)?;
+        let ordinals = state.append(&run.run_id, fence, vec![step])?;
+        // Appended `Running` under a checked fence just now: finishing it cannot fail.
+        state.finish(&run.run_id, ordinals[0], outcome, finished_at_ms)?;
+        state.release(&run.run_id);
+        state.write_run(run, version);
+        Ok((version, true))
+    }
+
+    /// The version `run` would be written at under lease `fence`, or why it would be refused;
+    /// changes nothing.
+    fn check_put(&self, state: &State, run: &RunRecord, fence: u64) -> Result<u64, StoreError> {
         state.check_fence(&run.run_id, fence)?;
         check_len("run state", run.state.len(), self.max_value_bytes)?;
-        let Some(entry) = state.runs.get_mut(&run.run_id) else {
-            return Err(StoreError::RunNotFound(run.run_id));
+        let Some(entry) = state.runs.get(&run.run_id) else {
+            return Err(StoreError::RunNotFound(run.run_id.clone()));
         };
-        let stored = &mut entry.record;
-        if stored.version != run.version {
+        if entry.record.version != run.version {
             return Err(StoreError::VersionConflict {
-                run_id: run.run_id,
+                run_id: run.run_id.clone(),
                 expected: run.version,
-                actual: stored.version,
+                actual: entry.record.version,
             });
         }
-        let version = run.version + 1;
-        stored.agent_id = run.agent_id;
-        stored.status = run.status;
-        stored.epoch = run.epoch;
-        stored.version = version;
-        stored.state = run.state;
-        stored.updated_at_ms = run.updated_at_ms;
-        Ok(version)
+        Ok(run.version + 1)
     }
 
     fn list_runs_now(&self, filter: &RunFilter) -> Vec<RunSummary> {
@@ -412,9 +437,37 @@ impl MemoryStore {
     }
 
     fn acquire_now(&self, run_id: &str, owner: &str, ttl: Duration) -> Result<Lease, StoreError> {
+        self.acquire_in(&mut self.lock(run_id), run_id, owner, ttl)
+    }
+
+    /// [`RunStore::acquire_lease_and_create_run`] under one lock. A run that cannot be created
+    /// gives its lease back, as the provided implementation does.
+    fn acquire_and_create_now(
+        &self,
+        new: RunRecord,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<(Lease, Option<RunRecord>), StoreError> {
+        let mut state = self.lock(&new.run_id);
+        let lease = self.acquire_in(&mut state, &new.run_id, owner, ttl)?;
+        if let Some(entry) = state.runs.get(&new.run_id) {
+            return Ok((lease, Some(entry.record.clone())));
+        }
+        let created =
+            check_len("run state", new.state.len(), self.max_value_bytes).and_then(|()| state.runs.create(new));
+        match created {
+            Ok(()) => Ok((lease, None)),
+            Err(e) => {
+                state.release(&lease.run_id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes `run_id`'s lease in its locked shard `state`.
+    fn acquire_in(&self, state: &mut State, run_id: &str, owner: &str, ttl: Duration) -> Result<Lease, StoreError> {
         let now = Instant::now();
         let expires_at = now + ttl;
-        let mut state = self.lock(run_id);
         let token = match state.leases.get(run_id) {
             Some(row) if !row.released && row.expires_at > now => {
                 return Err(StoreError::LeaseHeld {
@@ -450,9 +503,7 @@ impl MemoryStore {
     fn release_now(&self, lease: &Lease) -> Result<(), StoreError> {
         let mut state = self.lock(&lease.run_id);
         state.check_fence(&lease.run_id, lease.token)?;
-        if let Some(row) = state.leases.get_mut(&lease.run_id) {
-            row.released = true;
-        }
+        state.release(&lease.run_id);
         Ok(())
     }
 
@@ -582,6 +633,26 @@ impl State {
             _ => Err(StoreError::Fenced { run_id: run_id.to_owned(), token: fence }),
         }
     }
+
+    /// Gives `run_id`'s lease up, whoever holds it (the caller checked the fence).
+    fn release(&mut self, run_id: &str) {
+        if let Some(row) = self.leases.get_mut(run_id) {
+            row.released = true;
+        }
+    }
+
+    /// Writes `run` over its stored row at `version` (the caller checked it, [`MemoryStore::check_put`]).
+    fn write_run(&mut self, run: RunRecord, version: u64) {
+        if let Some(entry) = self.runs.get_mut(&run.run_id) {
+            let stored = &mut entry.record;
+            stored.agent_id = run.agent_id;
+            stored.status = run.status;
+            stored.epoch = run.epoch;
+            stored.version = version;
+            stored.state = run.state;
+            stored.updated_at_ms = run.updated_at_ms;
+        }
+    }
 }
 
 // Each future does its work when first polled, like the durable stores' futures.
@@ -596,6 +667,20 @@ impl RunStore for MemoryStore {
 
     fn put_run(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, u64> {
         Box::pin(async move { self.put_run_now(run, fence) })
+    }
+
+    fn put_run_and_release(&self, run: RunRecord, fence: u64) -> StoreFuture<'_, (u64, bool)> {
+        Box::pin(async move { self.put_and_release_now(run, fence) })
+    }
+
+    /// One lock for the answer, the run and the lease: nothing is written unless all of it is.
+    fn put_run_and_release_after(
+        &self,
+        last: FinishedStep,
+        run: RunRecord,
+        fence: u64,
+    ) -> StoreFuture<'_, (u64, bool)> {
+        Box::pin(async move { self.close_now(last, run, fence) })
     }
 
     fn list_runs(&self, filter: RunFilter) -> StoreFuture<'_, Vec<RunSummary>> {
@@ -664,6 +749,15 @@ impl RunStore for MemoryStore {
             let lease = self.acquire_now(run_id, owner, ttl)?;
             Ok((lease, self.get_run_now(run_id)))
         })
+    }
+
+    fn acquire_lease_and_create_run<'a>(
+        &'a self,
+        new: RunRecord,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> StoreFuture<'a, (Lease, Option<RunRecord>)> {
+        Box::pin(async move { self.acquire_and_create_now(new, owner, ttl) })
     }
 
     fn renew_lease<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> StoreFuture<'a, Lease> {
@@ -770,6 +864,69 @@ mod tests {
         assert!(!store.lock("a").names.0.contains("refused"), "refused steps leave no name");
         assert!(store.delete_run("a").await.unwrap());
         assert!(store.lock("a").names.0.is_empty());
+    }
+
+    /// The merged writes are each one lock: a close refused for its run (a stale version, a
+    /// lost fence) or for its answer (a journaled key) changes nothing, and one that lands
+    /// journals the answer, writes the run and gives the lease up together; a run too large
+    /// to create leaves no run and no lease held.
+    #[tokio::test]
+    async fn the_merged_writes_land_whole_or_not_at_all() {
+        let store = MemoryStore::new().with_max_value_bytes(64);
+        let ttl = Duration::from_secs(30);
+        let (lease, there) = store.acquire_lease_and_create_run(record("a", 1), "me/turn", ttl).await.unwrap();
+        assert!(there.is_none(), "created");
+        let step = |key: &str| NewStep {
+            key: key.into(),
+            kind: StepKind::Model,
+            name: "m".into(),
+            epoch: 0,
+            started_at_ms: 1,
+        };
+        store.append_steps("a", lease.token, vec![step("k1")]).await.unwrap();
+        let last = |key: &str| FinishedStep {
+            step: step(key),
+            outcome: StepOutcome::Finished(JsonText::null()),
+            finished_at_ms: 2,
+        };
+        let stale = RunRecord { version: 5, ..record("a", 2) };
+        assert!(matches!(
+            store.put_run_and_release_after(last("k2"), stale, lease.token).await,
+            Err(StoreError::VersionConflict { .. })
+        ));
+        assert!(matches!(
+            store.put_run_and_release_after(last("k2"), record("a", 2), lease.token + 1).await,
+            Err(StoreError::Fenced { .. })
+        ));
+        assert!(matches!(
+            store.put_run_and_release_after(last("k1"), record("a", 2), lease.token).await,
+            Err(StoreError::DuplicateKey { .. })
+        ));
+        assert_eq!(store.steps("a").await.unwrap().len(), 1, "refused: nothing journaled");
+        assert_eq!(store.get_run("a").await.unwrap().unwrap().version, 0, "refused: the run as it was");
+        assert_eq!(store.current_lease("a").await.unwrap().map(|l| l.token), Some(lease.token), "refused: held");
+
+        let done = RunRecord { status: RunStatus::Finished, ..record("a", 2) };
+        assert_eq!(store.put_run_and_release_after(last("k2"), done, lease.token).await.unwrap(), (1, true));
+        let steps = store.steps("a").await.unwrap();
+        assert_eq!((steps.len(), steps[1].key.as_str(), steps[1].status), (2, "k2", StepStatus::Finished));
+        assert_eq!(store.get_run("a").await.unwrap().unwrap().status, RunStatus::Finished);
+        assert_eq!(store.current_lease("a").await.unwrap(), None, "given up");
+
+        let again = store.acquire_lease("a", "me/turn", ttl).await.unwrap();
+        let read = store.get_run("a").await.unwrap().unwrap();
+        assert_eq!(store.put_run_and_release(read, again.token).await.unwrap(), (2, true));
+        assert_eq!(store.current_lease("a").await.unwrap(), None, "given up with the run");
+
+        let large = RunRecord { state: JsonText::from(serde_json::json!("x".repeat(100))), ..record("b", 1) };
+        assert!(matches!(
+            store.acquire_lease_and_create_run(large, "me/turn", ttl).await,
+            Err(StoreError::LimitExceeded(..))
+        ));
+        assert_eq!(store.get_run("b").await.unwrap(), None);
+        assert_eq!(store.current_lease("b").await.unwrap(), None, "the lease given back");
+        let next = store.acquire_lease("b", "me/turn", ttl).await.unwrap();
+        assert_eq!(next.token, 2, "the lease given back was taken: tokens do not go down");
     }
 
     /// A new run's journal takes its room with its first steps, not at its creation: 10,000
