@@ -331,7 +331,9 @@ impl FlakyStore {
 
     /// Runs `hook` on the wrapped store, with the run's id, before the next
     /// `acquire_lease_and_create_run` goes on to it: another process made a run of that id in
-    /// between.
+    /// between. The hook is taken when that call is made (not when its future is first
+    /// polled), and its time counts against the caller's lease, whose clock starts with the
+    /// call.
     pub fn before_next_create(
         &self,
         hook: impl FnOnce(Arc<dyn kuralle::RunStore>, String) -> BoxFuture<'static, ()> + Send + 'static,
@@ -463,6 +465,8 @@ impl kuralle::RunStore for FlakyStore {
     ) -> kuralle::StoreFuture<'a, kuralle::Lease> {
         self.inner.acquire_lease(run_id, owner, ttl)
     }
+    /// The wrapped store's own (SQLite's one job), after the hook: faults set on `acquire_lease`
+    /// or `create_run` do not reach a run whose id the runtime made.
     fn acquire_lease_and_create_run<'a>(
         &'a self,
         new: kuralle::RunRecord,

@@ -30,7 +30,8 @@ pub struct Counts {
 
 impl Counts {
     /// Statements executed: extended-protocol `Execute` messages and simple `Query` messages
-    /// (a prepare, `Parse`/`Describe`/`Sync`, executes none).
+    /// (a prepare, `Parse`/`Describe`/`Sync`, executes none; a simple query of several
+    /// statements counts as one).
     pub fn statements(&self) -> u64 {
         self.statements.load(Ordering::Relaxed)
     }
@@ -48,17 +49,22 @@ pub struct Frames {
     state: State,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 enum State {
-    /// Before the startup message: collecting an untyped header (length, code).
-    #[default]
-    Startup,
-    /// Collecting a header: the untyped startup one (8 bytes) or a typed one (5 bytes).
-    Header { typed: bool, got: Vec<u8> },
+    /// Collecting a header: an untyped startup one (length, code: 8 bytes) or a typed one
+    /// (type, length: 5 bytes); `got` of them so far.
+    Header { typed: bool, buf: [u8; 8], got: usize },
     /// Skipping `left` bytes of a body; `then_typed` says what follows.
     Body { left: u64, then_typed: bool },
     /// Not PostgreSQL's plain frontend protocol: nothing more is counted.
     Lost,
+}
+
+impl Default for State {
+    /// A connection starts with a startup message (or an SSL, GSS or cancel request).
+    fn default() -> Self {
+        header(false)
+    }
 }
 
 /// The startup codes after which the client starts over with another startup message.
@@ -66,7 +72,9 @@ const SSL_REQUEST: u32 = 80_877_103;
 const GSS_REQUEST: u32 = 80_877_104;
 /// The protocol version 3.0 (a startup message proper).
 const PROTOCOL_3: u32 = 196_608;
-/// A message longer than this is taken for bytes of something else.
+/// The server refuses a longer startup message (`MAX_STARTUP_PACKET_LENGTH`).
+const MAX_STARTUP: u32 = 10_000;
+/// A typed message longer than this is taken for bytes of something else.
 const MAX_MESSAGE: u32 = 1 << 30;
 
 impl Frames {
@@ -75,14 +83,14 @@ impl Frames {
         while !bytes.is_empty() {
             match &mut self.state {
                 State::Lost => return,
-                State::Startup => self.state = State::Header { typed: false, got: Vec::with_capacity(8) },
-                State::Header { typed, got } => {
+                State::Header { typed, buf, got } => {
                     let need = if *typed { 5 } else { 8 };
-                    let take = (need - got.len()).min(bytes.len());
-                    got.extend_from_slice(&bytes[..take]);
+                    let take = (need - *got).min(bytes.len());
+                    buf[*got..*got + take].copy_from_slice(&bytes[..take]);
+                    *got += take;
                     bytes = &bytes[take..];
-                    if got.len() == need {
-                        self.state = next(*typed, got, counts);
+                    if *got == need {
+                        self.state = next(*typed, &buf[..need], counts);
                     }
                 }
                 State::Body { left, then_typed } => {
@@ -99,7 +107,7 @@ impl Frames {
 }
 
 fn header(typed: bool) -> State {
-    State::Header { typed, got: Vec::with_capacity(8) }
+    State::Header { typed, buf: [0; 8], got: 0 }
 }
 
 /// The state after a complete header `got`.
@@ -126,11 +134,12 @@ fn next(typed: bool, got: &[u8], counts: &Counts) -> State {
         return body(u64::from(len - 4), true);
     }
     let (len, code) = (word(0), word(4));
-    if !(8..MAX_MESSAGE).contains(&len) {
+    if !(8..=MAX_STARTUP).contains(&len) {
         return State::Lost;
     }
     match code {
-        // The server answers with one byte; on `S` a TLS session follows, which is lost here.
+        // The server answers with one byte: `N`, and the client sends its startup message;
+        // `S` (TLS) or `G` (GSSAPI), and an encrypted session follows, which is lost here.
         SSL_REQUEST | GSS_REQUEST => body(u64::from(len - 8), false),
         PROTOCOL_3 => body(u64::from(len - 8), true),
         // A cancel request, or a protocol this does not know.
@@ -198,13 +207,37 @@ mod tests {
         assert_eq!(counted(&bytes), (3, 4));
     }
 
+    /// Each case ends with a simple query that would count if the counting went on.
     #[test]
     fn other_bytes_count_nothing() {
-        assert_eq!(counted(&[b"hello, this is not postgres"]), (0, 0));
+        let query = typed(b'Q', b"SELECT 1\0");
+        let after = |mut bytes: Vec<u8>| {
+            bytes.extend(&query);
+            counted(&[&bytes])
+        };
+        assert_eq!(after(b"hello, this is not postgres".to_vec()), (0, 0));
         // A TLS ClientHello after an SSL request the server accepted.
-        let mut bytes = 8u32.to_be_bytes().to_vec();
-        bytes.extend(SSL_REQUEST.to_be_bytes());
-        bytes.extend([0x16, 0x03, 0x01, 0x02, 0x00, b'E', b'S']);
-        assert_eq!(counted(&[&bytes]), (0, 0));
+        let mut tls = 8u32.to_be_bytes().to_vec();
+        tls.extend(SSL_REQUEST.to_be_bytes());
+        tls.extend([0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03]);
+        assert_eq!(after(tls), (0, 0));
+        // A cancel request: the connection carries nothing else.
+        let mut cancel = 16u32.to_be_bytes().to_vec();
+        cancel.extend(80_877_102u32.to_be_bytes());
+        cancel.extend([0; 8]);
+        assert_eq!(after(cancel), (0, 0));
+        // A startup message shorter than its header, or longer than the server takes.
+        let mut short = 7u32.to_be_bytes().to_vec();
+        short.extend(PROTOCOL_3.to_be_bytes());
+        assert_eq!(after(short), (0, 0));
+        let mut long = (MAX_STARTUP + 1).to_be_bytes().to_vec();
+        long.extend(PROTOCOL_3.to_be_bytes());
+        assert_eq!(after(long), (0, 0));
+        // A typed message whose length cannot count itself.
+        let mut bad = startup();
+        bad.extend([b'E', 0, 0, 0, 3]);
+        assert_eq!(after(bad), (0, 0));
+        // The same query after a well-formed start does count: the cases above are not vacuous.
+        assert_eq!(after(startup()), (1, 1));
     }
 }

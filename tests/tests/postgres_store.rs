@@ -324,8 +324,11 @@ async fn the_closing_write_journals_the_last_step_or_nothing() {
 
 /// A one-call run on PostgreSQL is four statements, each its own request: the lease taken with
 /// the run's row, the model's response with the call's intent, the call's outcome, and the
-/// answer with the run's end and the lease's release. Counted in the client's messages on
-/// the wire (a proxy between the store and the server), after a first run prepared them.
+/// answer with the run's end and the lease's release. A run of the caller's id reads before
+/// it creates: six. Counted in the client's messages on the wire (a proxy between the store
+/// and the server), after a first run of each kind prepared the statements. Nothing else
+/// talks to the server meanwhile: no instance id (no lock connection), no workers (no
+/// `LISTEN`), and lease renewals fall due a third of the default TTL after the grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_call_run_is_four_statements_on_the_wire() {
     use kuralle::testing::{ScriptedModel, Turn};
@@ -340,14 +343,18 @@ async fn a_one_call_run_is_four_statements_on_the_wire() {
         }
     };
     let port = config.get_ports().first().copied().unwrap_or(5432);
-    let server = tokio::net::lookup_host((host.as_str(), port)).await.unwrap().next().expect("the server's address");
+    // `localhost` may resolve to `::1` first; the server may listen on IPv4 only.
+    let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host.as_str(), port)).await.unwrap().collect();
+    let server = *addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()).expect("the server's address");
     let proxy = FaultProxy::start(server).await.unwrap();
     let quoted = |v: &[u8]| format!("'{}'", String::from_utf8_lossy(v).replace('\\', "\\\\").replace('\'', "\\'"));
+    // As libpq: the database defaults to the user's name.
+    let user = config.get_user().unwrap_or("postgres");
     let mut through = format!(
         "host=127.0.0.1 port={} user={} dbname={} sslmode=disable",
         proxy.addr().port(),
-        quoted(config.get_user().unwrap_or("postgres").as_bytes()),
-        quoted(config.get_dbname().unwrap_or("postgres").as_bytes()),
+        quoted(user.as_bytes()),
+        quoted(config.get_dbname().unwrap_or(user).as_bytes()),
     );
     if let Some(password) = config.get_password() {
         through.push_str(&format!(" password={}", quoted(password)));
@@ -365,16 +372,19 @@ async fn a_one_call_run_is_four_statements_on_the_wire() {
         .build()
         .unwrap();
 
-    let first = rt.run(kuralle::RunRequest::new("go")).await.unwrap();
-    assert_eq!((first.status, first.text.as_str()), (RunStatus::Finished, "Done."));
-    let before = proxy.stats();
-    let second = rt.run(kuralle::RunRequest::new("go")).await.unwrap();
-    assert_eq!((second.status, second.text.as_str()), (RunStatus::Finished, "Done."));
-    let after = proxy.stats();
-    assert!(before.pg_statements > 0, "the proxy sees the store's messages: {before:?}");
-    assert_eq!(
-        (after.pg_statements - before.pg_statements, after.pg_requests - before.pg_requests),
-        (4, 4),
-        "statements and requests of the second run"
-    );
+    let counted = |request: kuralle::RunRequest| {
+        let (rt, proxy) = (&rt, &proxy);
+        async move {
+            let before = proxy.stats();
+            let out = rt.run(request).await.unwrap();
+            assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Done."));
+            let after = proxy.stats();
+            assert!(before.pg_statements > 0, "the proxy sees the store's messages: {before:?}");
+            (after.pg_statements - before.pg_statements, after.pg_requests - before.pg_requests)
+        }
+    };
+    counted(kuralle::RunRequest::new("go")).await;
+    counted(kuralle::RunRequest::new("go").run_id("first")).await;
+    assert_eq!(counted(kuralle::RunRequest::new("go")).await, (4, 4), "a runtime-made id");
+    assert_eq!(counted(kuralle::RunRequest::new("go").run_id("second")).await, (6, 6), "a caller's id");
 }
