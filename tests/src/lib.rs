@@ -9,6 +9,7 @@ pub mod invariants;
 pub mod pg_frames;
 pub mod postgres;
 pub mod private_pg;
+pub mod provided;
 pub mod serving;
 pub mod wire_server;
 pub mod workers;

@@ -524,7 +524,9 @@ async fn a_closing_write_lost_in_an_outage_finds_its_answer_journaled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closing_write_that_landed_whole_finishes_the_run() {
     let sqlite: Arc<dyn RunStore> = Arc::new(kuralle::stores::SqliteStore::in_memory().unwrap());
-    for inner in [sqlite, Arc::new(MemoryStore::new()) as Arc<dyn RunStore>] {
+    // The provided close keeps the lease: the runtime gives it up after the read-back.
+    let provided: Arc<dyn RunStore> = Arc::new(kuralle_tests::provided::ProvidedStore::new());
+    for inner in [sqlite, Arc::new(MemoryStore::new()) as Arc<dyn RunStore>, provided] {
         let flaky = FlakyStore::new(inner.clone());
         flaky.lose_close_answers(1);
         let count = Arc::new(AtomicUsize::new(0));

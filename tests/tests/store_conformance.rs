@@ -33,3 +33,8 @@ async fn run_all_against_memory_store() {
 mod postgres {
     kuralle_tests::store_conformance!(|| kuralle_tests::postgres::store_blocking("postgres conformance"));
 }
+
+/// The trait's provided implementations, which a store inherits unless it overrides them.
+mod provided {
+    kuralle_tests::store_conformance!(|| (kuralle_tests::provided::ProvidedStore::new(), ()));
+}

@@ -336,13 +336,14 @@ impl MemoryStore {
         Ok((version, true))
     }
 
-    /// [`RunStore::put_run_and_release_after`] under one lock. The run is checked first, as
-    /// the durable stores write it first: a refused run journals nothing.
+    /// [`RunStore::put_run_and_release_after`] under one lock, in SQLite's order: the sizes
+    /// first, then the run (a refused run journals nothing), then the answer.
     fn close_now(&self, last: FinishedStep, run: RunRecord, fence: u64) -> Result<(u64, bool), StoreError> {
         let FinishedStep { step, outcome, finished_at_ms } = last;
+        check_len("run state", run.state.len(), self.max_value_bytes)?;
+        self.check_outcome_size(&outcome)?;
         let mut state = self.lock(&run.run_id);
         let version = self.check_put(&state, &run, fence)?;
-        self.check_outcome_size(&outcome)?;
         let ordinals = state.append(&run.run_id, fence, vec![step])?;
         // Appended `Running` under a checked fence just now: finishing it cannot fail.
         state.finish(&run.run_id, ordinals[0], outcome, finished_at_ms)?;
@@ -440,28 +441,23 @@ impl MemoryStore {
         self.acquire_in(&mut self.lock(run_id), run_id, owner, ttl)
     }
 
-    /// [`RunStore::acquire_lease_and_create_run`] under one lock. A run that cannot be created
-    /// gives its lease back, as the provided implementation does.
+    /// [`RunStore::acquire_lease_and_create_run`] under one lock. A run too large to create is
+    /// refused before the lease is taken, as on SQLite and PostgreSQL.
     fn acquire_and_create_now(
         &self,
         new: RunRecord,
         owner: &str,
         ttl: Duration,
     ) -> Result<(Lease, Option<RunRecord>), StoreError> {
+        check_len("run state", new.state.len(), self.max_value_bytes)?;
         let mut state = self.lock(&new.run_id);
         let lease = self.acquire_in(&mut state, &new.run_id, owner, ttl)?;
         if let Some(entry) = state.runs.get(&new.run_id) {
             return Ok((lease, Some(entry.record.clone())));
         }
-        let created =
-            check_len("run state", new.state.len(), self.max_value_bytes).and_then(|()| state.runs.create(new));
-        match created {
-            Ok(()) => Ok((lease, None)),
-            Err(e) => {
-                state.release(&lease.run_id);
-                Err(e)
-            }
-        }
+        // Checked absent under this lock: the create cannot fail.
+        state.runs.create(new)?;
+        Ok((lease, None))
     }
 
     /// Takes `run_id`'s lease in its locked shard `state`.
@@ -890,6 +886,17 @@ mod tests {
             finished_at_ms: 2,
         };
         let stale = RunRecord { version: 5, ..record("a", 2) };
+        let oversized = FinishedStep {
+            outcome: StepOutcome::Finished(JsonText::from(serde_json::json!("y".repeat(100)))),
+            ..last("k2")
+        };
+        assert!(
+            matches!(
+                store.put_run_and_release_after(oversized, stale.clone(), lease.token).await,
+                Err(StoreError::LimitExceeded(..))
+            ),
+            "sizes first, as on SQLite"
+        );
         assert!(matches!(
             store.put_run_and_release_after(last("k2"), stale, lease.token).await,
             Err(StoreError::VersionConflict { .. })
@@ -924,9 +931,9 @@ mod tests {
             Err(StoreError::LimitExceeded(..))
         ));
         assert_eq!(store.get_run("b").await.unwrap(), None);
-        assert_eq!(store.current_lease("b").await.unwrap(), None, "the lease given back");
+        assert_eq!(store.current_lease("b").await.unwrap(), None);
         let next = store.acquire_lease("b", "me/turn", ttl).await.unwrap();
-        assert_eq!(next.token, 2, "the lease given back was taken: tokens do not go down");
+        assert_eq!(next.token, 1, "refused before the lease was taken, as on SQLite and PostgreSQL");
     }
 
     /// A new run's journal takes its room with its first steps, not at its creation: 10,000
