@@ -687,8 +687,8 @@ pub async fn run_not_found<S: RunStore>(store: S) {
     assert!(!missing().is_retryable());
 }
 
-/// A value over [`DEFAULT_MAX_VALUE_BYTES`] is `LimitExceeded` and writes nothing; the run
-/// goes on.
+/// A value over [`DEFAULT_MAX_VALUE_BYTES`] is `LimitExceeded` and writes nothing, whatever
+/// else is wrong with the write (a stale token); the run goes on.
 pub async fn value_size_limit<S: RunStore>(store: S) {
     let store = Owned::new(store);
     // Compact JSON of a string is its text plus two quotes.
@@ -702,6 +702,15 @@ pub async fn value_size_limit<S: RunStore>(store: S) {
 
     store.create_run(run("run-1", RunStatus::Running, 1)).await.unwrap();
     store.append_steps("run-1", vec![step("a"), step("b")]).await.unwrap();
+    // The size is refused before the fence is read, on every store: under a stale token too.
+    let stale = store.fence("run-1").await + 1;
+    let mut big = run("run-1", RunStatus::Running, 1);
+    big.state = (&over).into();
+    let err = store.store.put_run(big, stale).await.unwrap_err();
+    assert!(matches!(err, StoreError::LimitExceeded(_)), "{err:?}");
+    let too_big = StepOutcome::Failed(kuralle::JsonText::from(over.clone()));
+    let err = store.store.finish_step("run-1", stale, 0, too_big, 2).await.unwrap_err();
+    assert!(matches!(err, StoreError::LimitExceeded(_)), "{err:?}");
     let err = store.finish_step("run-1", 0, StepOutcome::Failed(kuralle::JsonText::from(over)), 2).await.unwrap_err();
     assert!(matches!(err, StoreError::LimitExceeded(_)), "{err:?}");
     assert!(!err.is_retryable());

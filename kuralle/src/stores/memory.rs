@@ -314,9 +314,10 @@ impl MemoryStore {
     }
 
     fn create_run_now(&self, run: RunRecord, fence: u64) -> Result<(), StoreError> {
+        // The size first, as the durable stores check it before their write.
+        check_len("run state", run.state.len(), self.max_value_bytes)?;
         let mut state = self.lock(&run.run_id);
         state.check_fence(&run.run_id, fence)?;
-        check_len("run state", run.state.len(), self.max_value_bytes)?;
         state.runs.create(run)
     }
 
@@ -340,7 +341,6 @@ impl MemoryStore {
     /// first, then the run (a refused run journals nothing), then the answer.
     fn close_now(&self, last: FinishedStep, run: RunRecord, fence: u64) -> Result<(u64, bool), StoreError> {
         let FinishedStep { step, outcome, finished_at_ms } = last;
-        check_len("run state", run.state.len(), self.max_value_bytes)?;
         self.check_outcome_size(&outcome)?;
         let mut state = self.lock(&run.run_id);
         let version = self.check_put(&state, &run, fence)?;
@@ -355,8 +355,9 @@ impl MemoryStore {
     /// The version `run` would be written at under lease `fence`, or why it would be refused;
     /// changes nothing.
     fn check_put(&self, state: &State, run: &RunRecord, fence: u64) -> Result<u64, StoreError> {
-        state.check_fence(&run.run_id, fence)?;
+        // The size first, as the durable stores check it before their write.
         check_len("run state", run.state.len(), self.max_value_bytes)?;
+        state.check_fence(&run.run_id, fence)?;
         let Some(entry) = state.runs.get(&run.run_id) else {
             return Err(StoreError::RunNotFound(run.run_id.clone()));
         };
@@ -404,9 +405,9 @@ impl MemoryStore {
         write: FinishedWithIntents,
     ) -> Result<Vec<u64>, StoreError> {
         let FinishedWithIntents { finished, outcome, finished_at_ms, intents } = write;
+        self.check_outcome_size(&outcome)?;
         let mut state = self.lock(run_id);
         state.check_fence(run_id, fence)?;
-        self.check_outcome_size(&outcome)?;
         let mut steps = Vec::with_capacity(intents.len() + 1);
         steps.push(finished);
         steps.extend(intents);
@@ -431,9 +432,9 @@ impl MemoryStore {
         outcome: StepOutcome,
         finished_at_ms: i64,
     ) -> Result<(), StoreError> {
+        self.check_outcome_size(&outcome)?;
         let mut state = self.lock(run_id);
         state.check_fence(run_id, fence)?;
-        self.check_outcome_size(&outcome)?;
         state.finish(run_id, ordinal, outcome, finished_at_ms)
     }
 
