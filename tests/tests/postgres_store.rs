@@ -361,7 +361,7 @@ async fn a_one_call_run_is_four_statements_on_the_wire() {
     }
     let schema = unique_schema("wire");
     let _guard = SchemaGuard { url: url.clone(), schema: schema.clone() };
-    // One connection, so the second run finds every statement the first prepared.
+    // One connection, so the measured runs find every statement the warm-up runs prepared.
     let options = PostgresOptions { schema, max_connections: 1, ..PostgresOptions::default() };
     let store = PostgresStore::connect_with(&through, options).await.unwrap();
     let model = ScriptedModel::by_transcript([Turn::tool_calls([("c1", "echo", r#"{"x":1}"#)]), Turn::text("Done.")]);
