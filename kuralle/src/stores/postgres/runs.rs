@@ -263,7 +263,6 @@ fn run_from_row(row: &Row) -> Result<RunRecord, StoreError> {
     })
 }
 
-/// Column `index` of `row`, typed.
 /// A run's columns as `put_run` and the closing write bind them: `expected` is the version the
 /// write compares, `next` the one it writes.
 struct Put {
@@ -274,6 +273,7 @@ struct Put {
     status: &'static str,
 }
 
+/// Column `index` of `row`, typed.
 pub(super) fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, index: usize) -> Result<T, StoreError> {
     row.try_get(index)
         .map_err(|e| StoreError::Corrupt(format!("unexpected column {index} in a kuralle row: {e}").into()))

@@ -410,7 +410,6 @@ impl SqliteStore {
     }
 }
 
-/// Checks an outcome's size on the caller's thread, so the writer only runs SQL.
 /// Run `run_id` read in the job that has just taken its lease: the read's own result, which
 /// [`read_under`](crate::store::read_under) turns into a released lease when it failed; but
 /// when SQLite rolled the whole transaction back (an I/O error, a full disk), the lease went
@@ -426,6 +425,7 @@ fn read_under_new_lease(
     }
 }
 
+/// Checks an outcome's size on the caller's thread, so the writer only runs SQL.
 fn prepare_outcome(outcome: StepOutcome, max: usize) -> Result<steps::PreparedOutcome, StoreError> {
     match outcome {
         // Stored as the runtime wrote it: the text is checked by its length, never re-serialized.
