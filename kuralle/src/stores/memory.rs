@@ -344,9 +344,7 @@ impl MemoryStore {
         self.check_outcome_size(&outcome)?;
         let mut state = self.lock(&run.run_id);
         let version = self.check_put(&state, &run, fence)?;
-        let ordinals = state.append(&run.run_id, fence, vec![step])?;
-        // Appended `Running` under a checked fence just now: finishing it cannot fail.
-        state.finish(&run.run_id, ordinals[0], outcome, finished_at_ms)?;
+        state.append_finished(&run.run_id, fence, vec![step], outcome, finished_at_ms)?;
         state.release(&run.run_id);
         state.write_run(run, version);
         Ok((version, true))
@@ -411,10 +409,7 @@ impl MemoryStore {
         let mut steps = Vec::with_capacity(intents.len() + 1);
         steps.push(finished);
         steps.extend(intents);
-        let ordinals = state.append(run_id, fence, steps)?;
-        // The step was just appended `Running` under a checked fence: finishing it cannot fail.
-        state.finish(run_id, ordinals[0], outcome, finished_at_ms)?;
-        Ok(ordinals)
+        state.append_finished(run_id, fence, steps, outcome, finished_at_ms)
     }
 
     fn check_outcome_size(&self, outcome: &StepOutcome) -> Result<(), StoreError> {
@@ -629,6 +624,22 @@ impl State {
             Some(row) if row.token == fence && !row.released => Ok(()),
             _ => Err(StoreError::Fenced { run_id: run_id.to_owned(), token: fence }),
         }
+    }
+
+    /// Appends `steps`, the first finished with `outcome`, all or none; returns their ordinals.
+    fn append_finished(
+        &mut self,
+        run_id: &str,
+        fence: u64,
+        steps: Vec<NewStep>,
+        outcome: StepOutcome,
+        finished_at_ms: i64,
+    ) -> Result<Vec<u64>, StoreError> {
+        let ordinals = self.append(run_id, fence, steps)?;
+        // The first step was just appended `Running` under a checked fence: finishing it
+        // cannot fail.
+        self.finish(run_id, ordinals[0], outcome, finished_at_ms)?;
+        Ok(ordinals)
     }
 
     /// Gives `run_id`'s lease up, whoever holds it (the caller checked the fence).
