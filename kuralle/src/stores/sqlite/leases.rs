@@ -36,15 +36,23 @@ pub(super) fn stored_token(run_id: &str, fence: u64) -> Result<i64, StoreError> 
 pub(super) const FENCE: &str = "SELECT 1 FROM leases WHERE run_id = ?1 AND token = ?2 AND released = 0";
 
 /// Rejects a write unless the run's lease is unreleased and its token is `fence`; runs in the
-/// write's own transaction, so the check and the write commit together.
+/// write's own transaction, so the check and the write commit together. Reads nothing when
+/// the writer knows the lease holds (see `known.rs`).
 pub(super) fn check_fence(conn: &Db<'_>, errors: Mapper, run_id: &str, fence: u64) -> Result<(), StoreError> {
     let fenced = || StoreError::Fenced { run_id: run_id.to_owned(), token: fence };
     let token = stored_token(run_id, fence)?;
+    if conn.known().is_some_and(|known| known.holds(run_id, token)) {
+        return Ok(());
+    }
     let current = conn
         .prepared(FENCE)
         .and_then(|mut stmt| stmt.query_row(params![run_id, token], |_| Ok(())).optional())
         .map_err(|e| errors.map(e))?;
-    current.ok_or_else(fenced)
+    current.ok_or_else(fenced)?;
+    if let Some(known) = conn.known() {
+        known.fence_held(run_id, token);
+    }
+    Ok(())
 }
 
 /// One write: take the lease iff there is none, or it is released or expired by the
@@ -82,6 +90,9 @@ pub(super) fn acquire(
     let (holder, token, expires_at_ms) =
         row.ok_or_else(|| StoreError::Corrupt(format!("lease of run `{run_id}` vanished").into()))?;
     if granted == 1 {
+        if let Some(known) = conn.known() {
+            known.fence_held(run_id, token);
+        }
         return Ok(Lease {
             run_id: run_id.to_owned(),
             owner: holder,
@@ -136,6 +147,9 @@ pub(super) fn release(conn: &Db<'_>, errors: Mapper, run_id: &str, fence: u64) -
     let token = stored_token(run_id, fence)?;
     let released =
         conn.prepared(RELEASE).and_then(|mut stmt| stmt.execute(params![run_id, token])).map_err(|e| errors.map(e))?;
+    if let Some(known) = conn.known() {
+        known.forget(run_id);
+    }
     if released == 1 { Ok(()) } else { Err(StoreError::Fenced { run_id: run_id.to_owned(), token: fence }) }
 }
 
@@ -166,6 +180,9 @@ pub(super) fn take_back(conn: &Db<'_>, errors: Mapper, prefix: &str) -> Result<V
         )
         .and_then(|mut stmt| stmt.query_map([prefix], |row| row.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>())
         .map_err(|e| errors.map(e))?;
+    if let Some(known) = conn.known() {
+        known.forget_all();
+    }
     taken.sort();
     Ok(taken)
 }

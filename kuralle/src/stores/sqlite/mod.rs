@@ -8,7 +8,8 @@
 //! - `runs.rs`, `steps.rs`, `leases.rs`: the SQL of the `RunStore` contract, one file per
 //!   table, including the fence check that runs in each write's own transaction.
 //! - `prepared.rs`: the connection those run on, which on the writer keeps the hot statements
-//!   prepared.
+//!   prepared; `known.rs`: what the writer knows of a run between its writes (its lease's
+//!   token, its next ordinal) while no other connection commits.
 //! - `schema.rs`: the schema, its migrations, and the write connection's pragmas.
 //! - `codec.rs`: rows ↔ records; `errors.rs`: SQLite errors → typed store errors.
 //! - Here: the store handle, its options, and the pool of read-only connections (WAL readers
@@ -18,6 +19,7 @@ mod checkpoint;
 mod codec;
 mod errors;
 mod instance;
+mod known;
 mod leases;
 mod prepared;
 mod runs;
@@ -56,8 +58,10 @@ const KEPT: &[&str] = &[
     steps::INSERT_STEP,
     steps::KEY_TAKEN,
     steps::FINISH_STEP,
+    steps::FINISH_KNOWN_STEP,
     runs::INSERT_RUN,
     runs::UPDATE_RUN,
+    runs::UPDATE_KNOWN_RUN,
     runs::GET_RUN,
     leases::FENCE,
     leases::ACQUIRE,
@@ -65,6 +69,7 @@ const KEPT: &[&str] = &[
     leases::RENEW,
     leases::RELEASE,
     writer::BEGIN,
+    writer::DATA_VERSION,
     writer::COMMIT,
 ];
 
@@ -496,12 +501,12 @@ impl RunStore for SqliteStore {
             let (prepared, epoch) = (prepared.as_ref().map_err(Clone::clone)?, *epoch.as_ref().map_err(Clone::clone)?);
             let outcome = outcome.as_ref().map_err(Clone::clone)?;
             let version = runs::update_run(conn, errors, run, fence, prepared)?;
-            let ordinal = steps::next_ordinal(conn, errors, &run.run_id, fence)?;
+            let at = steps::next_ordinal(conn, errors, &run.run_id, fence)?;
             steps::insert(
                 conn,
                 errors,
                 &run.run_id,
-                ordinal,
+                at,
                 std::slice::from_ref(step),
                 &[epoch],
                 Some((outcome, finished_at_ms)),
@@ -570,8 +575,8 @@ impl RunStore for SqliteStore {
         let data = (run_id, steps, epochs, prepared);
         Box::pin(self.write(Writes::Direct, data, move |conn, (run_id, steps, epochs, prepared)| {
             let (epochs, outcome) = (epochs.as_ref().map_err(Clone::clone)?, prepared.as_ref().map_err(Clone::clone)?);
-            let first = steps::next_ordinal(conn, errors, run_id, fence)?;
-            steps::insert(conn, errors, run_id, first, steps, epochs, Some((outcome, finished_at_ms)))
+            let at = steps::next_ordinal(conn, errors, run_id, fence)?;
+            steps::insert(conn, errors, run_id, at, steps, epochs, Some((outcome, finished_at_ms)))
         }))
     }
 
@@ -636,6 +641,12 @@ impl RunStore for SqliteStore {
                     let prepared = prepared.as_ref().map_err(Clone::clone)?;
                     let lease = leases::acquire(conn, errors, &new.run_id, owner, ttl_ms(ttl))?;
                     if runs::insert_row(conn, errors, new, prepared)? {
+                        // A run's steps are deleted with it, so a run just inserted has none:
+                        // its first append needs no read.
+                        if let (Some(known), Ok(token)) = (conn.known(), leases::stored_token(&new.run_id, lease.token))
+                        {
+                            known.appended(&new.run_id, token, 0);
+                        }
                         return Ok((lease, Ok(None)));
                     }
                     Ok((lease, read_under_new_lease(conn, errors, &new.run_id)?))
@@ -1024,6 +1035,69 @@ mod tests {
             let fenced = StoreError::Fenced { run_id: "r".into(), token: lease.token };
             assert_eq!(store.release_lease(&lease).await.unwrap_err(), fenced);
             assert_eq!(store.acquire_lease("r", "b", Duration::from_secs(60)).await.unwrap().token, lease.token + 1);
+        });
+    }
+
+    /// What the writer knows of a run (its lease holding, its next ordinal) is forgotten when
+    /// another connection commits: a second store on the same file cancels the run (which
+    /// releases its lease), and the first store's writes under the lease it knew are fenced;
+    /// the same store deletes a run, and the first store's append finds it gone.
+    #[test]
+    fn another_connections_commit_makes_the_writer_read_again() {
+        let (dir, _) = checkpoint::wal_database("known");
+        let path = dir.0.join("kuralle.db");
+        let first = SqliteStore::open(&path).unwrap();
+        let second = SqliteStore::open(&path).unwrap();
+        futures::executor::block_on(async {
+            let lease = created(&first).await;
+            assert_eq!(first.append_steps("r", lease.token, vec![intent("a")]).await.unwrap(), [0]);
+            first.finish_step("r", lease.token, 0, finished(1), 3).await.unwrap();
+            let version = first.put_run(record("r"), lease.token).await.unwrap();
+            assert_eq!(first.append_steps("r", lease.token, vec![intent("b")]).await.unwrap(), [1]);
+
+            assert_eq!(second.cancel_run("r").await.unwrap(), Some(RunStatus::Running));
+            let fenced = StoreError::Fenced { run_id: "r".into(), token: lease.token };
+            assert_eq!(first.finish_step("r", lease.token, 1, finished(2), 4).await.unwrap_err(), fenced);
+            assert_eq!(first.append_steps("r", lease.token, vec![intent("c")]).await.unwrap_err(), fenced);
+            let mut next = record("r");
+            next.version = version;
+            assert_eq!(first.put_run(next, lease.token).await.unwrap_err(), fenced);
+            assert_eq!(first.steps("r").await.unwrap().len(), 2);
+
+            // A run of the first store, deleted by the second: its lease row stays unreleased.
+            let lease = first.acquire_lease("d", "me", Duration::from_secs(60)).await.unwrap();
+            first.create_run(record("d"), lease.token).await.unwrap();
+            assert_eq!(first.append_steps("d", lease.token, vec![intent("a")]).await.unwrap(), [0]);
+            assert!(second.delete_run("d").await.unwrap());
+            assert_eq!(
+                first.append_steps("d", lease.token, vec![intent("b")]).await.unwrap_err(),
+                StoreError::RunNotFound("d".into())
+            );
+            assert!(first.steps("d").await.unwrap().is_empty());
+        });
+    }
+
+    /// The writer forgets a run whose lease it changes other than by a journal write: a run it
+    /// cancels, and the leases of an instance it takes back.
+    #[test]
+    fn the_writer_forgets_a_run_it_cancels_or_takes_back() {
+        let store = SqliteStore::in_memory().unwrap();
+        futures::executor::block_on(async {
+            let lease = created(&store).await;
+            assert_eq!(store.append_steps("r", lease.token, vec![intent("a")]).await.unwrap(), [0]);
+            assert_eq!(store.cancel_run("r").await.unwrap(), Some(RunStatus::Running));
+            let fenced = StoreError::Fenced { run_id: "r".into(), token: lease.token };
+            assert_eq!(store.finish_step("r", lease.token, 0, finished(1), 3).await.unwrap_err(), fenced);
+            assert_eq!(store.append_steps("r", lease.token, vec![intent("b")]).await.unwrap_err(), fenced);
+
+            let lease = store.acquire_lease("t", "i/1", Duration::from_secs(60)).await.unwrap();
+            store.create_run(record("t"), lease.token).await.unwrap();
+            assert_eq!(store.append_steps("t", lease.token, vec![intent("a")]).await.unwrap(), [0]);
+            let instance = store.lock_instance("i").await.unwrap().expect("SQLite locks instances");
+            assert_eq!(instance.take_back().await.unwrap(), ["t"]);
+            let fenced = StoreError::Fenced { run_id: "t".into(), token: lease.token };
+            assert_eq!(store.append_steps("t", lease.token, vec![intent("b")]).await.unwrap_err(), fenced);
+            assert_eq!(store.steps("t").await.unwrap().len(), 1);
         });
     }
 

@@ -5,6 +5,8 @@ use std::ops::{Deref, DerefMut};
 
 use rusqlite::{CachedStatement, Connection, PrepFlags, Statement};
 
+use super::known::Known;
+
 /// A connection and the statements it keeps prepared: what every SQL function of the store
 /// runs on. It dereferences to the [`Connection`].
 ///
@@ -20,17 +22,26 @@ pub(super) struct Db<'c> {
     /// The SQL of the statements kept, and their slots (prepared at first use).
     hot: &'static [&'static str],
     slots: Box<[OnceCell<RefCell<Statement<'c>>>]>,
+    /// What the writer knows of the runs it writes (the writer's connection only).
+    known: Option<Known>,
 }
 
 impl<'c> Db<'c> {
     /// `conn`, with every statement from rusqlite's cache.
     pub(super) fn new(conn: &'c Connection) -> Self {
-        Self { conn, hot: &[], slots: Box::new([]) }
+        Self { conn, hot: &[], slots: Box::new([]), known: None }
     }
 
-    /// `conn`, keeping the statements of `hot` prepared for as long as this lives.
+    /// The writer's `conn`, keeping the statements of `hot` prepared, and what it learns of
+    /// the runs it writes, for as long as this lives.
     pub(super) fn keeping(conn: &'c Connection, hot: &'static [&'static str]) -> Self {
-        Self { conn, hot, slots: hot.iter().map(|_| OnceCell::new()).collect() }
+        let slots = hot.iter().map(|_| OnceCell::new()).collect();
+        Self { conn, hot, slots, known: Some(Known::default()) }
+    }
+
+    /// What the writer knows of the runs it writes; `None` on a read connection.
+    pub(super) fn known(&self) -> Option<&Known> {
+        self.known.as_ref()
     }
 
     /// The statement of `sql`, ready to bind: a kept one, or one from rusqlite's cache.

@@ -1,6 +1,7 @@
 //! The journal's SQL: reserving ordinals with intents, finishing steps, reading them back.
 //! Each write checks the run's fence in its own transaction: folded into its statement where
-//! it is one, read before the first change where it is several.
+//! it is one, read before the first change where it is several, and not read again while the
+//! writer knows it holds (`known.rs`).
 
 use rusqlite::params;
 
@@ -13,15 +14,27 @@ use crate::store::{NewStep, StepRecord, StoreError};
 use super::leases::{check_fence, fence_holds, stored_token};
 use super::runs::stored_version;
 
+/// Where a write appends: the run's next ordinal, read under a lease token the read found
+/// holding (so only [`next_ordinal`] makes one).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Next {
+    token: i64,
+    ordinal: i64,
+}
+
 /// Reads the run's next ordinal under lease `fence`: [`StoreError::Fenced`] (checked first, as
 /// for every write) or [`StoreError::RunNotFound`] instead. One statement, which only reads:
-/// the inserts that follow are the write.
-pub(super) fn next_ordinal(conn: &Db<'_>, errors: Mapper, run_id: &str, fence: u64) -> Result<i64, StoreError> {
+/// the inserts that follow are the write. The writer usually knows it from the run's last
+/// append (see `known.rs`), and then reads nothing.
+pub(super) fn next_ordinal(conn: &Db<'_>, errors: Mapper, run_id: &str, fence: u64) -> Result<Next, StoreError> {
+    let token = stored_token(run_id, fence)?;
+    if let Some(ordinal) = conn.known().and_then(|known| known.next_ordinal(run_id, token)) {
+        return Ok(Next { token, ordinal });
+    }
     // The next ordinal is read from the journal's primary key (one index probe) rather than
     // kept in the run's row: SQLite rewrites a whole row to update one column, so a counter
     // beside the run's state rewrote the state (a session's whole conversation) on every
     // append. The writer's transaction makes the read and the inserts one step.
-    let token = stored_token(run_id, fence)?;
     let (fence_holds, first): (bool, Option<i64>) = conn
         .prepared(NEXT_ORDINAL)
         .and_then(|mut stmt| stmt.query_row(params![run_id, token], |row| Ok((row.get(0)?, row.get(1)?))))
@@ -29,7 +42,8 @@ pub(super) fn next_ordinal(conn: &Db<'_>, errors: Mapper, run_id: &str, fence: u
     if !fence_holds {
         return Err(StoreError::Fenced { run_id: run_id.to_owned(), token: fence });
     }
-    first.ok_or_else(|| StoreError::RunNotFound(run_id.to_owned()))
+    let ordinal = first.ok_or_else(|| StoreError::RunNotFound(run_id.to_owned()))?;
+    Ok(Next { token, ordinal })
 }
 
 /// Whether the lease holds, and the run's next ordinal (`NULL` when the run does not exist).
@@ -44,7 +58,7 @@ pub(super) const NEXT_ORDINAL: &str = concat!(
     ", coalesce((SELECT max(ordinal) + 1 FROM steps WHERE run_id = ?1), (SELECT 0 FROM runs WHERE run_id = ?1))"
 );
 
-/// Inserts `steps` at the ordinals from `first` on, the first one finished with `outcome`
+/// Inserts `steps` at the ordinals from `at` on, the first one finished with `outcome`
 /// when there is one (a response journaled with its calls' intents); returns the ordinals.
 /// Past one step, the keys are checked by reads before the first insert, so that a duplicate
 /// key refuses the write before it changed a row (see `Writes::Direct`).
@@ -52,7 +66,7 @@ pub(super) fn insert(
     conn: &Db<'_>,
     errors: Mapper,
     run_id: &str,
-    first: i64,
+    at: Next,
     steps: &[NewStep],
     epochs: &[i64],
     outcome: Option<(&PreparedOutcome, i64)>,
@@ -62,7 +76,7 @@ pub(super) fn insert(
     }
     let mut insert = conn.prepared(INSERT_STEP).map_err(|e| errors.map(e))?;
     let mut ordinals = Vec::with_capacity(steps.len());
-    for (i, ((ordinal, step), epoch)) in (first..).zip(steps).zip(epochs).enumerate() {
+    for (i, ((ordinal, step), epoch)) in (at.ordinal..).zip(steps).zip(epochs).enumerate() {
         let (status, result, error, finished_at) = match outcome.filter(|_| i == 0) {
             None => ("running", None, None, None),
             Some(((status, result, error), finished_at)) => (
@@ -102,6 +116,9 @@ pub(super) fn insert(
             }
             Err(e) => return Err(errors.map(e)),
         }
+    }
+    if let Some(known) = conn.known() {
+        known.appended(run_id, at.token, at.ordinal + ordinals.len() as i64);
     }
     Ok(ordinals)
 }
@@ -144,15 +161,16 @@ pub(super) fn append(
     steps: &[NewStep],
     epochs: &[i64],
 ) -> Result<Vec<u64>, StoreError> {
-    let first = next_ordinal(conn, errors, run_id, fence)?;
-    insert(conn, errors, run_id, first, steps, epochs, None)
+    let at = next_ordinal(conn, errors, run_id, fence)?;
+    insert(conn, errors, run_id, at, steps, epochs, None)
 }
 
 /// A step outcome ready to write: `(status, result JSON, error JSON)`.
 pub(super) type PreparedOutcome = (&'static str, Option<JsonText>, Option<JsonText>);
 
 /// Finishes the `Running` step at `ordinal` under lease `fence`, in one statement that checks
-/// the fence too; only when it changed nothing do reads tell why.
+/// the fence too (unless the writer knows it holds); only when it changed nothing do reads
+/// tell why.
 pub(super) fn finish(
     conn: &Db<'_>,
     errors: Mapper,
@@ -164,15 +182,19 @@ pub(super) fn finish(
 ) -> Result<(), StoreError> {
     let (result, error) = (result.as_ref().map(JsonText::as_str), error.as_ref().map(JsonText::as_str));
     let token = stored_token(run_id, fence)?;
+    let known = conn.known().filter(|known| known.holds(run_id, token));
     // An ordinal beyond SQLite's integers names no step.
     let stored_ordinal = i64::try_from(ordinal).unwrap_or(-1);
     let updated = conn
-        .prepared(FINISH_STEP)
+        .prepared(if known.is_some() { FINISH_KNOWN_STEP } else { FINISH_STEP })
         .and_then(|mut stmt| {
             stmt.execute(params![run_id, token, status, result, error, finished_at_ms, stored_ordinal])
         })
         .map_err(|e| errors.map(e))?;
     if updated == 1 {
+        if let Some(known) = conn.known() {
+            known.fence_held(run_id, token);
+        }
         return Ok(());
     }
     check_fence(conn, errors, run_id, fence)?;
@@ -182,12 +204,20 @@ pub(super) fn finish(
     }
 }
 
+/// The condition on the step that [`FINISH_STEP`] and [`FINISH_KNOWN_STEP`] update.
+macro_rules! finish_step {
+    () => {
+        "UPDATE steps SET status = ?3, result = ?4, error = ?5, finished_at = ?6
+         WHERE run_id = ?1 AND ordinal = ?7 AND status = 'running'"
+    };
+}
+
 /// Finishes a running step iff the lease `?2` of run `?1` holds.
-pub(super) const FINISH_STEP: &str = concat!(
-    "UPDATE steps SET status = ?3, result = ?4, error = ?5, finished_at = ?6
-     WHERE run_id = ?1 AND ordinal = ?7 AND status = 'running' AND ",
-    fence_holds!(2)
-);
+pub(super) const FINISH_STEP: &str = concat!(finish_step!(), " AND ", fence_holds!(2));
+
+/// Finishes a running step of a run whose lease `?2` the writer knows to hold (`?2` is bound
+/// and unused, so both statements take the same parameters).
+pub(super) const FINISH_KNOWN_STEP: &str = finish_step!();
 
 pub(super) fn steps(conn: &Db<'_>, errors: Mapper, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
     let mut stmt = conn

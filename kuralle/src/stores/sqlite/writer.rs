@@ -137,6 +137,8 @@ pub(super) fn writer_loop(
 
 /// Opens a batch's transaction, taking the write lock at once.
 pub(super) const BEGIN: &str = "BEGIN IMMEDIATE";
+/// Changes iff another connection committed since this one last read it (`known.rs`).
+pub(super) const DATA_VERSION: &str = "PRAGMA data_version";
 /// Ends a batch's transaction; the writer replies to its writes after it returns.
 pub(super) const COMMIT: &str = "COMMIT";
 
@@ -152,6 +154,11 @@ fn commit_batch(conn: &Db<'_>, batch: &mut Vec<Box<dyn Job>>, errors: Mapper, co
                 job.reply(Err(e.clone()));
             }
             return;
+        }
+        if let Some(known) = conn.known() {
+            // Read holding the write lock: no other connection can commit until this batch has.
+            let version = conn.prepared(DATA_VERSION).and_then(|mut stmt| stmt.query_row([], |row| row.get(0)));
+            known.begin(version.ok());
         }
         let mut done: Vec<(Box<dyn Job>, Result<(), StoreError>)> = Vec::new();
         let mut aborted = None;
@@ -182,6 +189,9 @@ fn commit_batch(conn: &Db<'_>, batch: &mut Vec<Box<dyn Job>>, errors: Mapper, co
             }
             next = jobs.next();
         }
+        if aborted.is_some() {
+            forget_all(conn);
+        }
         let failed = match aborted {
             Some(e) => Some(e),
             None => match exec(conn, COMMIT) {
@@ -193,6 +203,7 @@ fn commit_batch(conn: &Db<'_>, batch: &mut Vec<Box<dyn Job>>, errors: Mapper, co
                     if !conn.is_autocommit() {
                         let _ = conn.execute_batch("ROLLBACK");
                     }
+                    forget_all(conn);
                     Some(errors.map(e))
                 }
             },
@@ -210,11 +221,21 @@ fn commit_batch(conn: &Db<'_>, batch: &mut Vec<Box<dyn Job>>, errors: Mapper, co
 fn run_in_savepoint(conn: &Db<'_>, job: &mut dyn Job, errors: Mapper) -> Result<(), StoreError> {
     exec(conn, "SAVEPOINT op").map_err(|e| errors.map(e))?;
     let result = job.run(conn).and_then(|()| exec(conn, "RELEASE op").map_err(|e| errors.map(e)));
-    if result.is_err() && !conn.is_autocommit() {
-        let _ = exec(conn, "ROLLBACK TO op");
-        let _ = exec(conn, "RELEASE op");
+    if result.is_err() {
+        if !conn.is_autocommit() {
+            let _ = exec(conn, "ROLLBACK TO op");
+            let _ = exec(conn, "RELEASE op");
+        }
+        forget_all(conn);
     }
     result
+}
+
+/// What the writer learned in a transaction or savepoint that was rolled back may be undone.
+fn forget_all(conn: &Db<'_>) {
+    if let Some(known) = conn.known() {
+        known.forget_all();
+    }
 }
 
 fn exec(conn: &Db<'_>, sql: &str) -> rusqlite::Result<()> {
@@ -282,6 +303,84 @@ mod tests {
         assert_eq!(commits.load(Ordering::Relaxed), 1);
         assert!(conn.is_autocommit());
         assert_eq!(super::super::column::<i64>(&conn, "SELECT n FROM t ORDER BY n"), [3, 5]);
+    }
+
+    type Append = fn(&Db<'_>) -> Result<Vec<u64>, StoreError>;
+    type AppendReply =
+        oneshot::Receiver<Box<FnJob<Vec<u64>, Append, fn(&Db<'_>, &Append) -> Result<Vec<u64>, StoreError>>>>;
+
+    /// A job given the writer's connection itself, with what it knows of the runs.
+    fn known_job(writes: Writes, append: Append) -> (Box<dyn Job>, AppendReply) {
+        let (reply, receiver) = oneshot::channel();
+        let f: fn(&Db<'_>, &Append) -> Result<Vec<u64>, StoreError> = |conn, append| append(conn);
+        (Box::new(FnJob { writes, data: append, f, out: None, reply: Some(reply) }), receiver)
+    }
+
+    /// An append to run `r` under its lease, token 1.
+    fn append_to_r(conn: &Db<'_>) -> Result<Vec<u64>, StoreError> {
+        let errors = Mapper { busy_timeout: Duration::from_secs(1), max_size_bytes: None };
+        let step = crate::store::NewStep {
+            key: format!("k{}", conn.total_changes()),
+            kind: crate::store::StepKind::Tool,
+            name: "t".into(),
+            epoch: 0,
+            started_at_ms: 0,
+        };
+        super::super::steps::append(conn, errors, "r", 1, &[step], &[0])
+    }
+
+    /// A transaction or savepoint rolled back takes what the writer learned in it along: an
+    /// append whose insert was undone must not leave its ordinal known as taken, or the next
+    /// append would leave a gap in the journal. Three ways to be undone: another write of the
+    /// batch failing halfway, the write's own savepoint, and a commit that failed (a deferred
+    /// foreign key, checked only at `COMMIT`).
+    #[test]
+    fn a_rolled_back_write_forgets_what_the_writer_learned_in_it() {
+        let conn = Connection::open_in_memory().unwrap();
+        let errors = Mapper { busy_timeout: Duration::from_secs(1), max_size_bytes: None };
+        super::super::schema::configure_writer(&conn, &super::super::SqliteOptions::default(), errors, None).unwrap();
+        conn.execute_batch(
+            "INSERT INTO runs (run_id, agent_id, status, epoch, version, state, created_at, updated_at)
+             VALUES ('r', 'a', 'running', 0, 0, '{}', 0, 0);
+             INSERT INTO leases (run_id, owner, token, expires_at, released) VALUES ('r', 'me', 1, 0, 0);
+             CREATE TABLE parent (id INTEGER PRIMARY KEY);
+             CREATE TABLE child (p INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED);
+             PRAGMA foreign_keys = ON;",
+        )
+        .unwrap();
+        let commits = AtomicU64::new(0);
+        let db = Db::keeping(&conn, &[BEGIN, DATA_VERSION, COMMIT]);
+        let settle = |jobs: Vec<(Box<dyn Job>, AppendReply)>| -> Vec<Result<Vec<u64>, StoreError>> {
+            let (mut jobs, replies): (Vec<_>, Vec<_>) = jobs.into_iter().unzip();
+            commit_batch(&db, &mut jobs, errors, &commits);
+            replies.into_iter().map(|reply| reply.blocking_recv().unwrap().settled()).collect()
+        };
+
+        let undone = settle(vec![
+            known_job(Writes::Direct, append_to_r),
+            known_job(Writes::Direct, |conn| {
+                append_to_r(conn)?;
+                Err(StoreError::Unavailable("failed after its insert".into()))
+            }),
+        ]);
+        assert!(undone.iter().all(Result::is_err), "rolled back with the batch: {undone:?}");
+        assert_eq!(settle(vec![known_job(Writes::Direct, append_to_r)]).remove(0).unwrap(), [0]);
+
+        let undone = settle(vec![known_job(Writes::InSavepoint, |conn| {
+            append_to_r(conn)?;
+            Err(StoreError::Unavailable("failed after its insert".into()))
+        })]);
+        assert!(undone[0].is_err());
+        assert_eq!(settle(vec![known_job(Writes::Direct, append_to_r)]).remove(0).unwrap(), [1]);
+
+        let undone = settle(vec![known_job(Writes::Direct, |conn| {
+            let ordinals = append_to_r(conn)?;
+            conn.execute("INSERT INTO child (p) VALUES (7)", []).unwrap();
+            Ok(ordinals)
+        })]);
+        assert!(undone[0].is_err(), "the commit failed");
+        assert_eq!(settle(vec![known_job(Writes::Direct, append_to_r)]).remove(0).unwrap(), [2]);
+        assert_eq!(super::super::column::<i64>(&conn, "SELECT ordinal FROM steps"), [0, 1, 2]);
     }
 
     /// Writes queued faster than they commit keep the writer inside a transaction, so only its

@@ -1,0 +1,151 @@
+//! What the writer knows of the runs it writes, kept between its transactions: the lease token
+//! a write of this connection found holding, and the run's next ordinal.
+//!
+//! Every journal write checks its run's fence, and every append reads the journal's last
+//! ordinal: two B-tree descents by the run's text id, which at 1,000 runs in flight were about
+//! a seventh of the writer thread's instructions. Between two of its own writes of a run, only
+//! two things can change either: the writer itself (taking, releasing or taking back a lease,
+//! cancelling or deleting a run), which forgets what it knew of that run; and another
+//! connection's commit (a second process, the operator's CLI), which SQLite's `PRAGMA
+//! data_version` reveals. The writer reads it after `BEGIN IMMEDIATE`, holding the write lock,
+//! so no commit can come between that read and the batch's writes; a changed value, or any
+//! transaction or savepoint rolled back, forgets everything.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+/// Runs remembered at most; past it the writer forgets them all and learns again. Each entry
+/// is about a hundred bytes, and an entry lives from a run's first write to its release.
+const MAX_RUNS: usize = 1 << 16;
+
+/// What the writer knows; see the module's documentation.
+#[derive(Default)]
+pub(super) struct Known {
+    runs: RefCell<HashMap<Box<str>, Run>>,
+    /// `PRAGMA data_version` at the last transaction's start: `None` when unread.
+    data_version: Cell<Option<i64>>,
+}
+
+#[derive(Clone, Copy)]
+struct Run {
+    /// The token of the run's lease, which a write in a committed or current transaction of
+    /// this connection found unreleased.
+    token: i64,
+    /// The journal's next ordinal, when a write under `token` learned it.
+    next_ordinal: Option<i64>,
+}
+
+impl Known {
+    /// A transaction began and `PRAGMA data_version` is `version` (`None`: it could not be
+    /// read): everything known is forgotten if another connection committed since the last.
+    pub(super) fn begin(&self, version: Option<i64>) {
+        if version.is_none() || version != self.data_version.get() {
+            self.forget_all();
+        }
+        self.data_version.set(version);
+    }
+
+    /// Whether the lease of `run_id` is known to be unreleased with `token`.
+    pub(super) fn holds(&self, run_id: &str, token: i64) -> bool {
+        self.runs.borrow().get(run_id).is_some_and(|run| run.token == token)
+    }
+
+    /// The next ordinal of `run_id`'s journal, if known under lease `token`.
+    pub(super) fn next_ordinal(&self, run_id: &str, token: i64) -> Option<i64> {
+        self.runs.borrow().get(run_id).filter(|run| run.token == token).and_then(|run| run.next_ordinal)
+    }
+
+    /// A write of this transaction found the lease of `run_id` unreleased with `token`.
+    pub(super) fn fence_held(&self, run_id: &str, token: i64) {
+        let mut runs = self.runs.borrow_mut();
+        match runs.get_mut(run_id) {
+            Some(run) if run.token == token => {}
+            Some(run) => *run = Run { token, next_ordinal: None },
+            None => {
+                insert(&mut runs, run_id, Run { token, next_ordinal: None });
+            }
+        }
+    }
+
+    /// A write under lease `token` left `run_id`'s journal with `next` as its next ordinal.
+    pub(super) fn appended(&self, run_id: &str, token: i64, next: i64) {
+        let mut runs = self.runs.borrow_mut();
+        let run = Run { token, next_ordinal: Some(next) };
+        match runs.get_mut(run_id) {
+            Some(known) => *known = run,
+            None => insert(&mut runs, run_id, run),
+        }
+    }
+
+    /// This connection changed `run_id`'s lease or journal other than by a journal write.
+    pub(super) fn forget(&self, run_id: &str) {
+        self.runs.borrow_mut().remove(run_id);
+    }
+
+    /// A transaction or savepoint was rolled back, or many leases changed at once.
+    pub(super) fn forget_all(&self) {
+        let mut runs = self.runs.borrow_mut();
+        runs.clear();
+        // Room for a run in flight each, but not a past peak's.
+        runs.shrink_to(MAX_RUNS / 16);
+    }
+
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.runs.borrow().len()
+    }
+}
+
+fn insert(runs: &mut HashMap<Box<str>, Run>, run_id: &str, run: Run) {
+    if runs.len() >= MAX_RUNS {
+        runs.clear();
+    }
+    runs.insert(run_id.into(), run);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_known_until_forgotten_or_another_connection_commits() {
+        let known = Known::default();
+        known.begin(Some(1));
+        known.fence_held("a", 3);
+        assert!(known.holds("a", 3));
+        assert!(!known.holds("a", 2), "another token is not known to hold");
+        assert_eq!(known.next_ordinal("a", 3), None, "the fence alone tells no ordinal");
+        known.appended("a", 3, 5);
+        assert_eq!(known.next_ordinal("a", 3), Some(5));
+        assert_eq!(known.next_ordinal("a", 4), None);
+        known.fence_held("a", 3);
+        assert_eq!(known.next_ordinal("a", 3), Some(5), "the same token keeps the ordinal");
+        known.fence_held("a", 4);
+        assert_eq!(known.next_ordinal("a", 4), None, "a new token forgets it");
+
+        known.begin(Some(1));
+        assert!(known.holds("a", 4), "no other connection committed");
+        known.begin(Some(2));
+        assert!(!known.holds("a", 4), "another connection committed");
+        known.fence_held("a", 4);
+        known.begin(None);
+        assert!(!known.holds("a", 4), "an unread version forgets too");
+        known.begin(None);
+
+        known.appended("b", 1, 0);
+        known.forget("b");
+        assert!(!known.holds("b", 1));
+    }
+
+    #[test]
+    fn past_its_bound_it_forgets_and_learns_again() {
+        let known = Known::default();
+        for i in 0..MAX_RUNS {
+            known.fence_held(&format!("run-{i}"), 1);
+        }
+        assert_eq!(known.len(), MAX_RUNS);
+        known.fence_held("one more", 1);
+        assert_eq!(known.len(), 1);
+        assert!(known.holds("one more", 1));
+    }
+}
