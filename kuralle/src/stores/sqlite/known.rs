@@ -9,13 +9,19 @@
 //! connection's commit (a second process, the operator's CLI), which SQLite's `PRAGMA
 //! data_version` reveals. The writer reads it after `BEGIN IMMEDIATE`, holding the write lock,
 //! so no commit can come between that read and the batch's writes; a changed value, or any
-//! transaction or savepoint rolled back, forgets everything.
+//! transaction or savepoint rolled back, forgets everything. So it pays in one process that
+//! writes the file alone; with several writing one file, each batch that follows another's
+//! commit reads as before.
+//!
+//! In debug builds, and so in every test, each read it saves is made anyway and must agree
+//! (`leases::known_to_hold`, `steps::next_ordinal`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
-/// Runs remembered at most; past it the writer forgets them all and learns again. Each entry
-/// is about a hundred bytes, and an entry lives from a run's first write to its release.
+/// Runs remembered at most; past it the writer forgets them all and learns again. An entry is
+/// its run id and about 50 bytes more; it lives from the run's first write to its release or
+/// cancellation, or, for a run whose lease lapsed unreleased, until everything is forgotten.
 const MAX_RUNS: usize = 1 << 16;
 
 /// What the writer knows; see the module's documentation.
@@ -61,9 +67,7 @@ impl Known {
         match runs.get_mut(run_id) {
             Some(run) if run.token == token => {}
             Some(run) => *run = Run { token, next_ordinal: None },
-            None => {
-                insert(&mut runs, run_id, Run { token, next_ordinal: None });
-            }
+            None => insert(&mut runs, run_id, Run { token, next_ordinal: None }),
         }
     }
 
@@ -82,7 +86,8 @@ impl Known {
         self.runs.borrow_mut().remove(run_id);
     }
 
-    /// A transaction or savepoint was rolled back, or many leases changed at once.
+    /// A transaction or savepoint was rolled back, many leases changed at once, or another
+    /// connection committed ([`begin`](Self::begin)).
     pub(super) fn forget_all(&self) {
         let mut runs = self.runs.borrow_mut();
         runs.clear();
@@ -130,7 +135,6 @@ mod tests {
         known.fence_held("a", 4);
         known.begin(None);
         assert!(!known.holds("a", 4), "an unread version forgets too");
-        known.begin(None);
 
         known.appended("b", 1, 0);
         known.forget("b");

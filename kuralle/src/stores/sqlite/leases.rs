@@ -5,6 +5,7 @@ use rusqlite::{OptionalExtension, params};
 
 use super::codec::to_u64;
 use super::errors::Mapper;
+use super::known::Known;
 use super::prepared::Db;
 use crate::store::{Lease, StoreError};
 
@@ -37,22 +38,37 @@ pub(super) const FENCE: &str = "SELECT 1 FROM leases WHERE run_id = ?1 AND token
 
 /// Rejects a write unless the run's lease is unreleased and its token is `fence`; runs in the
 /// write's own transaction, so the check and the write commit together. Reads nothing when
-/// the writer knows the lease holds (see `known.rs`).
+/// the writer knows the lease holds.
 pub(super) fn check_fence(conn: &Db<'_>, errors: Mapper, run_id: &str, fence: u64) -> Result<(), StoreError> {
     let fenced = || StoreError::Fenced { run_id: run_id.to_owned(), token: fence };
     let token = stored_token(run_id, fence)?;
-    if conn.known().is_some_and(|known| known.holds(run_id, token)) {
+    if known_to_hold(conn, run_id, token) {
         return Ok(());
     }
-    let current = conn
-        .prepared(FENCE)
-        .and_then(|mut stmt| stmt.query_row(params![run_id, token], |_| Ok(())).optional())
-        .map_err(|e| errors.map(e))?;
-    current.ok_or_else(fenced)?;
-    if let Some(known) = conn.known() {
-        known.fence_held(run_id, token);
-    }
+    read_fence(conn, run_id, token).map_err(|e| errors.map(e))?.then_some(()).ok_or_else(fenced)?;
+    conn.learn(|known| known.fence_held(run_id, token));
     Ok(())
+}
+
+/// Whether run `run_id`'s lease is unreleased with `token`, read.
+fn read_fence(conn: &Db<'_>, run_id: &str, token: i64) -> rusqlite::Result<bool> {
+    conn.prepared(FENCE)
+        .and_then(|mut stmt| stmt.query_row(params![run_id, token], |_| Ok(())).optional())
+        .map(|row| row.is_some())
+}
+
+/// Whether the writer knows run `run_id`'s lease to be unreleased with `token` (`known.rs`),
+/// so that a write may leave the fence unread. In debug builds, and so in every test, the
+/// lease is read anyway and must agree: the whole suite checks what the writer knows.
+pub(super) fn known_to_hold(conn: &Db<'_>, run_id: &str, token: i64) -> bool {
+    let known = conn.known().is_some_and(|known| known.holds(run_id, token));
+    if cfg!(debug_assertions) && known {
+        assert!(
+            !matches!(read_fence(conn, run_id, token), Ok(false)),
+            "the writer knew run `{run_id}`'s lease {token} to hold; the database says it does not"
+        );
+    }
+    known
 }
 
 /// One write: take the lease iff there is none, or it is released or expired by the
@@ -90,9 +106,7 @@ pub(super) fn acquire(
     let (holder, token, expires_at_ms) =
         row.ok_or_else(|| StoreError::Corrupt(format!("lease of run `{run_id}` vanished").into()))?;
     if granted == 1 {
-        if let Some(known) = conn.known() {
-            known.fence_held(run_id, token);
-        }
+        conn.learn(|known| known.fence_held(run_id, token));
         return Ok(Lease {
             run_id: run_id.to_owned(),
             owner: holder,
@@ -147,9 +161,7 @@ pub(super) fn release(conn: &Db<'_>, errors: Mapper, run_id: &str, fence: u64) -
     let token = stored_token(run_id, fence)?;
     let released =
         conn.prepared(RELEASE).and_then(|mut stmt| stmt.execute(params![run_id, token])).map_err(|e| errors.map(e))?;
-    if let Some(known) = conn.known() {
-        known.forget(run_id);
-    }
+    conn.learn(|known| known.forget(run_id));
     if released == 1 { Ok(()) } else { Err(StoreError::Fenced { run_id: run_id.to_owned(), token: fence }) }
 }
 
@@ -180,9 +192,7 @@ pub(super) fn take_back(conn: &Db<'_>, errors: Mapper, prefix: &str) -> Result<V
         )
         .and_then(|mut stmt| stmt.query_map([prefix], |row| row.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>())
         .map_err(|e| errors.map(e))?;
-    if let Some(known) = conn.known() {
-        known.forget_all();
-    }
+    conn.learn(Known::forget_all);
     taken.sort();
     Ok(taken)
 }

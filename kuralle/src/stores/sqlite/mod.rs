@@ -58,10 +58,10 @@ const KEPT: &[&str] = &[
     steps::INSERT_STEP,
     steps::KEY_TAKEN,
     steps::FINISH_STEP,
-    steps::FINISH_KNOWN_STEP,
+    steps::FINISH_STEP_KNOWN_FENCE,
     runs::INSERT_RUN,
     runs::UPDATE_RUN,
-    runs::UPDATE_KNOWN_RUN,
+    runs::UPDATE_RUN_KNOWN_FENCE,
     runs::GET_RUN,
     leases::FENCE,
     leases::ACQUIRE,
@@ -641,12 +641,7 @@ impl RunStore for SqliteStore {
                     let prepared = prepared.as_ref().map_err(Clone::clone)?;
                     let lease = leases::acquire(conn, errors, &new.run_id, owner, ttl_ms(ttl))?;
                     if runs::insert_row(conn, errors, new, prepared)? {
-                        // A run's steps are deleted with it, so a run just inserted has none:
-                        // its first append needs no read.
-                        if let (Some(known), Ok(token)) = (conn.known(), leases::stored_token(&new.run_id, lease.token))
-                        {
-                            known.appended(&new.run_id, token, 0);
-                        }
+                        steps::created(conn, &new.run_id, lease.token);
                         return Ok((lease, Ok(None)));
                     }
                     Ok((lease, read_under_new_lease(conn, errors, &new.run_id)?))
@@ -1098,6 +1093,22 @@ mod tests {
             let fenced = StoreError::Fenced { run_id: "t".into(), token: lease.token };
             assert_eq!(store.append_steps("t", lease.token, vec![intent("b")]).await.unwrap_err(), fenced);
             assert_eq!(store.steps("t").await.unwrap().len(), 1);
+        });
+    }
+
+    /// A run the writer has just created appends from ordinal 0 without reading its journal:
+    /// created by its lease request, or under a lease taken before.
+    #[test]
+    fn a_created_runs_first_append_is_ordinal_zero() {
+        let store = SqliteStore::in_memory().unwrap();
+        futures::executor::block_on(async {
+            let (lease, there) =
+                store.acquire_lease_and_create_run(record("n"), "me", Duration::from_secs(60)).await.unwrap();
+            assert_eq!(there, None);
+            assert_eq!(store.append_steps("n", lease.token, vec![intent("a")]).await.unwrap(), [0]);
+            let lease = created(&store).await;
+            assert_eq!(store.append_finished_with_intents("r", lease.token, response(&["b"])).await.unwrap(), [0, 1]);
+            assert_eq!(store.steps("r").await.unwrap().iter().map(|s| s.ordinal).collect::<Vec<_>>(), [0, 1]);
         });
     }
 

@@ -1,4 +1,5 @@
-//! A connection, and on the writer the statements of the hot writes, kept prepared.
+//! A connection, and on the writer the statements of the hot writes, kept prepared, and what
+//! the writer knows of the runs it writes (`known.rs`).
 
 use std::cell::{OnceCell, RefCell, RefMut};
 use std::ops::{Deref, DerefMut};
@@ -42,6 +43,13 @@ impl<'c> Db<'c> {
     /// What the writer knows of the runs it writes; `None` on a read connection.
     pub(super) fn known(&self) -> Option<&Known> {
         self.known.as_ref()
+    }
+
+    /// Tells the writer what a write changed (nothing on a read connection).
+    pub(super) fn learn(&self, f: impl FnOnce(&Known)) {
+        if let Some(known) = &self.known {
+            f(known);
+        }
     }
 
     /// The statement of `sql`, ready to bind: a kept one, or one from rusqlite's cache.

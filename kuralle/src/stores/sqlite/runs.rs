@@ -4,8 +4,9 @@ use rusqlite::{OptionalExtension, params};
 
 use super::codec::{parse_run_status, to_u64};
 use super::errors::Mapper;
-use super::leases::{self, check_fence, fence_holds, stored_token};
+use super::leases::{self, check_fence, fence_holds, known_to_hold, stored_token};
 use super::prepared::Db;
+use super::steps;
 use crate::store::{RunFilter, RunRecord, RunStatus, RunSummary, StoreError};
 
 /// The run's stored version, `None` when the run does not exist.
@@ -34,6 +35,7 @@ pub(super) fn insert_run(
     if !insert_row(conn, errors, run, prepared)? {
         return Err(StoreError::RunExists(run.run_id.clone()));
     }
+    steps::created(conn, &run.run_id, fence);
     Ok(())
 }
 
@@ -81,9 +83,9 @@ pub(super) fn update_run(
     let next = version
         .checked_add(1)
         .ok_or_else(|| StoreError::LimitExceeded(format!("run `{}` version overflow", run.run_id).into()))?;
-    let known = conn.known().filter(|known| known.holds(&run.run_id, token));
+    let fence_known = known_to_hold(conn, &run.run_id, token);
     let updated = conn
-        .prepared(if known.is_some() { UPDATE_KNOWN_RUN } else { UPDATE_RUN })
+        .prepared(if fence_known { UPDATE_RUN_KNOWN_FENCE } else { UPDATE_RUN })
         .and_then(|mut stmt| {
             stmt.execute(params![
                 run.run_id,
@@ -99,9 +101,7 @@ pub(super) fn update_run(
         })
         .map_err(|e| errors.map(e))?;
     if updated == 1 {
-        if let Some(known) = conn.known() {
-            known.fence_held(&run.run_id, token);
-        }
+        conn.learn(|known| known.fence_held(&run.run_id, token));
         return to_u64("runs.version", next);
     }
     check_fence(conn, errors, &run.run_id, fence)?;
@@ -111,8 +111,8 @@ pub(super) fn update_run(
     }
 }
 
-/// The compare-and-swap of [`UPDATE_RUN`] and [`UPDATE_KNOWN_RUN`].
-macro_rules! update_run {
+/// The compare-and-swap of [`UPDATE_RUN`] and [`UPDATE_RUN_KNOWN_FENCE`], without the fence.
+macro_rules! update_run_sql {
     () => {
         "UPDATE runs SET agent_id = ?3, status = ?4, epoch = ?5, version = ?6, state = ?7, updated_at = ?8
          WHERE run_id = ?1 AND version = ?9"
@@ -120,11 +120,11 @@ macro_rules! update_run {
 }
 
 /// Replaces run `?1`'s row iff its version is `?9` and its lease `?2` holds.
-pub(super) const UPDATE_RUN: &str = concat!(update_run!(), " AND ", fence_holds!(2));
+pub(super) const UPDATE_RUN: &str = concat!(update_run_sql!(), " AND ", fence_holds!(2));
 
 /// Replaces run `?1`'s row iff its version is `?9`, its lease `?2` known to hold by the writer
 /// (`?2` is bound and unused, so both statements take the same parameters).
-pub(super) const UPDATE_KNOWN_RUN: &str = update_run!();
+pub(super) const UPDATE_RUN_KNOWN_FENCE: &str = update_run_sql!();
 
 /// [`RunStore::put_run_and_release`](crate::RunStore::put_run_and_release): the run written
 /// as by [`update_run`], then its lease released. A refused run write changed nothing and
@@ -215,9 +215,7 @@ pub(super) fn delete_run(conn: &Db<'_>, errors: Mapper, run_id: &str) -> Result<
         .and_then(|_| conn.prepared("DELETE FROM runs WHERE run_id = ?1"))
         .and_then(|mut stmt| stmt.execute([run_id]))
         .map_err(|e| errors.map(e))?;
-    if let Some(known) = conn.known() {
-        known.forget(run_id);
-    }
+    conn.learn(|known| known.forget(run_id));
     Ok(deleted > 0)
 }
 
@@ -238,8 +236,6 @@ pub(super) fn cancel_run(conn: &Db<'_>, errors: Mapper, run_id: &str) -> Result<
         .and_then(|_| conn.prepared("UPDATE leases SET released = 1 WHERE run_id = ?1 AND released = 0"))
         .and_then(|mut stmt| stmt.execute([run_id]))
         .map_err(|e| errors.map(e))?;
-    if let Some(known) = conn.known() {
-        known.forget(run_id);
-    }
+    conn.learn(|known| known.forget(run_id));
     Ok(Some(before))
 }

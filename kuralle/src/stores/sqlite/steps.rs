@@ -11,7 +11,7 @@ use super::prepared::Db;
 use crate::json::JsonText;
 use crate::store::{NewStep, StepRecord, StoreError};
 
-use super::leases::{check_fence, fence_holds, stored_token};
+use super::leases::{check_fence, fence_holds, known_to_hold, stored_token};
 use super::runs::stored_version;
 
 /// Where a write appends: the run's next ordinal, read under a lease token the read found
@@ -29,21 +29,39 @@ pub(super) struct Next {
 pub(super) fn next_ordinal(conn: &Db<'_>, errors: Mapper, run_id: &str, fence: u64) -> Result<Next, StoreError> {
     let token = stored_token(run_id, fence)?;
     if let Some(ordinal) = conn.known().and_then(|known| known.next_ordinal(run_id, token)) {
+        // As in `leases::known_to_hold`: every test checks what the writer knew.
+        if cfg!(debug_assertions)
+            && let Ok(read) = read_next(conn, run_id, token)
+        {
+            assert_eq!(read, (true, Some(ordinal)), "what the writer knew of run `{run_id}` under lease {token}");
+        }
         return Ok(Next { token, ordinal });
     }
-    // The next ordinal is read from the journal's primary key (one index probe) rather than
-    // kept in the run's row: SQLite rewrites a whole row to update one column, so a counter
-    // beside the run's state rewrote the state (a session's whole conversation) on every
-    // append. The writer's transaction makes the read and the inserts one step.
-    let (fence_holds, first): (bool, Option<i64>) = conn
-        .prepared(NEXT_ORDINAL)
-        .and_then(|mut stmt| stmt.query_row(params![run_id, token], |row| Ok((row.get(0)?, row.get(1)?))))
-        .map_err(|e| errors.map(e))?;
+    let (fence_holds, first) = read_next(conn, run_id, token).map_err(|e| errors.map(e))?;
     if !fence_holds {
         return Err(StoreError::Fenced { run_id: run_id.to_owned(), token: fence });
     }
     let ordinal = first.ok_or_else(|| StoreError::RunNotFound(run_id.to_owned()))?;
     Ok(Next { token, ordinal })
+}
+
+/// Whether lease `token` of run `run_id` holds, and the run's next ordinal (`None` when the run
+/// does not exist).
+fn read_next(conn: &Db<'_>, run_id: &str, token: i64) -> rusqlite::Result<(bool, Option<i64>)> {
+    // The next ordinal is read from the journal's primary key (one index probe) rather than
+    // kept in the run's row: SQLite rewrites a whole row to update one column, so a counter
+    // beside the run's state rewrote the state (a session's whole conversation) on every
+    // append. The writer's transaction makes the read and the inserts one step.
+    conn.prepared(NEXT_ORDINAL)
+        .and_then(|mut stmt| stmt.query_row(params![run_id, token], |row| Ok((row.get(0)?, row.get(1)?))))
+}
+
+/// A run whose row this transaction has just inserted under lease `fence` has an empty journal
+/// (a run's steps are deleted with it): the writer knows its first append's ordinal, 0.
+pub(super) fn created(conn: &Db<'_>, run_id: &str, fence: u64) {
+    if let Ok(token) = stored_token(run_id, fence) {
+        conn.learn(|known| known.appended(run_id, token, 0));
+    }
 }
 
 /// Whether the lease holds, and the run's next ordinal (`NULL` when the run does not exist).
@@ -117,9 +135,7 @@ pub(super) fn insert(
             Err(e) => return Err(errors.map(e)),
         }
     }
-    if let Some(known) = conn.known() {
-        known.appended(run_id, at.token, at.ordinal + ordinals.len() as i64);
-    }
+    conn.learn(|known| known.appended(run_id, at.token, at.ordinal + ordinals.len() as i64));
     Ok(ordinals)
 }
 
@@ -182,19 +198,17 @@ pub(super) fn finish(
 ) -> Result<(), StoreError> {
     let (result, error) = (result.as_ref().map(JsonText::as_str), error.as_ref().map(JsonText::as_str));
     let token = stored_token(run_id, fence)?;
-    let known = conn.known().filter(|known| known.holds(run_id, token));
+    let fence_known = known_to_hold(conn, run_id, token);
     // An ordinal beyond SQLite's integers names no step.
     let stored_ordinal = i64::try_from(ordinal).unwrap_or(-1);
     let updated = conn
-        .prepared(if known.is_some() { FINISH_KNOWN_STEP } else { FINISH_STEP })
+        .prepared(if fence_known { FINISH_STEP_KNOWN_FENCE } else { FINISH_STEP })
         .and_then(|mut stmt| {
             stmt.execute(params![run_id, token, status, result, error, finished_at_ms, stored_ordinal])
         })
         .map_err(|e| errors.map(e))?;
     if updated == 1 {
-        if let Some(known) = conn.known() {
-            known.fence_held(run_id, token);
-        }
+        conn.learn(|known| known.fence_held(run_id, token));
         return Ok(());
     }
     check_fence(conn, errors, run_id, fence)?;
@@ -204,8 +218,8 @@ pub(super) fn finish(
     }
 }
 
-/// The condition on the step that [`FINISH_STEP`] and [`FINISH_KNOWN_STEP`] update.
-macro_rules! finish_step {
+/// The update of [`FINISH_STEP`] and [`FINISH_STEP_KNOWN_FENCE`], without the fence.
+macro_rules! finish_step_sql {
     () => {
         "UPDATE steps SET status = ?3, result = ?4, error = ?5, finished_at = ?6
          WHERE run_id = ?1 AND ordinal = ?7 AND status = 'running'"
@@ -213,11 +227,11 @@ macro_rules! finish_step {
 }
 
 /// Finishes a running step iff the lease `?2` of run `?1` holds.
-pub(super) const FINISH_STEP: &str = concat!(finish_step!(), " AND ", fence_holds!(2));
+pub(super) const FINISH_STEP: &str = concat!(finish_step_sql!(), " AND ", fence_holds!(2));
 
 /// Finishes a running step of a run whose lease `?2` the writer knows to hold (`?2` is bound
 /// and unused, so both statements take the same parameters).
-pub(super) const FINISH_KNOWN_STEP: &str = finish_step!();
+pub(super) const FINISH_STEP_KNOWN_FENCE: &str = finish_step_sql!();
 
 pub(super) fn steps(conn: &Db<'_>, errors: Mapper, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
     let mut stmt = conn

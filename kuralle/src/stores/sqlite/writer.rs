@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 
 use super::checkpoint::Checkpointer;
 use super::errors::Mapper;
+use super::known::Known;
 use super::prepared::Db;
 use crate::store::StoreError;
 
@@ -137,7 +138,9 @@ pub(super) fn writer_loop(
 
 /// Opens a batch's transaction, taking the write lock at once.
 pub(super) const BEGIN: &str = "BEGIN IMMEDIATE";
-/// Changes iff another connection committed since this one last read it (`known.rs`).
+/// Changes when another connection committed since this one last read it (and on a few other
+/// occasions, such as another connection's truncating checkpoint, which only cost a re-read;
+/// `known.rs`).
 pub(super) const DATA_VERSION: &str = "PRAGMA data_version";
 /// Ends a batch's transaction; the writer replies to its writes after it returns.
 pub(super) const COMMIT: &str = "COMMIT";
@@ -233,9 +236,7 @@ fn run_in_savepoint(conn: &Db<'_>, job: &mut dyn Job, errors: Mapper) -> Result<
 
 /// What the writer learned in a transaction or savepoint that was rolled back may be undone.
 fn forget_all(conn: &Db<'_>) {
-    if let Some(known) = conn.known() {
-        known.forget_all();
-    }
+    conn.learn(Known::forget_all);
 }
 
 fn exec(conn: &Db<'_>, sql: &str) -> rusqlite::Result<()> {
