@@ -32,6 +32,7 @@ pub(super) struct Known {
     data_version: Cell<Option<i64>>,
 }
 
+/// What the writer knows of one run.
 #[derive(Clone, Copy)]
 struct Run {
     /// The token of the run's lease, which a write in a committed or current transaction of
@@ -112,6 +113,8 @@ fn insert(runs: &mut HashMap<Box<str>, Run>, run_id: &str, run: Run) {
 mod tests {
     use super::*;
 
+    /// A token is known under itself only, an ordinal under its token only, and both until
+    /// forgotten or until `data_version` changes or cannot be read.
     #[test]
     fn a_token_is_known_until_forgotten_or_another_connection_commits() {
         let known = Known::default();
@@ -141,6 +144,7 @@ mod tests {
         assert!(!known.holds("b", 1));
     }
 
+    /// The map never holds more than `MAX_RUNS` runs: the one past it starts it afresh.
     #[test]
     fn past_its_bound_it_forgets_and_learns_again() {
         let known = Known::default();
