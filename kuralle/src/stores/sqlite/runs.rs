@@ -101,7 +101,10 @@ pub(super) fn update_run(
         })
         .map_err(|e| errors.map(e))?;
     if updated == 1 {
-        conn.learn(|known| known.fence_held(&run.run_id, token));
+        // The statement checked the fence: the writer knows it now (if it did not already).
+        if !fence_known {
+            conn.learn(|known| known.fence_held(&run.run_id, token));
+        }
         return to_u64("runs.version", next);
     }
     check_fence(conn, errors, &run.run_id, fence)?;

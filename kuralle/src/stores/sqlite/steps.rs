@@ -208,7 +208,10 @@ pub(super) fn finish(
         })
         .map_err(|e| errors.map(e))?;
     if updated == 1 {
-        conn.learn(|known| known.fence_held(run_id, token));
+        // The statement checked the fence: the writer knows it now (if it did not already).
+        if !fence_known {
+            conn.learn(|known| known.fence_held(run_id, token));
+        }
         return Ok(());
     }
     check_fence(conn, errors, run_id, fence)?;
