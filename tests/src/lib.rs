@@ -256,6 +256,7 @@ pub struct FlakyStore {
     lose_appends: Arc<AtomicUsize>,
     lose_closes: Arc<AtomicUsize>,
     before_create: Arc<std::sync::Mutex<Option<CreateHook>>>,
+    finish_delay: Arc<std::sync::Mutex<Duration>>,
 }
 
 /// What [`FlakyStore::after_next_list`] runs: it gets the wrapped store.
@@ -282,7 +283,14 @@ impl FlakyStore {
             lose_appends: Arc::default(),
             lose_closes: Arc::default(),
             before_create: Arc::default(),
+            finish_delay: Arc::default(),
         }
+    }
+
+    /// Makes every `finish_step` answer `delay` late (on Tokio's clock), a failure included: a
+    /// slow disk or a far server under an outcome's write.
+    pub fn delay_finish(&self, delay: Duration) {
+        *self.finish_delay.lock().unwrap() = delay;
     }
 
     /// Makes `renew_lease` fail (or succeed again): the store is unreachable from this
@@ -450,10 +458,22 @@ impl kuralle::RunStore for FlakyStore {
         finished_at_ms: i64,
     ) -> kuralle::StoreFuture<'a, ()> {
         let n = self.finishes.fetch_add(1, Ordering::SeqCst);
-        if self.fail_finish.load(Ordering::SeqCst) || n >= self.fail_from.load(Ordering::SeqCst) {
-            return outage();
+        let fail = self.fail_finish.load(Ordering::SeqCst) || n >= self.fail_from.load(Ordering::SeqCst);
+        let delay = *self.finish_delay.lock().unwrap();
+        if delay.is_zero() {
+            return if fail {
+                outage()
+            } else {
+                self.inner.finish_step(run_id, fence, ordinal, outcome, finished_at_ms)
+            };
         }
-        self.inner.finish_step(run_id, fence, ordinal, outcome, finished_at_ms)
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            if fail {
+                return outage().await;
+            }
+            self.inner.finish_step(run_id, fence, ordinal, outcome, finished_at_ms).await
+        })
     }
     fn steps<'a>(&'a self, run_id: &'a str) -> kuralle::StoreFuture<'a, Vec<kuralle::StepRecord>> {
         self.inner.steps(run_id)

@@ -287,17 +287,15 @@ async fn durable_now_and_uuid_replay_their_first_values() {
     let turns = vec![Turn::tool_calls([("1", "stamp", "{}")]), Turn::text("ok")];
     flaky.fail_finish_from(3);
     let first = rt(agent.clone(), ScriptedModel::by_transcript(turns.clone()), Arc::new(flaky));
-    let (e1, out) = events_of(first.run(RunRequest::new("go").run_id("r"))).await;
+    let out = first.run(RunRequest::new("go").run_id("r")).await;
     assert!(out.is_err());
+    let steps = memory.steps("r").await.unwrap();
+    let stamp = steps.iter().find(|s| s.kind == StepKind::Tool).unwrap();
+    assert_eq!(stamp.status, StepStatus::Running, "the first attempt's result was not recorded");
     tokio::time::sleep(Duration::from_millis(5)).await;
     // The resumed run re-runs the stamp tool, whose `now` and `uuid` replay.
     let (e2, out) = events_of(rt(agent, ScriptedModel::by_transcript(turns), memory.clone()).resume("r")).await;
     out.unwrap();
-    let first_stamp = e1.iter().find_map(|e| match e {
-        Event::ToolResult { result, .. } => Some(result.clone()),
-        _ => None,
-    });
-    assert!(first_stamp.unwrap()["kind"] == "failed", "the first attempt's result was not recorded");
     let (again, is_error, replayed) = tool_results(&e2)[0].clone();
     assert!(!is_error && !replayed, "the stamp tool itself ran again");
     let recorded: Vec<Value> = memory
@@ -363,4 +361,147 @@ async fn journal_and_result_limits_are_typed_errors() {
     assert!(!err.is_retryable());
     let record = runtime.get_run("limited").await.unwrap().unwrap();
     assert_eq!(record.status, RunStatus::Failed, "resuming cannot fix a full journal");
+}
+
+/// A model that notes when it is asked, on Tokio's clock.
+struct Timed {
+    inner: ScriptedModel,
+    asked: Arc<Mutex<Vec<tokio::time::Instant>>>,
+}
+
+impl kuralle::Model for Timed {
+    fn name(&self) -> &str {
+        "timed"
+    }
+
+    fn stream(
+        &self,
+        request: kuralle::ModelRequest,
+    ) -> futures::stream::BoxStream<'static, Result<kuralle::ModelEvent, kuralle::ModelError>> {
+        self.asked.lock().unwrap().push(tokio::time::Instant::now());
+        self.inner.stream(request)
+    }
+}
+
+/// A runtime over `store` whose model notes when it is asked.
+fn timed_rt(
+    agent: AgentDef,
+    model: ScriptedModel,
+    store: FlakyStore,
+) -> (Runtime, Arc<Mutex<Vec<tokio::time::Instant>>>) {
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let model = Timed { inner: model, asked: Arc::clone(&asked) };
+    let runtime = Runtime::builder().agent(agent).model(model).store_arc(Arc::new(store)).build().unwrap();
+    (runtime, asked)
+}
+
+/// A tool that notes the idempotency key of each execution.
+fn keyed(name: &str, keys: &Arc<Mutex<Vec<String>>>) -> FnTool {
+    let keys = Arc::clone(keys);
+    FnTool::new(name, move |_, ctx| {
+        let keys = Arc::clone(&keys);
+        async move {
+            keys.lock().unwrap().push(ctx.idempotency_key().to_owned());
+            Ok(json!("ok"))
+        }
+    })
+}
+
+/// A call's outcome commits while the model is asked: the next request goes out without
+/// waiting for the commit, and the turn's next write (here its close) waits for it. Before,
+/// the request waited: each turn paid two commits in a row. (This wrapper journals a model
+/// response with its calls' intents as an append and a finish, so that write is slow too: times
+/// count from the call's execution.)
+#[tokio::test(start_paused = true)]
+async fn a_calls_outcome_commits_while_the_model_is_asked() {
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let flaky = FlakyStore::new(memory.clone());
+    flaky.delay_finish(Duration::from_secs(5));
+    let ran = Arc::new(Mutex::new(None));
+    let at = Arc::clone(&ran);
+    let charge = FnTool::new("charge", move |_, _| {
+        let at = Arc::clone(&at);
+        async move {
+            *at.lock().unwrap() = Some(tokio::time::Instant::now());
+            Ok(json!("ok"))
+        }
+    });
+    let (runtime, asked) =
+        timed_rt(AgentDef::new("pay", "x").tool(charge), ScriptedModel::by_transcript(script()), flaky);
+    let out = runtime.run(RunRequest::new("pay").run_id("r")).await.unwrap();
+    let ran = ran.lock().unwrap().expect("the call ran");
+    let ended = ran.elapsed();
+    let asked = asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 2);
+    assert_eq!(asked[1], ran, "asked again as the call ended, before its outcome committed");
+    assert!(ended >= Duration::from_secs(5), "the run ended after it committed: {ended:?}");
+    assert_eq!(out.status, RunStatus::Finished);
+    let steps = memory.steps("r").await.unwrap();
+    let journaled: Vec<_> = steps.iter().map(|s| (s.kind, s.status)).collect();
+    let finished = StepStatus::Finished;
+    assert_eq!(journaled, [(StepKind::Model, finished), (StepKind::Tool, finished), (StepKind::Model, finished)]);
+    assert!(memory.current_lease("r").await.unwrap().is_none(), "given up after the outcome landed");
+}
+
+/// An outcome whose write fails after the model was asked: the model's answer, which saw the
+/// outcome, is not journaled; the turn ends with the store's error, resumable, and the resumed
+/// turn runs the call again with the same key (at-least-once, as for a crash before the commit).
+#[tokio::test(start_paused = true)]
+async fn an_outcome_that_fails_after_the_model_was_asked_is_the_turns_error() {
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let flaky = FlakyStore::new(memory.clone());
+    flaky.delay_finish(Duration::from_secs(1));
+    flaky.fail_finish_from(1); // the model response records; the charge's outcome cannot
+    let keys = Arc::new(Mutex::new(Vec::new()));
+    let agent = AgentDef::new("pay", "x").tool(keyed("charge", &keys));
+    let (runtime, asked) = timed_rt(agent.clone(), ScriptedModel::by_transcript(script()), flaky.clone());
+    let err = runtime.run(RunRequest::new("pay").run_id("r")).await.unwrap_err();
+    assert!(matches!(err, RunError::Store(StoreError::Unavailable(_))), "{err:?}");
+    assert!(err.is_retryable());
+    assert_eq!(asked.lock().unwrap().len(), 2, "the model was asked while the outcome was in flight");
+    let steps = memory.steps("r").await.unwrap();
+    let journaled: Vec<_> = steps.iter().map(|s| (s.kind, s.status)).collect();
+    assert_eq!(journaled, [(StepKind::Model, StepStatus::Finished), (StepKind::Tool, StepStatus::Running)]);
+    assert_eq!(memory.get_run("r").await.unwrap().unwrap().status, RunStatus::Running);
+
+    flaky.fail_finish(false);
+    let (runtime, _) = timed_rt(agent, ScriptedModel::by_transcript(script()), flaky);
+    assert_eq!(runtime.resume("r").await.unwrap().status, RunStatus::Finished);
+    let keys = keys.lock().unwrap().clone();
+    assert_eq!(keys.len(), 2, "the call runs again");
+    assert_eq!(keys[0], keys[1], "with the same idempotency key");
+}
+
+/// A model outage while a call's outcome is failing to commit: the run reports the lost
+/// outcome, not the model.
+#[tokio::test(start_paused = true)]
+async fn a_lost_outcome_outranks_a_model_outage() {
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let flaky = FlakyStore::new(memory.clone());
+    flaky.delay_finish(Duration::from_secs(1));
+    flaky.fail_finish_from(1); // the model response records; the charge's outcome cannot
+    let count = Arc::new(AtomicUsize::new(0));
+    let agent = AgentDef::new("pay", "x").tool(counting("charge", &count));
+    let model = ScriptedModel::new([script()[0].clone(), Turn::error("connection reset")]);
+    let (runtime, _) = timed_rt(agent, model, flaky);
+    let err = runtime.run(RunRequest::new("pay").run_id("r")).await.unwrap_err();
+    assert!(matches!(err, RunError::Store(StoreError::Unavailable(_))), "{err:?}");
+}
+
+/// A turn that ends (here on a model outage) while a call's outcome is in flight gives its lease
+/// up only once the outcome committed: given up first, the write would be fenced and lost.
+#[tokio::test(start_paused = true)]
+async fn a_turn_keeps_its_lease_until_its_outcome_commits() {
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let flaky = FlakyStore::new(memory.clone());
+    flaky.delay_finish(Duration::from_secs(5));
+    let count = Arc::new(AtomicUsize::new(0));
+    let agent = AgentDef::new("pay", "x").tool(counting("charge", &count));
+    let model = ScriptedModel::new([script()[0].clone(), Turn::error("connection reset")]);
+    let (runtime, _) = timed_rt(agent, model, flaky);
+    let err = runtime.run(RunRequest::new("pay").run_id("r")).await.unwrap_err();
+    assert!(matches!(err, RunError::Model(_)), "{err:?}");
+    let steps = memory.steps("r").await.unwrap();
+    assert_eq!(steps.iter().find(|s| s.kind == StepKind::Tool).unwrap().status, StepStatus::Finished);
+    assert!(memory.current_lease("r").await.unwrap().is_none());
 }

@@ -11,6 +11,7 @@ use std::{
 
 use tokio_util::sync::CancellationToken;
 
+use super::in_flight::InFlight;
 use crate::{
     error::RunError,
     store::{Lease, StoreError},
@@ -39,6 +40,8 @@ pub(crate) struct Fence {
     /// How long a write that failed with a store outage may be tried again: as long as a
     /// renewed lease can stay proven held without a renewal (zero for a lease nobody renews).
     patience: Duration,
+    /// Outcomes sent and not yet answered: the run's next write waits for them.
+    in_flight: InFlight,
 }
 
 impl std::fmt::Debug for Fence {
@@ -64,7 +67,8 @@ impl Fence {
     pub(crate) fn renewed(lease: Lease, stop: CancellationToken, patience: Duration) -> Arc<Self> {
         let lost = AtomicBool::new(false);
         let (on_close, release_at_close, released) = (Mutex::new(None), AtomicBool::new(false), AtomicBool::new(false));
-        Arc::new(Self { lease, lost, on_close, release_at_close, released, stop, patience })
+        let in_flight = InFlight::default();
+        Arc::new(Self { lease, lost, on_close, release_at_close, released, stop, patience, in_flight })
     }
 
     /// Sets what a closing write asks before giving the lease up with the run's last write.
@@ -122,6 +126,17 @@ impl Fence {
             tracing::warn!(run_id = %self.lease.run_id, token = self.lease.token, "lost the run's lease; stopping this turn");
         }
         self.stop.cancel();
+    }
+
+    /// The turn's outcomes in flight (see [`in_flight`](super::in_flight)).
+    pub(crate) fn in_flight(&self) -> &InFlight {
+        &self.in_flight
+    }
+
+    /// Waits for the turn's outcomes in flight, as every write of the run does before it is
+    /// sent; the first that failed is the caller's error.
+    pub(crate) async fn written(&self) -> Result<(), StoreError> {
+        self.in_flight.settled().await
     }
 
     /// Notes a fenced store error; passes every result through.

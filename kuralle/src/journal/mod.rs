@@ -4,9 +4,11 @@
 //! `Journal` is a run's fenced step writer: it loads a run's steps once, answers replay
 //! lookups from memory, and writes intents (a whole batch in one append, so one commit) and
 //! outcomes, each through the run's one fenced writer (`RunWriter`), which the run loop
-//! also writes the run's row with.
+//! also writes the run's row with. An outcome is sent without waiting for its commit
+//! (`in_flight.rs`); every later write of the run waits for it.
 
 mod fence;
+mod in_flight;
 mod key;
 mod retry;
 mod writer;
@@ -283,7 +285,8 @@ impl Journal {
         Ok(())
     }
 
-    /// Writes a deferred finished step, if any, on its own.
+    /// Writes a deferred finished step, if any, on its own, and waits for the outcomes in
+    /// flight: after it, every step of the turn so far is journaled.
     pub(crate) async fn flush(&self) -> Result<(), RunError> {
         self.begin(&[]).await.map(drop)
     }
@@ -322,6 +325,9 @@ impl Journal {
     pub(crate) async fn begin(&self, intents: &[Intent<'_>]) -> Result<Vec<u64>, RunError> {
         let deferred = self.state().deferred.take();
         if intents.is_empty() && deferred.is_none() {
+            // Nothing to write, but what was sent must have committed: a flush promises the
+            // turn's steps are journaled.
+            self.fence.written().await?;
             return Ok(Vec::new());
         }
         let n = intents.len() as u64;
@@ -438,32 +444,13 @@ impl Journal {
         Ok(Some(ordinals))
     }
 
-    /// Writes a step's outcome. The outcome is in hand: the call ran. Losing it would run the
-    /// call again on resume, so a store outage does not end the turn at once: the write is
-    /// tried again, with backoff, for as long as one renewal proves the lease held (the
-    /// renewals lose the fence sooner if the lease lapses). An outage longer than that ends
-    /// the turn, resumable, as before.
-    async fn write_outcome(&self, ordinal: u64, outcome: StepOutcome, at: i64) -> Result<(), RunError> {
-        let mut retrying = Retrying::new();
-        loop {
-            match self.writer().finish_step(ordinal, outcome.clone(), at).await {
-                Ok(()) => return Ok(()),
-                // An earlier attempt committed but its answer was lost (the connection broke):
-                // under our fence nobody else can have finished the step.
-                Err(StoreError::StepNotRunning { .. }) if retrying.retried() => return Ok(()),
-                Err(e) if e.is_retryable() && !self.fence.is_lost() => {
-                    if !retrying.again(&self.fence, &format!("writing step {ordinal}'s outcome"), &e).await {
-                        return Err(e.into());
-                    }
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-
     /// Records the outcome of the step at `ordinal` (whose key is `key`). `reused` says whether
     /// this turn may look the key up again (a user-chosen idempotency key two calls can share);
     /// otherwise the cache keeps only that the step finished, not its result.
+    ///
+    /// Returns once the write is sent, not committed (see [`in_flight`]): the run's next write
+    /// waits for the commit, and fails if it failed. An error here is one the store gave at
+    /// once.
     pub(crate) async fn finish(
         &self,
         key: &str,
@@ -481,7 +468,8 @@ impl Journal {
             StepOutcome::Failed(e) => Some(e.clone()),
             StepOutcome::Finished(_) => None,
         };
-        self.write_outcome(ordinal, outcome, at).await?;
+        let write = write_outcome(Arc::clone(&self.store), Arc::clone(&self.fence), ordinal, outcome, at);
+        in_flight::send(&self.fence, write).await?;
         if let Some(entry) = self.state().by_key.get_mut(&CompactKey::of(key)) {
             *entry = match failed {
                 None => Cached::Finished(cached),
@@ -489,6 +477,36 @@ impl Journal {
             };
         }
         Ok(())
+    }
+}
+
+/// Writes a step's outcome. The outcome is in hand: the call ran. Losing it would run the call
+/// again on resume, so a store outage does not end the turn at once: the write is tried again,
+/// with backoff, for as long as one renewal proves the lease held (the renewals lose the fence
+/// sooner if the lease lapses). An outage longer than that ends the turn, resumable, as before.
+/// Owns what it needs: it runs on as a write in flight ([`in_flight::send`]) after the caller
+/// went on.
+async fn write_outcome(
+    store: Arc<dyn RunStore>,
+    fence: Arc<Fence>,
+    ordinal: u64,
+    outcome: StepOutcome,
+    at: i64,
+) -> Result<(), StoreError> {
+    let mut retrying = Retrying::new();
+    loop {
+        match RunWriter::new(store.as_ref(), &fence).finish_step(ordinal, outcome.clone(), at).await {
+            Ok(()) => return Ok(()),
+            // An earlier attempt committed but its answer was lost (the connection broke):
+            // under our fence nobody else can have finished the step.
+            Err(StoreError::StepNotRunning { .. }) if retrying.retried() => return Ok(()),
+            Err(e) if e.is_retryable() && !fence.is_lost() => {
+                if !retrying.again(&fence, &format!("writing step {ordinal}'s outcome"), &e).await {
+                    return Err(e);
+                }
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

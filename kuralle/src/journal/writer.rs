@@ -1,6 +1,7 @@
 //! A run's one fenced writer: every write of a run — its row and its steps — goes through a
 //! [`RunWriter`], which carries the turn's fencing token and notes a fenced write on the
-//! [`Fence`] (the turn then stops at once).
+//! [`Fence`] (the turn then stops at once). Every write but an outcome's first waits for the
+//! turn's outcomes in flight (`in_flight`): a later write builds on them.
 
 use crate::{
     journal::Fence,
@@ -32,11 +33,13 @@ impl<'a> RunWriter<'a> {
 
     /// Creates the run's row.
     pub(crate) async fn create_run(&self, record: RunRecord) -> Result<(), StoreError> {
+        self.fence.written().await?;
         self.fence.watch(self.store.create_run(record, self.fence.token()).await)
     }
 
     /// Replaces the run's row by compare-and-swap on its version; returns the new version.
     pub(crate) async fn put_run(&self, record: RunRecord) -> Result<u64, StoreError> {
+        self.fence.written().await?;
         self.fence.watch(self.store.put_run(record, self.fence.token()).await)
     }
 
@@ -49,6 +52,8 @@ impl<'a> RunWriter<'a> {
         record: RunRecord,
         last: Option<FinishedStep>,
     ) -> Result<u64, StoreError> {
+        // Before the lease's renewals may stop (below): an outcome in flight may take a while.
+        self.fence.written().await?;
         if !self.fence.may_release_at_close() {
             if let Some(last) = last {
                 self.append_finished_with_intents(last.into()).await?;
@@ -79,6 +84,7 @@ impl<'a> RunWriter<'a> {
 
     /// Appends `Running` intents; returns their ordinals.
     pub(crate) async fn append_steps(&self, steps: Vec<NewStep>) -> Result<Vec<u64>, StoreError> {
+        self.fence.written().await?;
         self.fence.watch(self.store.append_steps(self.run_id(), self.fence.token(), steps).await)
     }
 
@@ -87,11 +93,13 @@ impl<'a> RunWriter<'a> {
         &self,
         write: FinishedWithIntents,
     ) -> Result<Vec<u64>, StoreError> {
+        self.fence.written().await?;
         let run_id = self.run_id();
         self.fence.watch(self.store.append_finished_with_intents(run_id, self.fence.token(), write).await)
     }
 
-    /// Finalizes the `Running` step at `ordinal`.
+    /// Finalizes the `Running` step at `ordinal`. Does not wait for the outcomes in flight: it
+    /// writes one of them, and two steps' outcomes do not depend on each other.
     pub(crate) async fn finish_step(&self, ordinal: u64, outcome: StepOutcome, at_ms: i64) -> Result<(), StoreError> {
         self.fence.watch(self.store.finish_step(self.run_id(), self.fence.token(), ordinal, outcome, at_ms).await)
     }

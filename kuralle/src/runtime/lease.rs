@@ -176,6 +176,9 @@ impl Held {
     /// Stops renewing and gives the run up (again in the background, if the store is down); a
     /// lost lease is not released (it is not ours).
     async fn release_now(self) {
+        // An outcome still in flight is written under this lease, renewed meanwhile: given up
+        // first, it would be fenced and lost. Its failure is the turn's, reported already.
+        let _ = self.fence.written().await;
         self.renewals.deregister(self.registration);
         if self.fence.is_lost() || self.fence.is_released() {
             return;

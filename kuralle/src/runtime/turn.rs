@@ -65,7 +65,15 @@ pub(super) fn turn<'a>(
         // slot in this future during that await too, and the turn's result (168 bytes) then sat
         // beside `drive` in every run's task for the run's whole life. Chained, it lives only
         // in the second stage, which takes the first's place.
-        let marked = move |result: Result<RunOutput, RunError>| async move {
+        let marked = move |mut result: Result<RunOutput, RunError>| async move {
+            // An outcome sent while the turn went on may have failed after the turn's own error
+            // (a model outage, say): the lost outcome is what the run must report.
+            if result.is_err()
+                && !fence.is_lost()
+                && let Err(e) = fence.written().await
+            {
+                result = Err(e.into());
+            }
             if let Err(e) = &result
                 && ends_the_run(e)
                 && !fence.is_lost()
