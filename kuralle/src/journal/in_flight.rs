@@ -3,9 +3,16 @@
 //! next write waits for it first.
 //!
 //! Why: a run used to wait for that commit before it asked the model, so each turn of a run
-//! paid two commits (the response with the calls' intents, then their outcomes) and every run
-//! in flight parked and woke twice a turn. Now a turn pays one, and the outcome's commit runs
-//! under the model's latency.
+//! paid two commits in a row (the response with the calls' intents, then their outcomes), and
+//! every run in flight was parked and woken twice a turn. Now a turn pays one, and the
+//! outcome's commit runs under the model's latency.
+//!
+//! How a write goes on once sent depends on the store. One whose outcome writes go on without
+//! being polled again ([`RunStore::finishes_without_polling`](crate::RunStore::finishes_without_polling):
+//! SQLite's writer thread holds the job and keeps its answer) is *parked*: nobody is woken when
+//! it commits, and the next writer reads its answer (and, if the store refused it with an
+//! outage, tries it again while the lease is proven held). Any other is driven by a task of its
+//! own, retries included.
 //!
 //! What it does not change: the write is sent when the call ends, as before, so a crash loses
 //! an outcome in the same moments it did (the call re-runs with its key, or is
@@ -15,7 +22,9 @@
 //! would build on it), and the turn's error is that failure.
 
 use std::{
-    sync::{Mutex, PoisonError},
+    collections::VecDeque,
+    pin::Pin,
+    sync::{Arc, Mutex, PoisonError},
     task::{Context, Poll},
 };
 
@@ -23,6 +32,9 @@ use tokio::sync::Notify;
 
 use super::Fence;
 use crate::store::StoreError;
+
+/// A write sent, as its future.
+type Write = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
 
 /// The writes a turn sent and has not had answered.
 #[derive(Default)]
@@ -34,7 +46,10 @@ pub(crate) struct InFlight {
 
 #[derive(Default)]
 struct State {
+    /// Writes sent and not answered: parked ones and those driven by a task of their own.
     writes: usize,
+    /// Writes polled once that go on without being polled: whoever settles next reads them.
+    parked: VecDeque<Write>,
     /// The first write that failed: the next writer's answer. Boxed: a turn holds this for its
     /// whole life, and a store error is rare and large.
     failed: Option<Box<StoreError>>,
@@ -42,14 +57,15 @@ struct State {
 
 impl InFlight {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        // Each critical section is a counter and an option: a poisoned lock is still consistent.
+        // Each critical section is a counter, a queue's end and an option: a poisoned lock is
+        // still consistent.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn ended(&self, result: Result<(), StoreError>) {
+    fn ended(&self, answer: Result<(), StoreError>) {
         let mut st = self.state();
         st.writes -= 1;
-        if let Err(e) = result {
+        if let Err(e) = answer {
             st.failed.get_or_insert_with(|| Box::new(e));
         }
         let last = st.writes == 0;
@@ -59,19 +75,31 @@ impl InFlight {
         }
     }
 
-    /// Waits until every write sent is answered; the first that failed, if any, is this
-    /// caller's error (and no later caller's: the caller fails the turn with it).
+    /// Waits until every write sent is answered, reading the parked ones' answers; the first
+    /// that failed, if any, is this caller's error (and no later caller's: the caller fails
+    /// the turn with it).
     pub(crate) async fn settled(&self) -> Result<(), StoreError> {
         loop {
             // Made before the check: a write answered between the two still wakes this.
             let ended = self.ended.notified();
-            {
+            let parked = {
                 let mut st = self.state();
                 if st.writes == 0 {
                     return st.failed.take().map_or(Ok(()), |e| Err(*e));
                 }
+                std::mem::take(&mut st.parked)
+            };
+            if parked.is_empty() {
+                // Driven by their tasks, or read by another writer: wait for their answers.
+                ended.await;
+                continue;
             }
-            ended.await;
+            let mut reading = Reading { in_flight: self, parked };
+            while let Some(write) = reading.parked.front_mut() {
+                let answer = write.as_mut().await;
+                reading.parked.pop_front();
+                self.ended(answer);
+            }
         }
     }
 
@@ -83,25 +111,50 @@ impl InFlight {
     }
 }
 
+/// Parked writes a writer took to read: put back if it is dropped before it read them all,
+/// so that no write is forgotten while the run still counts it.
+struct Reading<'a> {
+    in_flight: &'a InFlight,
+    parked: VecDeque<Write>,
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        if !self.parked.is_empty() {
+            let mut st = self.in_flight.state();
+            let mut back = std::mem::take(&mut self.parked);
+            back.append(&mut st.parked);
+            st.parked = back;
+        }
+    }
+}
+
 /// Sends `write` under `fence`'s turn and returns without waiting for its commit where it can.
 /// The write is polled once here: a store that answers at once (`MemoryStore`) answers here, an
 /// error included; one that queues its write (SQLite's writer thread, a PostgreSQL connection)
-/// has it queued before the caller goes on. The rest of the write (its answer, or its retries
-/// through an outage) then runs as a task of its own, counted in the fence's [`InFlight`] until
-/// it ends. Outside a Tokio runtime the write is awaited here.
-pub(crate) async fn send<F>(fence: &std::sync::Arc<Fence>, write: F) -> Result<(), StoreError>
+/// has it queued before the caller goes on. `unpolled` says the store's writes then go on
+/// without being polled again: the write is parked for the next writer to read. Otherwise it
+/// runs on as a task of its own (its answer, or its retries through an outage), counted in the
+/// fence's [`InFlight`] until it ends. Outside a Tokio runtime the write is awaited here.
+pub(crate) async fn send<F>(fence: &Arc<Fence>, unpolled: bool, write: F) -> Result<(), StoreError>
 where
     F: Future<Output = Result<(), StoreError>> + Send + 'static,
 {
-    let mut write = Box::pin(write);
+    let mut write: Write = Box::pin(write);
     if let Poll::Ready(answer) = write.as_mut().poll(&mut Context::from_waker(futures::task::noop_waker_ref())) {
         return answer;
     }
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return write.await;
     };
-    fence.in_flight().state().writes += 1;
-    let sent = Sent { fence: std::sync::Arc::clone(fence), answered: false };
+    let mut st = fence.in_flight().state();
+    st.writes += 1;
+    if unpolled {
+        st.parked.push_back(write);
+        return Ok(());
+    }
+    drop(st);
+    let sent = Sent { fence: Arc::clone(fence), answered: false };
     runtime.spawn(async move {
         let mut sent = sent;
         let answer = write.await;
@@ -111,10 +164,10 @@ where
     Ok(())
 }
 
-/// A write in flight's place in its [`InFlight`]: given back when it is answered, or when its
+/// A driven write's place in its [`InFlight`]: given back when it is answered, or when its
 /// task is dropped unanswered (a runtime shutting down), so that no writer waits forever.
 struct Sent {
-    fence: std::sync::Arc<Fence>,
+    fence: Arc<Fence>,
     answered: bool,
 }
 
@@ -151,43 +204,67 @@ mod tests {
     #[tokio::test]
     async fn a_write_answered_at_once_is_not_in_flight() {
         let fence = fence();
-        send(&fence, async { Ok(()) }).await.unwrap();
-        let refused = send(&fence, async { Err(StoreError::LimitExceeded("too big".into())) }).await;
+        send(&fence, false, async { Ok(()) }).await.unwrap();
+        let refused = send(&fence, false, async { Err(StoreError::LimitExceeded("too big".into())) }).await;
         assert!(matches!(refused, Err(StoreError::LimitExceeded(_))));
         assert!(fence.in_flight().is_idle());
     }
 
-    /// A queued write is in flight until answered; the next writer waits for it and gets its
-    /// failure, once.
+    /// A queued write is in flight until answered, driven or parked; the next writer waits for
+    /// it and gets its failure, once.
     #[tokio::test(start_paused = true)]
     async fn the_next_writer_waits_for_a_write_in_flight_and_gets_its_failure() {
-        let fence = fence();
-        let (answer, answered) = tokio::sync::oneshot::channel::<Result<(), StoreError>>();
-        send(&fence, async move { answered.await.unwrap() }).await.unwrap();
-        let mut settled = Box::pin(fence.in_flight().settled());
-        assert!(poll_once(settled.as_mut()).is_pending(), "the write is in flight");
-        answer.send(Err(StoreError::Unavailable("disk".into()))).unwrap();
-        let got = tokio::time::timeout(Duration::from_secs(1), settled).await.expect("woken when answered");
-        assert!(matches!(got, Err(StoreError::Unavailable(_))));
-        assert!(fence.in_flight().settled().await.is_ok(), "the failure is one writer's");
+        for unpolled in [false, true] {
+            let fence = fence();
+            let (answer, answered) = tokio::sync::oneshot::channel::<Result<(), StoreError>>();
+            send(&fence, unpolled, async move { answered.await.unwrap() }).await.unwrap();
+            let mut settled = Box::pin(fence.in_flight().settled());
+            assert!(poll_once(settled.as_mut()).is_pending(), "the write is in flight");
+            answer.send(Err(StoreError::Unavailable("disk".into()))).unwrap();
+            let got = tokio::time::timeout(Duration::from_secs(1), settled).await.expect("woken when answered");
+            assert!(matches!(got, Err(StoreError::Unavailable(_))), "unpolled: {unpolled}");
+            assert!(fence.in_flight().settled().await.is_ok(), "the failure is one writer's");
+            assert!(fence.in_flight().is_idle());
+        }
     }
 
-    /// Two writers waiting at once are both woken.
+    /// Two writers waiting at once are both woken, whichever reads the parked write.
     #[tokio::test(start_paused = true)]
     async fn every_waiting_writer_is_woken() {
+        for unpolled in [false, true] {
+            let fence = fence();
+            let (answer, answered) = tokio::sync::oneshot::channel::<Result<(), StoreError>>();
+            send(&fence, unpolled, async move { answered.await.unwrap() }).await.unwrap();
+            let (a, b) = (fence.in_flight().settled(), fence.in_flight().settled());
+            let both = async { tokio::join!(a, b) };
+            let answering = async {
+                tokio::task::yield_now().await;
+                answer.send(Ok(())).unwrap();
+            };
+            let ((a, b), ()) = tokio::time::timeout(Duration::from_secs(1), async { tokio::join!(both, answering) })
+                .await
+                .expect("both woken");
+            assert!(a.is_ok() && b.is_ok(), "unpolled: {unpolled}");
+        }
+    }
+
+    /// A writer dropped while it reads parked writes (its turn was dropped) puts back those it
+    /// did not read: the next writer still waits for them.
+    #[tokio::test(start_paused = true)]
+    async fn parked_writes_a_dropped_writer_took_are_put_back() {
         let fence = fence();
-        let (answer, answered) = tokio::sync::oneshot::channel::<Result<(), StoreError>>();
-        send(&fence, async move { answered.await.unwrap() }).await.unwrap();
-        let (a, b) = (fence.in_flight().settled(), fence.in_flight().settled());
-        let both = async { tokio::join!(a, b) };
-        let answering = async {
-            tokio::task::yield_now().await;
-            answer.send(Ok(())).unwrap();
-        };
-        let ((a, b), ()) = tokio::time::timeout(Duration::from_secs(1), async { tokio::join!(both, answering) })
-            .await
-            .expect("both woken");
-        assert!(a.is_ok() && b.is_ok());
+        let (first, first_answered) = tokio::sync::oneshot::channel::<Result<(), StoreError>>();
+        let (second, second_answered) = tokio::sync::oneshot::channel::<Result<(), StoreError>>();
+        send(&fence, true, async move { first_answered.await.unwrap() }).await.unwrap();
+        send(&fence, true, async move { second_answered.await.unwrap() }).await.unwrap();
+        assert!(poll_once(fence.in_flight().settled()).is_pending(), "dropped while reading the first");
+        first.send(Ok(())).unwrap();
+        let mut settled = Box::pin(fence.in_flight().settled());
+        assert!(poll_once(settled.as_mut()).is_pending(), "the second is still waited for");
+        second.send(Err(StoreError::Unavailable("disk".into()))).unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(1), settled).await.expect("woken when answered");
+        assert!(matches!(got, Err(StoreError::Unavailable(_))));
+        assert!(fence.in_flight().is_idle());
     }
 
     /// A write whose task is dropped unanswered (its runtime shut down) fails the next writer
@@ -196,7 +273,7 @@ mod tests {
     fn a_write_dropped_unanswered_fails_the_next_writer() {
         let fence = fence();
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        runtime.block_on(send(&fence, std::future::pending())).unwrap();
+        runtime.block_on(send(&fence, false, std::future::pending())).unwrap();
         drop(runtime);
         let settled = poll_once(fence.in_flight().settled());
         assert!(matches!(settled, Poll::Ready(Err(StoreError::Unavailable(_)))), "{settled:?}");

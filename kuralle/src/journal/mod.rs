@@ -469,7 +469,7 @@ impl Journal {
             StepOutcome::Finished(_) => None,
         };
         let write = write_outcome(Arc::clone(&self.store), Arc::clone(&self.fence), ordinal, outcome, at);
-        in_flight::send(&self.fence, write).await?;
+        in_flight::send(&self.fence, self.store.finishes_without_polling(), write).await?;
         if let Some(entry) = self.state().by_key.get_mut(&CompactKey::of(key)) {
             *entry = match failed {
                 None => Cached::Finished(cached),

@@ -566,6 +566,27 @@ pub trait RunStore: Send + Sync + 'static {
         Box::pin(async { Ok(None) })
     }
 
+    /// Whether a [`finish_step`](Self::finish_step) this store returns goes on to its end
+    /// without its future being polled again once it was polled once: the first poll sends
+    /// the write, and its answer waits to be read. `SqliteStore`'s do (the first poll queues
+    /// the job for its writer thread).
+    ///
+    /// The runtime sends a call's outcome as the call ends and goes on to ask the model,
+    /// waiting for the outcome's commit only before the run's next write. For a store that
+    /// says `true` it reads the answer then, and nothing is woken when the write commits; for
+    /// any other it drives the write as a task of its own. The default, `false`, is right for
+    /// every store.
+    ///
+    /// ```
+    /// use kuralle::{RunStore, stores::{MemoryStore, SqliteStore}};
+    /// assert!(SqliteStore::in_memory()?.finishes_without_polling());
+    /// assert!(!MemoryStore::new().finishes_without_polling());
+    /// # Ok::<(), kuralle::StoreError>(())
+    /// ```
+    fn finishes_without_polling(&self) -> bool {
+        false
+    }
+
     /// Hints idle workers (of any process) that a run became runnable. Only a hint: workers
     /// also poll. The default does nothing (workers of this store poll).
     fn notify_runnable(&self) -> StoreFuture<'_, ()> {

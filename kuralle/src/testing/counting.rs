@@ -216,6 +216,10 @@ impl RunStore for CountingStore {
         self.inner.lock_instance(instance_id)
     }
 
+    fn finishes_without_polling(&self) -> bool {
+        self.inner.finishes_without_polling()
+    }
+
     fn notify_runnable(&self) -> StoreFuture<'_, ()> {
         self.inner.notify_runnable()
     }

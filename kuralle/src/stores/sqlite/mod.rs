@@ -670,6 +670,12 @@ impl RunStore for SqliteStore {
         }))
     }
 
+    /// The first poll of a `finish_step` queues its job for the writer thread, which commits
+    /// it and leaves the answer in the job's channel.
+    fn finishes_without_polling(&self) -> bool {
+        true
+    }
+
     fn release_lease<'a>(&'a self, lease: &'a Lease) -> StoreFuture<'a, ()> {
         let (run_id, token) = (lease.run_id.clone(), lease.token);
         let errors = self.inner.errors;
