@@ -80,8 +80,6 @@ impl InFlight {
     /// the turn with it).
     pub(crate) async fn settled(&self) -> Result<(), StoreError> {
         loop {
-            // Made before the check: a write answered between the two still wakes this.
-            let ended = self.ended.notified();
             let parked = {
                 let mut st = self.state();
                 if st.writes == 0 {
@@ -90,8 +88,12 @@ impl InFlight {
                 std::mem::take(&mut st.parked)
             };
             if parked.is_empty() {
-                // Driven by their tasks, or read by another writer: wait for their answers.
-                ended.await;
+                // Driven by their tasks, or read by another writer: wait for their answers. The
+                // wait is made before the second look, so an answer between the two wakes it.
+                let ended = self.ended.notified();
+                if self.state().writes > 0 {
+                    ended.await;
+                }
                 continue;
             }
             let mut reading = Reading { in_flight: self, parked };
