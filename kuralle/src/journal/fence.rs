@@ -3,7 +3,7 @@
 
 use std::{
     sync::{
-        Arc, Mutex, PoisonError,
+        Arc, Mutex, OnceLock, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
     time::Duration,
@@ -40,8 +40,10 @@ pub(crate) struct Fence {
     /// How long a write that failed with a store outage may be tried again: as long as a
     /// renewed lease can stay proven held without a renewal (zero for a lease nobody renews).
     patience: Duration,
-    /// Outcomes sent and not yet answered: the run's next write waits for them.
-    in_flight: InFlight,
+    /// Outcomes sent and not yet answered: the run's next write waits for them. Made by the
+    /// first write that goes on in flight: a turn on a store that answers at once (or that
+    /// runs no call) never makes one, and every run in flight holds its fence.
+    in_flight: OnceLock<Box<InFlight>>,
 }
 
 impl std::fmt::Debug for Fence {
@@ -67,7 +69,7 @@ impl Fence {
     pub(crate) fn renewed(lease: Lease, stop: CancellationToken, patience: Duration) -> Arc<Self> {
         let lost = AtomicBool::new(false);
         let (on_close, release_at_close, released) = (Mutex::new(None), AtomicBool::new(false), AtomicBool::new(false));
-        let in_flight = InFlight::default();
+        let in_flight = OnceLock::new();
         Arc::new(Self { lease, lost, on_close, release_at_close, released, stop, patience, in_flight })
     }
 
@@ -128,15 +130,23 @@ impl Fence {
         self.stop.cancel();
     }
 
-    /// The turn's outcomes in flight (see [`in_flight`](super::in_flight)).
+    /// The turn's outcomes in flight (see [`in_flight`](super::in_flight)), made if none were.
     pub(crate) fn in_flight(&self) -> &InFlight {
-        &self.in_flight
+        self.in_flight.get_or_init(Box::default)
     }
 
     /// Waits for the turn's outcomes in flight, as every write of the run does before it is
     /// sent; the first that failed is the caller's error.
     pub(crate) async fn written(&self) -> Result<(), StoreError> {
-        self.in_flight.settled().await
+        match self.in_flight.get() {
+            Some(in_flight) if !in_flight.is_idle() => {
+                // Boxed: every write of the run awaits this, and the wait's state would
+                // otherwise widen each of their futures (and so the run's task) for a wait
+                // most writes never make.
+                Box::pin(in_flight.settled()).await
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Notes a fenced store error; passes every result through.

@@ -106,7 +106,6 @@ impl InFlight {
     }
 
     /// Whether nothing is in flight (no write pending, none failed unreported).
-    #[cfg(test)]
     pub(crate) fn is_idle(&self) -> bool {
         let st = self.state();
         st.writes == 0 && st.failed.is_none()
