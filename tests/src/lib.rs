@@ -257,6 +257,7 @@ pub struct FlakyStore {
     lose_closes: Arc<AtomicUsize>,
     before_create: Arc<std::sync::Mutex<Option<CreateHook>>>,
     finish_delay: Arc<std::sync::Mutex<Duration>>,
+    park_finishes: Arc<AtomicBool>,
 }
 
 /// What [`FlakyStore::after_next_list`] runs: it gets the wrapped store.
@@ -284,7 +285,15 @@ impl FlakyStore {
             lose_closes: Arc::default(),
             before_create: Arc::default(),
             finish_delay: Arc::default(),
+            park_finishes: Arc::default(),
         }
+    }
+
+    /// Says (or stops saying) that a `finish_step` goes on without being polled again, as
+    /// SQLite's does, so the runtime parks outcomes here instead of driving them. This
+    /// wrapper's own delays and outages then go on only when the next write reads the outcome.
+    pub fn park_finishes(&self, on: bool) {
+        self.park_finishes.store(on, Ordering::SeqCst);
     }
 
     /// Makes every `finish_step` answer `delay` late (on Tokio's clock), a failure included: a
@@ -460,20 +469,19 @@ impl kuralle::RunStore for FlakyStore {
         let n = self.finishes.fetch_add(1, Ordering::SeqCst);
         let fail = self.fail_finish.load(Ordering::SeqCst) || n >= self.fail_from.load(Ordering::SeqCst);
         let delay = *self.finish_delay.lock().unwrap();
-        if delay.is_zero() {
-            return if fail {
-                outage()
-            } else {
-                self.inner.finish_step(run_id, fence, ordinal, outcome, finished_at_ms)
-            };
-        }
         Box::pin(async move {
-            tokio::time::sleep(delay).await;
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
             if fail {
                 return outage().await;
             }
             self.inner.finish_step(run_id, fence, ordinal, outcome, finished_at_ms).await
         })
+    }
+    /// As told by [`park_finishes`](FlakyStore::park_finishes).
+    fn finishes_without_polling(&self) -> bool {
+        self.park_finishes.load(Ordering::SeqCst)
     }
     fn steps<'a>(&'a self, run_id: &'a str) -> kuralle::StoreFuture<'a, Vec<kuralle::StepRecord>> {
         self.inner.steps(run_id)

@@ -505,3 +505,89 @@ async fn a_turn_keeps_its_lease_until_its_outcome_commits() {
     assert_eq!(steps.iter().find(|s| s.kind == StepKind::Tool).unwrap().status, StepStatus::Finished);
     assert!(memory.current_lease("r").await.unwrap().is_none());
 }
+
+/// A tool that, the first time it runs, sets whether `flaky`'s outcome writes fail.
+fn switching(name: &str, flaky: &FlakyStore, fail: bool) -> FnTool {
+    let flaky = flaky.clone();
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    FnTool::new(name, move |_, _| {
+        if first.swap(false, Ordering::SeqCst) {
+            flaky.fail_finish(fail);
+        }
+        async { Ok(json!("ok")) }
+    })
+}
+
+/// A lost outcome fails every later write of the turn, not only the next: here the next is the
+/// second call's intent (a batch of its own), whose append must not take the loss for an outage
+/// of its own, retry and go on. Before, it did: the turn finished, journaling two model
+/// responses after an outcome it had lost.
+#[tokio::test(start_paused = true)]
+async fn a_lost_outcome_fails_every_later_write_of_the_turn() {
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let flaky = FlakyStore::new(memory.clone());
+    flaky.delay_finish(Duration::from_secs(1));
+    // `a`'s outcome cannot be written; `b`, if it ran, would heal the store.
+    let agent = AgentDef::new("pay", "x").tool(switching("a", &flaky, true)).tool(switching("b", &flaky, false));
+    let turns = || vec![Turn::tool_calls([("1", "a", "{}"), ("2", "b", "{}")]), Turn::text("Done.")];
+    let err = rt(agent.clone(), ScriptedModel::by_transcript(turns()), Arc::new(flaky.clone()))
+        .run(RunRequest::new("go").run_id("r"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RunError::Store(StoreError::Unavailable(_))), "{err:?}");
+    let steps = memory.steps("r").await.unwrap();
+    let journaled: Vec<_> = steps.iter().map(|s| (s.name.as_str(), s.status)).collect();
+    assert_eq!(journaled, [("model", StepStatus::Finished), ("a", StepStatus::Running)], "nothing after the loss");
+    assert_eq!(memory.get_run("r").await.unwrap().unwrap().status, RunStatus::Running, "resumable");
+
+    flaky.fail_finish(false);
+    let out = rt(agent, ScriptedModel::by_transcript(turns()), Arc::new(flaky)).resume("r").await.unwrap();
+    assert_eq!(out.status, RunStatus::Finished);
+}
+
+/// A store whose outcome writes are parked (as SQLite's are): the model is asked at once; an
+/// outage that refused the outcome is tried again by the run's next write, which reads it.
+#[tokio::test(start_paused = true)]
+async fn a_parked_outcome_refused_by_an_outage_is_tried_again_by_the_next_write() {
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let flaky = FlakyStore::new(memory.clone());
+    flaky.park_finishes(true);
+    flaky.fail_finish_from(1); // the model response records; the charge's outcome cannot, for now
+    let healer = flaky.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        healer.fail_finish(false);
+    });
+    let count = Arc::new(AtomicUsize::new(0));
+    let agent = AgentDef::new("pay", "x").tool(counting("charge", &count));
+    let (runtime, asked) = timed_rt(agent, ScriptedModel::by_transcript(script()), flaky);
+    let start = tokio::time::Instant::now();
+    let out = runtime.run(RunRequest::new("pay").run_id("r")).await.unwrap();
+    assert_eq!(out.status, RunStatus::Finished);
+    let asked = asked.lock().unwrap().clone();
+    assert!(asked[1] - start < Duration::from_millis(400), "asked while the outcome waited");
+    assert_eq!(count.load(Ordering::SeqCst), 1, "the charge ran once");
+    let steps = memory.steps("r").await.unwrap();
+    assert_eq!(steps.iter().find(|s| s.kind == StepKind::Tool).unwrap().status, StepStatus::Finished);
+}
+
+/// An outcome the store refuses for good (larger than it takes) after the model was asked: the
+/// turn ends with that refusal, and the run is marked failed, although every other write of the
+/// turn fails with the lost outcome: marking the run builds on none of them.
+#[tokio::test(start_paused = true)]
+async fn a_run_ended_by_a_lost_outcome_is_marked_failed() {
+    let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new().with_max_value_bytes(2_048));
+    let flaky = FlakyStore::new(memory.clone());
+    flaky.park_finishes(true);
+    flaky.delay_finish(Duration::from_secs(1));
+    let big = FnTool::new("big", |_, _| async { Ok(json!("x".repeat(4_096))) });
+    let turns = [Turn::tool_calls([("1", "big", "{}")]), Turn::text("Done.")];
+    let (runtime, asked) = timed_rt(AgentDef::new("a", "x").tool(big), ScriptedModel::by_transcript(turns), flaky);
+    let err = runtime.run(RunRequest::new("go").run_id("r")).await.unwrap_err();
+    assert!(matches!(err, RunError::Store(StoreError::LimitExceeded(_))), "{err:?}");
+    assert_eq!(asked.lock().unwrap().len(), 2, "the model was asked while the outcome was parked");
+    let steps = memory.steps("r").await.unwrap();
+    let journaled: Vec<_> = steps.iter().map(|s| (s.name.as_str(), s.status)).collect();
+    assert_eq!(journaled, [("model", StepStatus::Finished), ("big", StepStatus::Running)]);
+    assert_eq!(memory.get_run("r").await.unwrap().unwrap().status, RunStatus::Failed);
+}

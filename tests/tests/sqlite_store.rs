@@ -596,3 +596,33 @@ async fn a_one_call_run_is_five_commits_and_its_answer_lands_with_its_end() {
     assert_eq!((run.status, run.agent_id.as_str()), (RunStatus::Finished, "shop"));
     assert_eq!(store.steps(&out.run_id).await.unwrap().len(), 3);
 }
+
+/// An outcome SQLite refuses (larger than the store takes): its write is queued when the call
+/// ends and the run goes on to ask the model (unless the writer answered before the run went
+/// on, which a busy machine allows); either way the model's answer is not journaled, and the
+/// run is marked failed (a limit is not an outage) in spite of the outcome it lost.
+/// `journal.rs`'s `a_run_ended_by_a_lost_outcome_is_marked_failed` makes the same case
+/// deterministic.
+#[tokio::test]
+async fn an_outcome_too_large_for_sqlite_fails_the_run() {
+    use kuralle::testing::{ScriptedModel, Turn};
+    let (_dir, path) = db_path();
+    let options = SqliteOptions { max_value_bytes: 2_048, ..Default::default() };
+    let store = std::sync::Arc::new(SqliteStore::open_with(&path, options).unwrap());
+    assert!(store.finishes_without_polling());
+    let big = kuralle_tests::FnTool::new("big", |_, _| async { Ok(json!("x".repeat(4_096))) });
+    let model = ScriptedModel::by_transcript([Turn::tool_calls([("1", "big", "{}")]), Turn::text("Done.")]);
+    let runtime = kuralle::Runtime::builder()
+        .agent(kuralle::AgentDef::new("a", "x").tool(big))
+        .model(model.clone())
+        .store_arc(store.clone())
+        .build()
+        .unwrap();
+    let err = runtime.run(kuralle::RunRequest::new("go").run_id("r")).await.unwrap_err();
+    assert!(matches!(err, kuralle::RunError::Store(StoreError::LimitExceeded(_))), "{err:?}");
+    assert!(model.requests().len() <= 2);
+    let steps = store.steps("r").await.unwrap();
+    let journaled: Vec<_> = steps.iter().map(|s| (s.name.as_str(), s.status)).collect();
+    assert_eq!(journaled, [("model", StepStatus::Finished), ("big", StepStatus::Running)]);
+    assert_eq!(store.get_run("r").await.unwrap().unwrap().status, RunStatus::Failed);
+}

@@ -136,7 +136,7 @@ impl Fence {
     }
 
     /// Waits for the turn's outcomes in flight, as every write of the run does before it is
-    /// sent; the first that failed is the caller's error.
+    /// sent; the first that failed is the error of this and every later write.
     pub(crate) async fn written(&self) -> Result<(), StoreError> {
         match self.in_flight.get() {
             Some(in_flight) if !in_flight.is_idle() => {
@@ -146,6 +146,28 @@ impl Fence {
                 Box::pin(in_flight.settled()).await
             }
             _ => Ok(()),
+        }
+    }
+
+    /// Waits for the turn's outcomes in flight whatever became of them: for what the turn does
+    /// either way (giving the lease up, marking the run failed).
+    pub(crate) async fn drained(&self) {
+        if let Some(in_flight) = self.in_flight.get() {
+            // Boxed, as in `written`.
+            Box::pin(in_flight.drained()).await;
+        }
+    }
+
+    /// Whether an outcome of the turn failed to commit: every later write fails with it, so an
+    /// outage a write meets is that failure, not one of its own to try again.
+    pub(crate) fn outcome_lost(&self) -> bool {
+        self.in_flight.get().is_some_and(|in_flight| in_flight.failed())
+    }
+
+    /// Lets the turn's parked writes go unread: for a turn dropped before its end.
+    pub(crate) fn abandon_in_flight(&self) {
+        if let Some(in_flight) = self.in_flight.get() {
+            in_flight.abandon();
         }
     }
 

@@ -18,8 +18,9 @@
 //! an outcome in the same moments it did (the call re-runs with its key, or is
 //! `Indeterminate` for an `at_most_once` tool). The model may have seen that outcome; its
 //! response is journaled only after the outcome committed, so the journal never holds an
-//! answer to an outcome it lost. A failed outcome write fails the run's next write (which
-//! would build on it), and the turn's error is that failure.
+//! answer to an outcome it lost. A failed outcome write fails every later write of the turn
+//! (each would build on it; none tries it again as an outage of its own), and the turn's error
+//! is that failure. Only marking the run failed and giving the lease up go on without it.
 
 use std::{
     collections::VecDeque,
@@ -36,7 +37,7 @@ use crate::store::StoreError;
 /// A write sent, as its future.
 type Write = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
 
-/// The writes a turn sent and has not had answered.
+/// The writes a turn sent and has not had answered, and the first that failed.
 #[derive(Default)]
 pub(crate) struct InFlight {
     state: Mutex<State>,
@@ -44,24 +45,28 @@ pub(crate) struct InFlight {
     ended: Notify,
 }
 
+/// What the turn's writes in flight are, under one lock.
 #[derive(Default)]
 struct State {
     /// Writes sent and not answered: parked ones and those driven by a task of their own.
     writes: usize,
     /// Writes polled once that go on without being polled: whoever settles next reads them.
     parked: VecDeque<Write>,
-    /// The first write that failed: the next writer's answer. Boxed: a turn holds this for its
-    /// whole life, and a store error is rare and large.
+    /// The first write that failed. It stays: every later write of the turn would build on the
+    /// outcome it lost, so each of them fails with it. Boxed: a turn holds this for its whole
+    /// life, and a store error is rare and large.
     failed: Option<Box<StoreError>>,
 }
 
 impl InFlight {
+    /// The state; each critical section is a counter, a queue's end and an option, so a
+    /// poisoned lock is still consistent.
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        // Each critical section is a counter, a queue's end and an option: a poisoned lock is
-        // still consistent.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Counts a write's answer, and keeps it if it is the first failure; the last answer
+    /// wakes the writers waiting.
     fn ended(&self, answer: Result<(), StoreError>) {
         let mut st = self.state();
         st.writes -= 1;
@@ -75,15 +80,22 @@ impl InFlight {
         }
     }
 
-    /// Waits until every write sent is answered, reading the parked ones' answers; the first
-    /// that failed, if any, is this caller's error (and no later caller's: the caller fails
-    /// the turn with it).
+    /// Waits until every write sent is answered, reading the parked ones' answers; then the
+    /// first that failed, if any, is the error (of this caller and of every later one).
     pub(crate) async fn settled(&self) -> Result<(), StoreError> {
+        self.drained().await;
+        self.state().failed.as_deref().map_or(Ok(()), |e| Err(e.clone()))
+    }
+
+    /// Waits until every write sent is answered, reading the parked ones' answers, whether
+    /// they failed or not: for what the turn does whatever became of its outcomes (giving the
+    /// lease up, marking the run failed).
+    pub(crate) async fn drained(&self) {
         loop {
             let parked = {
                 let mut st = self.state();
                 if st.writes == 0 {
-                    return st.failed.take().map_or(Ok(()), |e| Err(*e));
+                    return;
                 }
                 std::mem::take(&mut st.parked)
             };
@@ -105,10 +117,29 @@ impl InFlight {
         }
     }
 
-    /// Whether nothing is in flight (no write pending, none failed unreported).
+    /// Whether a write of the turn failed: its later writes fail with that error, and an
+    /// outage they meet is that failure, not one of their own to try again.
+    pub(crate) fn failed(&self) -> bool {
+        self.state().failed.is_some()
+    }
+
+    /// Whether nothing is in flight and nothing failed.
     pub(crate) fn is_idle(&self) -> bool {
         let st = self.state();
         st.writes == 0 && st.failed.is_none()
+    }
+
+    /// Drops the parked writes unread: for a turn dropped before its end (its task aborted),
+    /// whose parked writes, each holding the fence, would otherwise keep it and themselves
+    /// alive. Their jobs are queued already; only their answers are lost.
+    pub(crate) fn abandon(&self) {
+        let parked = {
+            let mut st = self.state();
+            st.writes -= st.parked.len();
+            std::mem::take(&mut st.parked)
+        };
+        drop(parked);
+        self.ended.notify_waiters();
     }
 }
 
@@ -122,18 +153,23 @@ struct Reading<'a> {
 impl Drop for Reading<'_> {
     fn drop(&mut self) {
         if !self.parked.is_empty() {
-            let mut st = self.in_flight.state();
-            let mut back = std::mem::take(&mut self.parked);
-            back.append(&mut st.parked);
-            st.parked = back;
+            {
+                let mut st = self.in_flight.state();
+                let mut back = std::mem::take(&mut self.parked);
+                back.append(&mut st.parked);
+                st.parked = back;
+            }
+            // A writer that found nothing parked waits for the last answer, which nobody would
+            // now read: it looks again, and reads them itself.
+            self.in_flight.ended.notify_waiters();
         }
     }
 }
 
 /// Sends `write` under `fence`'s turn and returns without waiting for its commit where it can.
 /// The write is polled once here: a store that answers at once (`MemoryStore`) answers here, an
-/// error included; one that queues its write (SQLite's writer thread, a PostgreSQL connection)
-/// has it queued before the caller goes on. `unpolled` says the store's writes then go on
+/// error included; one that queues its write (SQLite's writer thread; a PostgreSQL connection,
+/// when the pool has one free) has it queued before the caller goes on. `unpolled` says the store's writes then go on
 /// without being polled again: the write is parked for the next writer to read. Otherwise it
 /// runs on as a task of its own (its answer, or its retries through an outage), counted in the
 /// fence's [`InFlight`] until it ends. Outside a Tokio runtime the write is awaited here.
@@ -224,8 +260,9 @@ mod tests {
             answer.send(Err(StoreError::Unavailable("disk".into()))).unwrap();
             let got = tokio::time::timeout(Duration::from_secs(1), settled).await.expect("woken when answered");
             assert!(matches!(got, Err(StoreError::Unavailable(_))), "unpolled: {unpolled}");
-            assert!(fence.in_flight().settled().await.is_ok(), "the failure is one writer's");
-            assert!(fence.in_flight().is_idle());
+            let again = fence.in_flight().settled().await;
+            assert!(matches!(again, Err(StoreError::Unavailable(_))), "every later writer's: {again:?}");
+            assert!(fence.in_flight().failed() && !fence.in_flight().is_idle());
         }
     }
 
@@ -265,7 +302,47 @@ mod tests {
         second.send(Err(StoreError::Unavailable("disk".into()))).unwrap();
         let got = tokio::time::timeout(Duration::from_secs(1), settled).await.expect("woken when answered");
         assert!(matches!(got, Err(StoreError::Unavailable(_))));
+    }
+
+    /// A writer waiting for parked writes another writer took wakes when that one is dropped,
+    /// and reads them itself: nobody else would.
+    #[tokio::test(start_paused = true)]
+    async fn a_writer_waiting_on_a_dropped_reader_reads_the_parked_writes_itself() {
+        let fence = fence();
+        let (answer, answered) = tokio::sync::oneshot::channel::<Result<(), StoreError>>();
+        send(&fence, true, async move { answered.await.unwrap() }).await.unwrap();
+        let mut reader = Box::pin(fence.in_flight().settled());
+        assert!(poll_once(reader.as_mut()).is_pending(), "the reader took the parked write");
+        let waiter = fence.in_flight().settled();
+        let dropping = async {
+            tokio::task::yield_now().await;
+            drop(reader);
+            answer.send(Ok(())).unwrap();
+        };
+        let (got, ()) = tokio::time::timeout(Duration::from_secs(1), async { tokio::join!(waiter, dropping) })
+            .await
+            .expect("the waiter reads the write put back");
+        assert!(got.is_ok());
         assert!(fence.in_flight().is_idle());
+    }
+
+    /// A turn dropped before its end lets its parked writes go (each holds the fence), and a
+    /// later look finds nothing in flight.
+    #[tokio::test]
+    async fn abandoned_parked_writes_are_let_go() {
+        let fence = fence();
+        let held = Arc::clone(&fence);
+        send(&fence, true, async move {
+            let _fence = held;
+            std::future::pending().await
+        })
+        .await
+        .unwrap();
+        assert_eq!(Arc::strong_count(&fence), 2, "the parked write holds the fence, as an outcome's does");
+        fence.in_flight().abandon();
+        assert_eq!(Arc::strong_count(&fence), 1, "let go");
+        assert!(fence.in_flight().is_idle());
+        assert!(poll_once(fence.in_flight().settled()).is_ready());
     }
 
     /// A write whose task is dropped unanswered (its runtime shut down) fails the next writer

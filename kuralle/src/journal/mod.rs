@@ -404,7 +404,8 @@ impl Journal {
                     return self.appended_before(deferred, intents).await?.ok_or(e);
                 }
                 // Only a lost connection can hide a committed append; a full disk refused it.
-                Err(e @ StoreError::Unavailable(_)) if !self.fence.is_lost() => {
+                // An outcome the turn lost fails every write alike: not this append's to retry.
+                Err(e @ StoreError::Unavailable(_)) if !self.fence.is_lost() && !self.fence.outcome_lost() => {
                     if !retrying.again(&self.fence, "journaling the calls' intents", &e).await {
                         return Err(e);
                     }

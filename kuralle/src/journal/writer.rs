@@ -1,7 +1,8 @@
 //! A run's one fenced writer: every write of a run — its row and its steps — goes through a
 //! [`RunWriter`], which carries the turn's fencing token and notes a fenced write on the
-//! [`Fence`] (the turn then stops at once). Every write but an outcome's first waits for the
-//! turn's outcomes in flight (`in_flight`): a later write builds on them.
+//! [`Fence`] (the turn then stops at once). Every write but an outcome's waits for the turn's
+//! outcomes in flight (`in_flight`), and fails if one was lost: a later write builds on them.
+//! Marking a run that ended in failure only waits.
 
 use crate::{
     journal::Fence,
@@ -41,6 +42,19 @@ impl<'a> RunWriter<'a> {
     pub(crate) async fn put_run(&self, record: RunRecord) -> Result<u64, StoreError> {
         self.fence.written().await?;
         self.fence.watch(self.store.put_run(record, self.fence.token()).await)
+    }
+
+    /// Replaces the run's row once the outcomes in flight are answered, whatever became of
+    /// them: for marking a run that ended in failure, which builds on none of them.
+    pub(crate) async fn put_run_ending(&self, record: RunRecord) -> Result<u64, StoreError> {
+        self.fence.drained().await;
+        self.fence.watch(self.store.put_run(record, self.fence.token()).await)
+    }
+
+    /// Whether an outcome of the turn failed to commit, so that every write fails with it:
+    /// an outage a write meets is then not one of its own, to try again or to take as in doubt.
+    pub(crate) fn outcome_lost(&self) -> bool {
+        self.fence.outcome_lost()
     }
 
     /// The run's last write of a turn: [`put_run`](Self::put_run), giving the lease up in the

@@ -89,8 +89,9 @@ pub(super) fn close<'a>(
                 // Journaled by the refused attempt: only the run is left to write.
                 Err(StoreError::DuplicateKey { .. }) if refused && last.is_some() => last = None,
                 // In doubt: an outage answered the write, which may have landed whole (its
-                // answer lost) or not at all.
-                Err(e @ StoreError::Unavailable(_)) if status != RunStatus::Failed => {
+                // answer lost) or not at all. Not when it was an outcome the turn lost: that
+                // write was never sent.
+                Err(e @ StoreError::Unavailable(_)) if status != RunStatus::Failed && !writer.outcome_lost() => {
                     if let Some(version) = landed(writer, &record, at_ms).await? {
                         record.version = version;
                         return Ok(output_of(&record, &state));

@@ -178,7 +178,7 @@ impl Held {
     async fn release_now(self) {
         // An outcome still in flight is written under this lease, renewed meanwhile: given up
         // first, it would be fenced and lost. Its failure is the turn's, reported already.
-        let _ = self.fence.written().await;
+        self.fence.drained().await;
         self.renewals.deregister(self.registration);
         if self.fence.is_lost() || self.fence.is_released() {
             return;
@@ -189,8 +189,10 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        // A turn task that is aborted never reaches `release`: stop renewing at least.
+        // A turn task that is aborted never reaches `release`: stop renewing at least, and let
+        // its parked writes go (each holds the fence, which holds them).
         self.renewals.deregister(self.registration);
+        self.fence.abandon_in_flight();
     }
 }
 

@@ -120,7 +120,9 @@ pub(super) async fn mark_ended(writer: RunWriter<'_>, status: RunStatus) {
     let Ok(Some(mut record)) = writer.get_run().await else { return };
     record.status = status;
     record.updated_at_ms = now_ms();
-    if let Err(e) = writer.put_run(record).await {
+    // Whatever became of the turn's outcomes: the run's end builds on none of them, and one that
+    // failed may be why it ended.
+    if let Err(e) = writer.put_run_ending(record).await {
         tracing::warn!(run_id = writer.run_id(), error = %e, "could not mark the run failed");
     }
 }

@@ -574,7 +574,7 @@ pub trait RunStore: Send + Sync + 'static {
     /// The runtime sends a call's outcome as the call ends and goes on to ask the model,
     /// waiting for the outcome's commit only before the run's next write. For a store that
     /// says `true` it reads the answer then, and nothing is woken when the write commits; for
-    /// any other it drives the write as a task of its own. The default, `false`, is right for
+    /// any other it drives the write as a task of its own. The default, `false`, is safe for
     /// every store.
     ///
     /// ```
