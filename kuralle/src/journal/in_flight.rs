@@ -169,10 +169,11 @@ impl Drop for Reading<'_> {
 /// Sends `write` under `fence`'s turn and returns without waiting for its commit where it can.
 /// The write is polled once here: a store that answers at once (`MemoryStore`) answers here, an
 /// error included; one that queues its write (SQLite's writer thread; a PostgreSQL connection,
-/// when the pool has one free) has it queued before the caller goes on. `unpolled` says the store's writes then go on
-/// without being polled again: the write is parked for the next writer to read. Otherwise it
-/// runs on as a task of its own (its answer, or its retries through an outage), counted in the
-/// fence's [`InFlight`] until it ends. Outside a Tokio runtime the write is awaited here.
+/// when the pool has one free) has it queued before the caller goes on. `unpolled` says the
+/// store's writes then go on without being polled again: the write is parked for the next
+/// writer to read. Otherwise it runs on as a task of its own (its answer, or its retries
+/// through an outage), counted in the fence's [`InFlight`] until it ends. Outside a Tokio
+/// runtime the write is awaited here.
 pub(crate) async fn send<F>(fence: &Arc<Fence>, unpolled: bool, write: F) -> Result<(), StoreError>
 where
     F: Future<Output = Result<(), StoreError>> + Send + 'static,
@@ -248,7 +249,7 @@ mod tests {
     }
 
     /// A queued write is in flight until answered, driven or parked; the next writer waits for
-    /// it and gets its failure, once.
+    /// it and gets its failure, as every later writer does.
     #[tokio::test(start_paused = true)]
     async fn the_next_writer_waits_for_a_write_in_flight_and_gets_its_failure() {
         for unpolled in [false, true] {
