@@ -489,7 +489,9 @@ async fn a_lost_outcome_outranks_a_model_outage() {
 }
 
 /// A turn that ends (here on a model outage) while a call's outcome is in flight gives its lease
-/// up only once the outcome committed: given up first, the write would be fenced and lost.
+/// up only once the outcome committed: given up first, the write would be fenced and lost. Two
+/// waits guard it: the turn's, which looks for a lost outcome to report, and the release's
+/// own; the test fails only with both removed.
 #[tokio::test(start_paused = true)]
 async fn a_turn_keeps_its_lease_until_its_outcome_commits() {
     let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
