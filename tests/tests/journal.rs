@@ -443,15 +443,22 @@ async fn a_calls_outcome_commits_while_the_model_is_asked() {
     assert!(memory.current_lease("r").await.unwrap().is_none(), "given up after the outcome landed");
 }
 
+/// A store over `memory` whose call outcomes fail a second after they are sent, once the model
+/// response (the first `finish_step`, in this wrapper) has recorded.
+fn outcomes_failing_late(memory: &Arc<dyn RunStore>) -> FlakyStore {
+    let flaky = FlakyStore::new(Arc::clone(memory));
+    flaky.delay_finish(Duration::from_secs(1));
+    flaky.fail_finish_from(1);
+    flaky
+}
+
 /// An outcome whose write fails after the model was asked: the model's answer, which saw the
 /// outcome, is not journaled; the turn ends with the store's error, resumable, and the resumed
 /// turn runs the call again with the same key (at-least-once, as for a crash before the commit).
 #[tokio::test(start_paused = true)]
 async fn an_outcome_that_fails_after_the_model_was_asked_is_the_turns_error() {
     let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
-    let flaky = FlakyStore::new(memory.clone());
-    flaky.delay_finish(Duration::from_secs(1));
-    flaky.fail_finish_from(1); // the model response records; the charge's outcome cannot
+    let flaky = outcomes_failing_late(&memory);
     let keys = Arc::new(Mutex::new(Vec::new()));
     let agent = AgentDef::new("pay", "x").tool(keyed("charge", &keys));
     let (runtime, asked) = timed_rt(agent.clone(), ScriptedModel::by_transcript(script()), flaky.clone());
@@ -477,9 +484,7 @@ async fn an_outcome_that_fails_after_the_model_was_asked_is_the_turns_error() {
 #[tokio::test(start_paused = true)]
 async fn a_lost_outcome_outranks_a_model_outage() {
     let memory: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
-    let flaky = FlakyStore::new(memory.clone());
-    flaky.delay_finish(Duration::from_secs(1));
-    flaky.fail_finish_from(1); // the model response records; the charge's outcome cannot
+    let flaky = outcomes_failing_late(&memory);
     let count = Arc::new(AtomicUsize::new(0));
     let agent = AgentDef::new("pay", "x").tool(counting("charge", &count));
     let model = ScriptedModel::new([script()[0].clone(), Turn::error("connection reset")]);

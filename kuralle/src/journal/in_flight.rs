@@ -238,6 +238,13 @@ mod tests {
         Fence::new(&lease, CancellationToken::new())
     }
 
+    /// Sends, under `fence`, a write that is in flight until the test answers it.
+    async fn sent(fence: &Arc<Fence>, unpolled: bool) -> tokio::sync::oneshot::Sender<Result<(), StoreError>> {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        send(fence, unpolled, async move { answered.await.unwrap() }).await.unwrap();
+        answer
+    }
+
     /// A store that answers at once answers the sender: nothing is left in flight.
     #[tokio::test]
     async fn a_write_answered_at_once_is_not_in_flight() {
@@ -254,8 +261,7 @@ mod tests {
     async fn the_next_writer_waits_for_a_write_in_flight_and_gets_its_failure() {
         for unpolled in [false, true] {
             let fence = fence();
-            let (answer, answered) = tokio::sync::oneshot::channel::<Result<(), StoreError>>();
-            send(&fence, unpolled, async move { answered.await.unwrap() }).await.unwrap();
+            let answer = sent(&fence, unpolled).await;
             let mut settled = Box::pin(fence.in_flight().settled());
             assert!(poll_once(settled.as_mut()).is_pending(), "the write is in flight");
             answer.send(Err(StoreError::Unavailable("disk".into()))).unwrap();
@@ -272,8 +278,7 @@ mod tests {
     async fn every_waiting_writer_is_woken() {
         for unpolled in [false, true] {
             let fence = fence();
-            let (answer, answered) = tokio::sync::oneshot::channel::<Result<(), StoreError>>();
-            send(&fence, unpolled, async move { answered.await.unwrap() }).await.unwrap();
+            let answer = sent(&fence, unpolled).await;
             let (a, b) = (fence.in_flight().settled(), fence.in_flight().settled());
             let both = async { tokio::join!(a, b) };
             let answering = async {
@@ -292,10 +297,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn parked_writes_a_dropped_writer_took_are_put_back() {
         let fence = fence();
-        let (first, first_answered) = tokio::sync::oneshot::channel::<Result<(), StoreError>>();
-        let (second, second_answered) = tokio::sync::oneshot::channel::<Result<(), StoreError>>();
-        send(&fence, true, async move { first_answered.await.unwrap() }).await.unwrap();
-        send(&fence, true, async move { second_answered.await.unwrap() }).await.unwrap();
+        let first = sent(&fence, true).await;
+        let second = sent(&fence, true).await;
         assert!(poll_once(fence.in_flight().settled()).is_pending(), "dropped while reading the first");
         first.send(Ok(())).unwrap();
         let mut settled = Box::pin(fence.in_flight().settled());
@@ -310,8 +313,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_writer_waiting_on_a_dropped_reader_reads_the_parked_writes_itself() {
         let fence = fence();
-        let (answer, answered) = tokio::sync::oneshot::channel::<Result<(), StoreError>>();
-        send(&fence, true, async move { answered.await.unwrap() }).await.unwrap();
+        let answer = sent(&fence, true).await;
         let mut reader = Box::pin(fence.in_flight().settled());
         assert!(poll_once(reader.as_mut()).is_pending(), "the reader took the parked write");
         let waiter = fence.in_flight().settled();
