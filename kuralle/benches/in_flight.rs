@@ -3,7 +3,7 @@
 //! request after a fixed latency (100 ms by default). The ideal wall time is 4 × latency, whatever
 //! N; what the runtime adds on top is the figure (issue 27).
 //!
-//! `cargo bench -p kuralle --bench in_flight -- [--store memory|sqlite] [--runs 100,1000,10000]
+//! `cargo bench -p kuralle --bench in_flight -- [--store memory|sqlite|postgres] [--runs 100,1000,10000]
 //! [--latency-ms 100] [--svg PATH] [--cap-s 180] [--workers 2] [--pin-workers] [--repeat 1]` prints, per
 //! store and N:
 //! - wall time, and wall / ideal (4 × latency);
@@ -39,6 +39,11 @@
 //!   that starting N runs grew by and kept, the bench's own input, handle and stream for each
 //!   included;
 //! - on SQLite, store write calls per durable commit (`SqliteStore::commit_count`).
+//!
+//! `--store postgres` runs the same on `PostgresStore` in this process, on `DATABASE_URL` and a
+//! schema of its own (`in_flight_<pid>`, dropped after): what a turn waits for on a server's
+//! round trips, where `in_flight_pg` measures throughput with worker processes. It is not in the
+//! default set, since it needs the server.
 //!
 //! `--store handoff` is a diagnostic, not a store: MemoryStore whose every write a run makes
 //! also waits for a thread of its own to answer, in batches, as `SqliteStore`'s writer thread
@@ -78,7 +83,7 @@ use futures::{StreamExt, stream::BoxStream};
 use kuralle::{
     AgentDef, FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, RunRequest, RunStatus, RunStore,
     Runtime, ToolCallRequest, Usage,
-    stores::{MemoryStore, SqliteStore},
+    stores::{MemoryStore, PostgresOptions, PostgresStore, SqliteStore},
     testing::CountingStore,
     tool,
 };
@@ -375,10 +380,18 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads
         let _ = std::fs::remove_file(&path);
         SqliteStore::open(&path).expect("open the bench database")
     });
-    let inner: Arc<dyn RunStore> = match &sqlite {
-        Some(s) => Arc::new(s.clone()),
-        None if store == "handoff" => Arc::new(handoff::Handoff::new(Arc::new(MemoryStore::new()))),
-        None => Arc::new(MemoryStore::new()),
+    let postgres = (store == "postgres").then(|| {
+        let url = std::env::var("DATABASE_URL").expect("--store postgres reads the server's URL from DATABASE_URL");
+        let schema = format!("in_flight_{}", std::process::id());
+        let options = PostgresOptions { schema: schema.clone(), ..PostgresOptions::default() };
+        let store = rt.block_on(PostgresStore::connect_with(&url, options)).expect("connect to DATABASE_URL");
+        (store, Dropped { rt: rt.handle().clone(), url, schema })
+    });
+    let inner: Arc<dyn RunStore> = match (&sqlite, &postgres) {
+        (Some(s), _) => Arc::new(s.clone()),
+        (None, Some((p, _))) => Arc::new(p.clone()),
+        (None, None) if store == "handoff" => Arc::new(handoff::Handoff::new(Arc::new(MemoryStore::new()))),
+        (None, None) => Arc::new(MemoryStore::new()),
     };
     let counting = Arc::new(CountingStore::new(inner));
     let marks = Arc::new(Marks {
@@ -486,6 +499,33 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads
         heap_bytes: heap_peak.load(Ordering::Relaxed).saturating_sub(heap_before as u64),
         start_heap_bytes: heap_started.load(Ordering::Relaxed).saturating_sub(heap_before as u64),
         timed_out: false,
+    }
+}
+
+/// The bench's PostgreSQL schema, dropped when the child ends (a child killed at the cap leaves
+/// its `in_flight_<pid>` schema behind).
+struct Dropped {
+    rt: tokio::runtime::Handle,
+    url: String,
+    schema: String,
+}
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        let (url, sql) = (self.url.clone(), format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema));
+        let dropped = std::thread::scope(|s| {
+            s.spawn(|| {
+                self.rt.block_on(async {
+                    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+                    tokio::spawn(connection);
+                    client.batch_execute(&sql).await
+                })
+            })
+            .join()
+        });
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop the bench schema {}: {dropped:?}", self.schema);
+        }
     }
 }
 
@@ -749,7 +789,10 @@ fn main() {
         None => vec!["memory".to_owned(), "sqlite".to_owned()],
     };
     for s in &stores {
-        assert!(s == "memory" || s == "sqlite" || s == "handoff", "--store is memory, sqlite or handoff, not {s}");
+        assert!(
+            ["memory", "sqlite", "postgres", "handoff"].contains(&s.as_str()),
+            "--store is memory, sqlite, postgres or handoff, not {s}"
+        );
     }
     let runs: Vec<usize> = value("--runs").map_or_else(|| vec![100, 1_000, 10_000], |v| list(&v));
     let latencies: Vec<u64> = value("--latency-ms").map_or_else(|| vec![100], |v| list(&v));
