@@ -41,9 +41,9 @@
 //! - on SQLite, store write calls per durable commit (`SqliteStore::commit_count`).
 //!
 //! `--store postgres` runs the same on `PostgresStore` in this process, on `DATABASE_URL` and a
-//! schema of its own (`in_flight_<pid>`, dropped after): what a turn waits for on a server's
-//! round trips, where `in_flight_pg` measures throughput with worker processes. It is not in the
-//! default set, since it needs the server.
+//! schema of its own (`in_flight_<pid>`, dropped after, by the parent if the child was killed):
+//! what a turn waits for on a server's round trips, where `in_flight_pg` measures throughput
+//! with worker processes. It is not in the default set, since it needs the server.
 //!
 //! `--store handoff` is a diagnostic, not a store: MemoryStore whose every write a run makes
 //! also waits for a thread of its own to answer, in batches, as `SqliteStore`'s writer thread
@@ -382,10 +382,10 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads
     });
     let postgres = (store == "postgres").then(|| {
         let url = std::env::var("DATABASE_URL").expect("--store postgres reads the server's URL from DATABASE_URL");
-        let schema = format!("in_flight_{}", std::process::id());
+        let schema = schema_of(std::process::id());
         let options = PostgresOptions { schema: schema.clone(), ..PostgresOptions::default() };
         let store = rt.block_on(PostgresStore::connect_with(&url, options)).expect("connect to DATABASE_URL");
-        (store, Dropped { rt: rt.handle().clone(), url, schema })
+        (store, Dropped { url, schema })
     });
     let inner: Arc<dyn RunStore> = match (&sqlite, &postgres) {
         (Some(s), _) => Arc::new(s.clone()),
@@ -502,30 +502,42 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads
     }
 }
 
-/// The bench's PostgreSQL schema, dropped when the child ends (a child killed at the cap leaves
-/// its `in_flight_<pid>` schema behind).
+/// The bench's PostgreSQL schema, dropped when the child ends (or, for a child killed at the
+/// cap, by the parent: see [`drop_schema`]).
 struct Dropped {
-    rt: tokio::runtime::Handle,
     url: String,
     schema: String,
 }
 
 impl Drop for Dropped {
     fn drop(&mut self) {
-        let (url, sql) = (self.url.clone(), format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema));
-        let dropped = std::thread::scope(|s| {
-            s.spawn(|| {
-                self.rt.block_on(async {
-                    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
-                    tokio::spawn(connection);
-                    client.batch_execute(&sql).await
-                })
+        drop_schema(&self.url, &self.schema);
+    }
+}
+
+/// The schema of the child with process id `pid`.
+fn schema_of(pid: u32) -> String {
+    format!("in_flight_{pid}")
+}
+
+/// Drops `schema` and everything in it, on a thread and runtime of its own (the caller may be
+/// on a runtime's thread, or on none); a failure is printed, not raised.
+fn drop_schema(url: &str, schema: &str) {
+    let sql = format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
+    let dropped = std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(async {
+                let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+                tokio::spawn(connection);
+                client.batch_execute(&sql).await
             })
-            .join()
-        });
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("could not drop the bench schema {}: {dropped:?}", self.schema);
-        }
+            .map_err(std::io::Error::other)
+        })
+        .join()
+    });
+    if !matches!(dropped, Ok(Ok(()))) {
+        eprintln!("could not drop the bench schema {schema}: {dropped:?}");
     }
 }
 
@@ -579,6 +591,9 @@ fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, threads: 
             // A killed child leaves its database behind.
             let _ =
                 std::fs::remove_dir_all(std::env::temp_dir().join(format!("kuralle-bench-in-flight-{}", child.id())));
+            if let ("postgres", Ok(url)) = (store, std::env::var("DATABASE_URL")) {
+                drop_schema(&url, &schema_of(child.id()));
+            }
             return Figures {
                 store: store.to_owned(),
                 runs,
