@@ -39,6 +39,11 @@
 //!   that starting N runs grew by and kept, the bench's own input, handle and stream for each
 //!   included;
 //! - on SQLite, store write calls per durable commit (`SqliteStore::commit_count`).
+//! - by thread, on the `--one` line only (Linux): CPU time a run of SQLite's writer thread
+//!   (`writer_us_per_run`), of its checkpointer (`checkpoint_us_per_run`) and of the runtime's
+//!   worker threads (`workers_us_per_run`), and how long the workers waited runnable for a CPU
+//!   (`workers_waited_us_per_run`). The writer's CPU over the wall says how near it is to
+//!   being the queue every run waits in.
 //!
 //! `--store postgres` runs the same on `PostgresStore` in this process, on `DATABASE_URL` and a
 //! schema of its own (`in_flight_<pid>`, dropped after, by the parent if the child was killed):
@@ -205,6 +210,27 @@ fn status_kib(field: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
 }
 
+/// Nanoseconds each named thread of this process has run and has waited runnable for a CPU,
+/// summed by name (`/proc/self/task/*/schedstat`: Linux with scheduler statistics; empty
+/// elsewhere).
+fn thread_times() -> std::collections::HashMap<String, (u64, u64)> {
+    let mut times = std::collections::HashMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return times;
+    };
+    for task in tasks.flatten() {
+        let read = |file: &str| std::fs::read_to_string(task.path().join(file)).ok();
+        let (Some(name), Some(stat)) = (read("comm"), read("schedstat")) else {
+            continue;
+        };
+        let mut fields = stat.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
+        let (ran, waited) = (fields.next().unwrap_or(0), fields.next().unwrap_or(0));
+        let entry = times.entry(name.trim().to_owned()).or_insert((0, 0));
+        *entry = (entry.0 + ran, entry.1 + waited);
+    }
+    times
+}
+
 /// One configuration's figures, as the child prints them on one line (`key=value ...`).
 #[derive(Debug, Clone, Default)]
 struct Figures {
@@ -229,6 +255,13 @@ struct Figures {
     rss_kib: u64,
     heap_bytes: u64,
     start_heap_bytes: u64,
+    /// CPU time a run of the SQLite store's writer thread, of its checkpointer and of the
+    /// runtime's worker threads (Linux's per-thread counts; 0 elsewhere or without the thread).
+    writer_us_per_run: f64,
+    checkpoint_us_per_run: f64,
+    workers_us_per_run: f64,
+    /// How long the worker threads were runnable but not running, a run: waiting for a CPU.
+    workers_waited_us_per_run: f64,
     timed_out: bool,
 }
 
@@ -239,7 +272,7 @@ impl Figures {
 
     fn line(&self) -> String {
         format!(
-            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} first_p50_us={} first_max_us={} calls_us={} cpu_us_per_run={} timer_p50_us={} timer_p99_us={} step_writes={} store_writes={} commits={} rss_kib={} heap_bytes={} start_heap_bytes={}",
+            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} first_p50_us={} first_max_us={} calls_us={} cpu_us_per_run={} timer_p50_us={} timer_p99_us={} step_writes={} store_writes={} commits={} rss_kib={} heap_bytes={} start_heap_bytes={} writer_us_per_run={:.1} checkpoint_us_per_run={:.1} workers_us_per_run={:.1} workers_waited_us_per_run={:.1}",
             self.store,
             self.runs,
             self.latency_ms,
@@ -260,7 +293,11 @@ impl Figures {
             self.commits.map_or_else(|| "-".to_owned(), |c| c.to_string()),
             self.rss_kib,
             self.heap_bytes,
-            self.start_heap_bytes
+            self.start_heap_bytes,
+            self.writer_us_per_run,
+            self.checkpoint_us_per_run,
+            self.workers_us_per_run,
+            self.workers_waited_us_per_run
         )
     }
 
@@ -290,6 +327,10 @@ impl Figures {
                 "rss_kib" => f.rss_kib = v.parse().ok()?,
                 "heap_bytes" => f.heap_bytes = v.parse().ok()?,
                 "start_heap_bytes" => f.start_heap_bytes = v.parse().ok()?,
+                "writer_us_per_run" => f.writer_us_per_run = v.parse().ok()?,
+                "checkpoint_us_per_run" => f.checkpoint_us_per_run = v.parse().ok()?,
+                "workers_us_per_run" => f.workers_us_per_run = v.parse().ok()?,
+                "workers_waited_us_per_run" => f.workers_waited_us_per_run = v.parse().ok()?,
                 _ => {}
             }
         }
@@ -437,6 +478,7 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads
 
     // Started from a task on the runtime, as a service starts runs.
     let clock = Arc::clone(&marks);
+    let threads_before = thread_times();
     let cpu_start = cpu_time::ProcessTime::now();
     let (started, calls, wall) = rt
         .block_on(async move {
@@ -459,6 +501,14 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads
         .expect("the bench task");
 
     let cpu = cpu_start.elapsed();
+    let threads_after = thread_times();
+    // Per run, in µs, of what the threads named `name` did between the two reads.
+    let per_run = |name: &str, waited: bool| {
+        let pick = |t: &std::collections::HashMap<String, (u64, u64)>| {
+            t.get(name).map_or(0, |&(ran, wait)| if waited { wait } else { ran })
+        };
+        pick(&threads_after).saturating_sub(pick(&threads_before)) as f64 / 1e3 / runs as f64
+    };
     let peak = status_kib("VmHWM");
     sampling.store(false, Ordering::Relaxed);
     sampler.join().expect("the heap sampler");
@@ -498,6 +548,10 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads
         rss_kib: peak.saturating_sub(baseline),
         heap_bytes: heap_peak.load(Ordering::Relaxed).saturating_sub(heap_before as u64),
         start_heap_bytes: heap_started.load(Ordering::Relaxed).saturating_sub(heap_before as u64),
+        writer_us_per_run: per_run("kuralle-writer", false),
+        checkpoint_us_per_run: per_run("kuralle-checkpt", false),
+        workers_us_per_run: per_run("tokio-rt-worker", false),
+        workers_waited_us_per_run: per_run("tokio-rt-worker", true),
         timed_out: false,
     }
 }

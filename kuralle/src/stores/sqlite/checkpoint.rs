@@ -150,7 +150,7 @@ impl Checkpointer {
         let thread = {
             let progress = Arc::clone(&progress);
             std::thread::Builder::new()
-                .name("kuralle-sqlite-checkpoint".into())
+                .name("kuralle-checkpt".into())
                 .spawn(move || checkpoint_loop(conn, nudges, &progress))
                 .map_err(|e| StoreError::Unavailable(format!("cannot start the checkpoint thread: {e}").into()))?
         };

@@ -315,8 +315,10 @@ impl SqliteStore {
         let writer = {
             let commits = commits.clone();
             let max_batch = options.max_batch.max(1);
+            // Linux keeps a thread's first 15 bytes as its name (`top -H`, `perf`, `/proc`):
+            // this one and the checkpointer's must differ there.
             std::thread::Builder::new()
-                .name("kuralle-sqlite-writer".into())
+                .name("kuralle-writer".into())
                 .spawn(move || writer_loop(conn, queue, max_batch, errors, &commits, checkpointer, KEPT))
         };
         // Without a writer thread every write fails with `Unavailable`.
