@@ -3,9 +3,9 @@
 //! request after a fixed latency (100 ms by default). The ideal wall time is 4 × latency, whatever
 //! N; what the runtime adds on top is the figure (issue 27).
 //!
-//! `cargo bench -p kuralle --bench in_flight -- [--store memory|sqlite|postgres] [--runs 100,1000,10000]
-//! [--latency-ms 100] [--svg PATH] [--cap-s 180] [--workers 2] [--pin-workers] [--repeat 1]` prints, per
-//! store and N:
+//! `cargo bench -p kuralle --bench in_flight -- [--store memory|sqlite|postgres]
+//! [--runs 100,1000,10000] [--latency-ms 100] [--svg PATH] [--cap-s 180] [--workers 2]
+//! [--pin-workers] [--repeat 1]` prints, per store and N:
 //! - wall time, and wall / ideal (4 × latency);
 //! - added latency per turn, p50 and p99: a run's time from one model request to its next, less
 //!   the model's latency. That is the turn's wall time beyond the model, as a user waits for it:
@@ -46,7 +46,7 @@
 //!   being the queue every run waits in.
 //!
 //! `--store postgres` runs the same on `PostgresStore` in this process, on `DATABASE_URL` and a
-//! schema of its own (`in_flight_<pid>`, dropped after, by the parent if the child was killed):
+//! schema of its own (`in_flight_<pid>`, dropped after, by the child and again by the parent):
 //! what a turn waits for on a server's round trips, where `in_flight_pg` measures throughput
 //! with worker processes. It is not in the default set, since it needs the server.
 //!
@@ -74,6 +74,7 @@
 //! milliseconds, which is the tail of the added latency at 1,000 runs on these machines.
 
 use std::{
+    collections::HashMap,
     io::Write,
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -210,11 +211,11 @@ fn status_kib(field: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
 }
 
-/// Nanoseconds each named thread of this process has run and has waited runnable for a CPU,
-/// summed by name (`/proc/self/task/*/schedstat`: Linux with scheduler statistics; empty
-/// elsewhere).
-fn thread_times() -> std::collections::HashMap<String, (u64, u64)> {
-    let mut times = std::collections::HashMap::new();
+/// Each thread of this process: its name, and the nanoseconds it has run and has waited
+/// runnable for a CPU, by thread id (`/proc/self/task/*/schedstat`: Linux with scheduler
+/// statistics; empty elsewhere).
+fn thread_times() -> HashMap<String, (String, u64, u64)> {
+    let mut times = HashMap::new();
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return times;
     };
@@ -225,11 +226,30 @@ fn thread_times() -> std::collections::HashMap<String, (u64, u64)> {
         };
         let mut fields = stat.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
         let (ran, waited) = (fields.next().unwrap_or(0), fields.next().unwrap_or(0));
-        let entry = times.entry(name.trim().to_owned()).or_insert((0, 0));
-        *entry = (entry.0 + ran, entry.1 + waited);
+        times.insert(task.file_name().to_string_lossy().into_owned(), (name.trim().to_owned(), ran, waited));
     }
     times
 }
+
+/// What the threads named `name` did between two reads of [`thread_times`], in ns: each
+/// thread's own difference (a thread started between them counts from 0; one that ended is
+/// lost, which the bench's store and worker threads do not do), summed.
+fn thread_delta(
+    before: &HashMap<String, (String, u64, u64)>,
+    after: &HashMap<String, (String, u64, u64)>,
+    name: &str,
+    waited: bool,
+) -> u64 {
+    let pick = |&(_, ran, wait): &(String, u64, u64)| if waited { wait } else { ran };
+    after
+        .iter()
+        .filter(|(_, t)| t.0 == name)
+        .map(|(tid, t)| pick(t).saturating_sub(before.get(tid).map_or(0, pick)))
+        .sum()
+}
+
+/// The name of the runtime's worker threads in the bench.
+const WORKER: &str = "bench-worker";
 
 /// One configuration's figures, as the child prints them on one line (`key=value ...`).
 #[derive(Debug, Clone, Default)]
@@ -403,8 +423,23 @@ fn pin_workers(_workers: usize) -> (fn(), Arc<AtomicUsize>) {
 /// The child: `runs` runs at once on one runtime of `threads.workers` worker threads (pinned
 /// with `threads.pin`), on `store`.
 fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads) -> Figures {
+    // Declared before the runtime, so dropped after it: no task of the runs is left to use the
+    // schema when it goes. A schema of the same name, left by an earlier process with this pid,
+    // goes first.
+    let schema = (store == "postgres").then(|| {
+        let url = std::env::var("DATABASE_URL").expect("--store postgres reads the server's URL from DATABASE_URL");
+        let schema = Dropped { url, name: schema_of(std::process::id()) };
+        drop_schema(&schema.url, &schema.name);
+        schema
+    });
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.worker_threads(threads.workers).enable_all();
+    // The workers are the runtime's first threads; the blocking pool's come after, and would
+    // otherwise share their name (the per-thread figures count the workers alone).
+    let named = AtomicUsize::new(0);
+    builder.thread_name_fn(move || {
+        if named.fetch_add(1, Ordering::Relaxed) < threads.workers { WORKER } else { "bench-blocking" }.to_owned()
+    });
     let pinned = threads.pin.then(|| {
         let (hook, started) = pin_workers(threads.workers);
         builder.on_thread_start(hook);
@@ -421,16 +456,13 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads
         let _ = std::fs::remove_file(&path);
         SqliteStore::open(&path).expect("open the bench database")
     });
-    let postgres = (store == "postgres").then(|| {
-        let url = std::env::var("DATABASE_URL").expect("--store postgres reads the server's URL from DATABASE_URL");
-        let schema = schema_of(std::process::id());
-        let options = PostgresOptions { schema: schema.clone(), ..PostgresOptions::default() };
-        let store = rt.block_on(PostgresStore::connect_with(&url, options)).expect("connect to DATABASE_URL");
-        (store, Dropped { url, schema })
+    let postgres = schema.as_ref().map(|schema| {
+        let options = PostgresOptions { schema: schema.name.clone(), ..PostgresOptions::default() };
+        rt.block_on(PostgresStore::connect_with(&schema.url, options)).expect("connect to DATABASE_URL")
     });
     let inner: Arc<dyn RunStore> = match (&sqlite, &postgres) {
         (Some(s), _) => Arc::new(s.clone()),
-        (None, Some((p, _))) => Arc::new(p.clone()),
+        (None, Some(p)) => Arc::new(p.clone()),
         (None, None) if store == "handoff" => Arc::new(handoff::Handoff::new(Arc::new(MemoryStore::new()))),
         (None, None) => Arc::new(MemoryStore::new()),
     };
@@ -502,12 +534,9 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads
 
     let cpu = cpu_start.elapsed();
     let threads_after = thread_times();
-    // Per run, in µs, of what the threads named `name` did between the two reads.
+    // Per run, in µs, of what the threads named `name` did while the runs ran.
     let per_run = |name: &str, waited: bool| {
-        let pick = |t: &std::collections::HashMap<String, (u64, u64)>| {
-            t.get(name).map_or(0, |&(ran, wait)| if waited { wait } else { ran })
-        };
-        pick(&threads_after).saturating_sub(pick(&threads_before)) as f64 / 1e3 / runs as f64
+        thread_delta(&threads_before, &threads_after, name, waited) as f64 / 1e3 / runs as f64
     };
     let peak = status_kib("VmHWM");
     sampling.store(false, Ordering::Relaxed);
@@ -550,22 +579,29 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads
         start_heap_bytes: heap_started.load(Ordering::Relaxed).saturating_sub(heap_before as u64),
         writer_us_per_run: per_run("kuralle-writer", false),
         checkpoint_us_per_run: per_run("kuralle-checkpt", false),
-        workers_us_per_run: per_run("tokio-rt-worker", false),
-        workers_waited_us_per_run: per_run("tokio-rt-worker", true),
+        workers_us_per_run: per_run(WORKER, false),
+        workers_waited_us_per_run: per_run(WORKER, true),
         timed_out: false,
     }
 }
 
-/// The bench's PostgreSQL schema, dropped when the child ends (or, for a child killed at the
-/// cap, by the parent: see [`drop_schema`]).
+/// The bench's PostgreSQL schema, dropped when the child ends, and by the parent once the child
+/// is gone, however it ended ([`spawn_one`]).
 struct Dropped {
     url: String,
-    schema: String,
+    name: String,
 }
 
 impl Drop for Dropped {
     fn drop(&mut self) {
-        drop_schema(&self.url, &self.schema);
+        drop_schema(&self.url, &self.name);
+    }
+}
+
+/// Drops the schema of the child `pid` on `store`, if that is PostgreSQL.
+fn drop_childs_schema(store: &str, pid: u32) {
+    if let ("postgres", Ok(url)) = (store, std::env::var("DATABASE_URL")) {
+        drop_schema(&url, &schema_of(pid));
     }
 }
 
@@ -574,17 +610,23 @@ fn schema_of(pid: u32) -> String {
     format!("in_flight_{pid}")
 }
 
-/// Drops `schema` and everything in it, on a thread and runtime of its own (the caller may be
-/// on a runtime's thread, or on none); a failure is printed, not raised.
+/// Drops `schema` and everything in it, if it is there, on a thread and runtime of its own
+/// (the caller may be on a runtime's thread, or on none). It connects in clear text: a server
+/// that only takes TLS keeps the schema, and a notice says so. A lock held on it for 10 s
+/// fails the drop instead of hanging the bench.
 fn drop_schema(url: &str, schema: &str) {
-    let sql = format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
+    let sql = format!("SET lock_timeout = '10s'; DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
     let dropped = std::thread::scope(|s| {
         s.spawn(|| {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             rt.block_on(async {
                 let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-                tokio::spawn(connection);
-                client.batch_execute(&sql).await
+                let connection = tokio::spawn(connection);
+                let dropped = client.batch_execute(&sql).await;
+                // The connection ends with a goodbye to the server, not cut off with the runtime.
+                drop(client);
+                let _ = connection.await;
+                dropped
             })
             .map_err(std::io::Error::other)
         })
@@ -645,9 +687,7 @@ fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, threads: 
             // A killed child leaves its database behind.
             let _ =
                 std::fs::remove_dir_all(std::env::temp_dir().join(format!("kuralle-bench-in-flight-{}", child.id())));
-            if let ("postgres", Ok(url)) = (store, std::env::var("DATABASE_URL")) {
-                drop_schema(&url, &schema_of(child.id()));
-            }
+            drop_childs_schema(store, child.id());
             return Figures {
                 store: store.to_owned(),
                 runs,
@@ -659,7 +699,10 @@ fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, threads: 
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    let pid = child.id();
     let out = child.wait_with_output().expect("the child's output");
+    // A child that ended on its own dropped its schema; one that crashed did not.
+    drop_childs_schema(store, pid);
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines().find_map(Figures::parse).unwrap_or_else(|| panic!("{store} N={runs}: no figures in {text:?}"))
 }
