@@ -41,8 +41,8 @@
 //! - on SQLite, store write calls per durable commit (`SqliteStore::commit_count`).
 //! - by thread, on the `--one` line only (Linux): CPU time a run of SQLite's writer thread
 //!   (`writer_us_per_run`), of its checkpointer (`checkpoint_us_per_run`) and of the runtime's
-//!   worker threads (`workers_us_per_run`), and how long the workers waited runnable for a CPU
-//!   (`workers_waited_us_per_run`). The writer's CPU over the wall says how near it is to
+//!   worker threads (`workers_us_per_run`), and how long the writer and the workers waited
+//!   runnable for a CPU (`writer_waited_us_per_run`, `workers_waited_us_per_run`). The writer's CPU over the wall says how near it is to
 //!   being the queue every run waits in.
 //!
 //! `--store postgres` runs the same on `PostgresStore` in this process, on `DATABASE_URL` and a
@@ -278,6 +278,8 @@ struct Figures {
     /// CPU time a run of the SQLite store's writer thread, of its checkpointer and of the
     /// runtime's worker threads (Linux's per-thread counts; 0 elsewhere or without the thread).
     writer_us_per_run: f64,
+    /// How long the writer thread was runnable but not running, a run: waiting for a CPU.
+    writer_waited_us_per_run: f64,
     checkpoint_us_per_run: f64,
     workers_us_per_run: f64,
     /// How long the worker threads were runnable but not running, a run: waiting for a CPU.
@@ -292,7 +294,7 @@ impl Figures {
 
     fn line(&self) -> String {
         format!(
-            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} first_p50_us={} first_max_us={} calls_us={} cpu_us_per_run={} timer_p50_us={} timer_p99_us={} step_writes={} store_writes={} commits={} rss_kib={} heap_bytes={} start_heap_bytes={} writer_us_per_run={:.1} checkpoint_us_per_run={:.1} workers_us_per_run={:.1} workers_waited_us_per_run={:.1}",
+            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} first_p50_us={} first_max_us={} calls_us={} cpu_us_per_run={} timer_p50_us={} timer_p99_us={} step_writes={} store_writes={} commits={} rss_kib={} heap_bytes={} start_heap_bytes={} writer_us_per_run={:.1} writer_waited_us_per_run={:.1} checkpoint_us_per_run={:.1} workers_us_per_run={:.1} workers_waited_us_per_run={:.1}",
             self.store,
             self.runs,
             self.latency_ms,
@@ -315,6 +317,7 @@ impl Figures {
             self.heap_bytes,
             self.start_heap_bytes,
             self.writer_us_per_run,
+            self.writer_waited_us_per_run,
             self.checkpoint_us_per_run,
             self.workers_us_per_run,
             self.workers_waited_us_per_run
@@ -348,6 +351,7 @@ impl Figures {
                 "heap_bytes" => f.heap_bytes = v.parse().ok()?,
                 "start_heap_bytes" => f.start_heap_bytes = v.parse().ok()?,
                 "writer_us_per_run" => f.writer_us_per_run = v.parse().ok()?,
+                "writer_waited_us_per_run" => f.writer_waited_us_per_run = v.parse().ok()?,
                 "checkpoint_us_per_run" => f.checkpoint_us_per_run = v.parse().ok()?,
                 "workers_us_per_run" => f.workers_us_per_run = v.parse().ok()?,
                 "workers_waited_us_per_run" => f.workers_waited_us_per_run = v.parse().ok()?,
@@ -578,6 +582,7 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads
         heap_bytes: heap_peak.load(Ordering::Relaxed).saturating_sub(heap_before as u64),
         start_heap_bytes: heap_started.load(Ordering::Relaxed).saturating_sub(heap_before as u64),
         writer_us_per_run: per_run("kuralle-writer", false),
+        writer_waited_us_per_run: per_run("kuralle-writer", true),
         checkpoint_us_per_run: per_run("kuralle-checkpt", false),
         workers_us_per_run: per_run(WORKER, false),
         workers_waited_us_per_run: per_run(WORKER, true),
