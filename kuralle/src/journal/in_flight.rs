@@ -26,9 +26,9 @@ use std::{
     collections::VecDeque,
     pin::Pin,
     sync::{Arc, Mutex, PoisonError},
-    task::{Context, Poll},
 };
 
+use futures::FutureExt;
 use tokio::sync::Notify;
 
 use super::Fence;
@@ -179,7 +179,7 @@ where
     F: Future<Output = Result<(), StoreError>> + Send + 'static,
 {
     let mut write: Write = Box::pin(write);
-    if let Poll::Ready(answer) = write.as_mut().poll(&mut Context::from_waker(futures::task::noop_waker_ref())) {
+    if let Some(answer) = (&mut write).now_or_never() {
         return answer;
     }
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -216,12 +216,6 @@ impl Drop for Sent {
             self.fence.in_flight().ended(Err(lost));
         }
     }
-}
-
-/// Polls `future` once, as [`send`] does, for tests.
-#[cfg(test)]
-fn poll_once<F: Future>(future: F) -> Poll<F::Output> {
-    std::pin::pin!(future).poll(&mut Context::from_waker(futures::task::noop_waker_ref()))
 }
 
 #[cfg(test)]
@@ -263,7 +257,7 @@ mod tests {
             let fence = fence();
             let answer = sent(&fence, unpolled).await;
             let mut settled = Box::pin(fence.in_flight().settled());
-            assert!(poll_once(settled.as_mut()).is_pending(), "the write is in flight");
+            assert!(settled.as_mut().now_or_never().is_none(), "the write is in flight");
             answer.send(Err(StoreError::Unavailable("disk".into()))).unwrap();
             let got = tokio::time::timeout(Duration::from_secs(1), settled).await.expect("woken when answered");
             assert!(matches!(got, Err(StoreError::Unavailable(_))), "unpolled: {unpolled}");
@@ -299,10 +293,10 @@ mod tests {
         let fence = fence();
         let first = sent(&fence, true).await;
         let second = sent(&fence, true).await;
-        assert!(poll_once(fence.in_flight().settled()).is_pending(), "dropped while reading the first");
+        assert!(fence.in_flight().settled().now_or_never().is_none(), "dropped while reading the first");
         first.send(Ok(())).unwrap();
         let mut settled = Box::pin(fence.in_flight().settled());
-        assert!(poll_once(settled.as_mut()).is_pending(), "the second is still waited for");
+        assert!(settled.as_mut().now_or_never().is_none(), "the second is still waited for");
         second.send(Err(StoreError::Unavailable("disk".into()))).unwrap();
         let got = tokio::time::timeout(Duration::from_secs(1), settled).await.expect("woken when answered");
         assert!(matches!(got, Err(StoreError::Unavailable(_))));
@@ -315,7 +309,7 @@ mod tests {
         let fence = fence();
         let answer = sent(&fence, true).await;
         let mut reader = Box::pin(fence.in_flight().settled());
-        assert!(poll_once(reader.as_mut()).is_pending(), "the reader took the parked write");
+        assert!(reader.as_mut().now_or_never().is_none(), "the reader took the parked write");
         let waiter = fence.in_flight().settled();
         let dropping = async {
             tokio::task::yield_now().await;
@@ -345,7 +339,7 @@ mod tests {
         fence.in_flight().abandon();
         assert_eq!(Arc::strong_count(&fence), 1, "let go");
         assert!(fence.in_flight().is_idle());
-        assert!(poll_once(fence.in_flight().settled()).is_ready());
+        assert!(fence.in_flight().settled().now_or_never().is_some());
     }
 
     /// A write whose task is dropped unanswered (its runtime shut down) fails the next writer
@@ -356,7 +350,7 @@ mod tests {
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
         runtime.block_on(send(&fence, false, std::future::pending())).unwrap();
         drop(runtime);
-        let settled = poll_once(fence.in_flight().settled());
-        assert!(matches!(settled, Poll::Ready(Err(StoreError::Unavailable(_)))), "{settled:?}");
+        let settled = fence.in_flight().settled().now_or_never();
+        assert!(matches!(settled, Some(Err(StoreError::Unavailable(_)))), "{settled:?}");
     }
 }
