@@ -94,11 +94,16 @@ use kuralle::{
     tool,
 };
 
+#[path = "shared/pg_schema.rs"]
+mod pg_schema;
+use pg_schema::drop_schema;
+
 /// Counts the live heap (`heap-count`, a slot per thread updated with a plain store). The
 /// counters used before cost the runs' own CPU: `cap` (one `lock xadd` on one cache line for
 /// the process) a tenth of it at 10,000 runs on MemoryStore, `accounting-allocator` (three
 /// locked instructions per allocation and free) 12%; with `heap-count` the CPU per run is that
 /// of a build with no counting (`docs/performance.md`, "The bench's own counting").
+
 #[global_allocator]
 static HEAP: heap_count::Counting = heap_count::Counting;
 
@@ -613,33 +618,6 @@ fn drop_childs_schema(store: &str, pid: u32) {
 /// The schema of the child with process id `pid`.
 fn schema_of(pid: u32) -> String {
     format!("in_flight_{pid}")
-}
-
-/// Drops `schema` and everything in it, if it is there, on a thread and runtime of its own
-/// (the caller may be on a runtime's thread, or on none). It connects in clear text: a server
-/// that only takes TLS keeps the schema, and a notice says so. A lock held on it for 10 s
-/// fails the drop instead of hanging the bench.
-fn drop_schema(url: &str, schema: &str) {
-    let sql = format!("SET lock_timeout = '10s'; DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
-    let dropped = std::thread::scope(|s| {
-        s.spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            rt.block_on(async {
-                let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-                let connection = tokio::spawn(connection);
-                let dropped = client.batch_execute(&sql).await;
-                // The connection ends with a goodbye to the server, not cut off with the runtime.
-                drop(client);
-                let _ = connection.await;
-                dropped
-            })
-            .map_err(std::io::Error::other)
-        })
-        .join()
-    });
-    if !matches!(dropped, Ok(Ok(()))) {
-        eprintln!("could not drop the bench schema {schema}: {dropped:?}");
-    }
 }
 
 /// One configuration's spread over its runs: each figure's own min / median / max (the upper

@@ -34,6 +34,8 @@ use kuralle::testing::{ScriptedModel, Turn};
 use kuralle::{AgentDef, NewStep, RunRecord, RunRequest, RunStatus, RunStore, Runtime, StepKind, StepOutcome};
 use serde_json::json;
 
+#[path = "shared/pg_schema.rs"]
+mod pg_schema;
 #[path = "journal/postgres.rs"]
 mod postgres;
 

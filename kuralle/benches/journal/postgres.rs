@@ -51,17 +51,7 @@ impl Schema {
 
 impl Drop for Schema {
     fn drop(&mut self) {
-        let (url, name) = (self.url.clone(), self.name.clone());
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async {
-                if let Ok((client, connection)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
-                    tokio::spawn(connection);
-                    let _ = client.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE")).await;
-                }
-            });
-        })
-        .join();
+        super::pg_schema::drop_schema(&self.url, &self.name);
     }
 }
 
