@@ -5,7 +5,7 @@
 //!
 //! `cargo bench -p kuralle --bench in_flight -- [--store memory|sqlite|postgres]
 //! [--runs 100,1000,10000] [--latency-ms 100] [--svg PATH] [--cap-s 180] [--workers 2]
-//! [--pin-workers] [--repeat 1]` prints, per store and N:
+//! [--pin-workers] [--warm] [--repeat 1]` prints, per store and N:
 //! - wall time, and wall / ideal (4 × latency);
 //! - added latency per turn, p50 and p99: a run's time from one model request to its next, less
 //!   the model's latency. That is the turn's wall time beyond the model, as a user waits for it:
@@ -68,6 +68,12 @@
 //! `--workers N` gives the runtime N worker threads (2 by default, one per core of these
 //! machines). With SQLite, one leaves the other core to the store's writer thread
 //! (`docs/operations.md`, "SQLite on few cores: one worker fewer").
+//!
+//! `--warm` runs the same N runs once before the measured ones, on the same store, by a runtime
+//! of their own: the process's heap has then grown, and the store's connections and caches are
+//! warm, as in a service that has been up for minutes. The measured round's CPU then leaves out
+//! the page faults of a new process's first heap, and its peak RSS per run is not shown (the
+//! high-water mark is the first round's).
 //!
 //! `--pin-workers` pins the runtime's worker threads to a CPU each (`on_thread_start`), as
 //! a service on a small VM may: without it the VM's scheduler can run both on one vCPU for
@@ -153,6 +159,18 @@ struct Marks {
 }
 
 impl Marks {
+    fn new(runs: usize) -> Arc<Self> {
+        Arc::new(Self {
+            start: Instant::now(),
+            answered: (0..runs).map(|_| AtomicU64::new(0)).collect(),
+            requested: (0..runs).map(|_| AtomicU64::new(0)).collect(),
+            first: (0..runs).map(|_| AtomicU64::new(0)).collect(),
+            started: AtomicUsize::new(0),
+            gaps: (0..runs * CALLS).map(|_| AtomicU64::new(0)).collect(),
+            turns: (0..runs * CALLS).map(|_| AtomicU64::new(0)).collect(),
+        })
+    }
+
     fn now(&self) -> u64 {
         self.start.elapsed().as_nanos() as u64
     }
@@ -289,17 +307,24 @@ struct Figures {
     workers_us_per_run: f64,
     /// How long the worker threads were runnable but not running, a run: waiting for a CPU.
     workers_waited_us_per_run: f64,
+    /// The same runs went once before the measured ones (`--warm`).
+    warm: bool,
     timed_out: bool,
 }
 
 impl Figures {
+    /// The store, and whether the process was warmed up first.
+    fn label(&self) -> String {
+        if self.warm { format!("{} (warm)", self.store) } else { self.store.clone() }
+    }
+
     fn ideal_s(&self) -> f64 {
         (CALLS + 1) as f64 * self.latency_ms as f64 / 1e3
     }
 
     fn line(&self) -> String {
         format!(
-            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} first_p50_us={} first_max_us={} calls_us={} cpu_us_per_run={} timer_p50_us={} timer_p99_us={} step_writes={} store_writes={} commits={} rss_kib={} heap_bytes={} start_heap_bytes={} writer_us_per_run={:.1} writer_waited_us_per_run={:.1} checkpoint_us_per_run={:.1} workers_us_per_run={:.1} workers_waited_us_per_run={:.1}",
+            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} first_p50_us={} first_max_us={} calls_us={} cpu_us_per_run={} timer_p50_us={} timer_p99_us={} step_writes={} store_writes={} commits={} rss_kib={} heap_bytes={} start_heap_bytes={} writer_us_per_run={:.1} writer_waited_us_per_run={:.1} checkpoint_us_per_run={:.1} workers_us_per_run={:.1} workers_waited_us_per_run={:.1} warm={}",
             self.store,
             self.runs,
             self.latency_ms,
@@ -325,7 +350,8 @@ impl Figures {
             self.writer_waited_us_per_run,
             self.checkpoint_us_per_run,
             self.workers_us_per_run,
-            self.workers_waited_us_per_run
+            self.workers_waited_us_per_run,
+            u8::from(self.warm)
         )
     }
 
@@ -360,6 +386,7 @@ impl Figures {
                 "checkpoint_us_per_run" => f.checkpoint_us_per_run = v.parse().ok()?,
                 "workers_us_per_run" => f.workers_us_per_run = v.parse().ok()?,
                 "workers_waited_us_per_run" => f.workers_waited_us_per_run = v.parse().ok()?,
+                "warm" => f.warm = v == "1",
                 _ => {}
             }
         }
@@ -386,12 +413,14 @@ async fn timer_lateness(latency: Duration) -> (f64, f64) {
 /// The runtime's worker threads, by default: one per core of these machines.
 const WORKERS: usize = 2;
 
-/// The runtime's worker threads: how many (`--workers`), and whether each is pinned to a CPU of
-/// its own (`--pin-workers`).
+/// How a child runs its configuration: the runtime's worker threads, how many (`--workers`) and
+/// whether each is pinned to a CPU of its own (`--pin-workers`); and whether the same runs go
+/// once before the measured ones (`--warm`).
 #[derive(Clone, Copy)]
-struct Threads {
+struct Setup {
     workers: usize,
     pin: bool,
+    warm: bool,
 }
 
 /// An `on_thread_start` hook that pins the runtime's first `workers` threads, each to a CPU
@@ -429,9 +458,62 @@ fn pin_workers(_workers: usize) -> (fn(), Arc<AtomicUsize>) {
     panic!("--pin-workers pins threads with Linux's sched_setaffinity");
 }
 
+/// The store a child runs on (`store` as `--store` names it), and the same store as
+/// `SqliteStore` when it is one (for its commit count). A SQLite store is a new file at `file`;
+/// PostgreSQL's is the child's schema.
+fn open_store(
+    store: &str,
+    file: &Path,
+    rt: &tokio::runtime::Runtime,
+    schema: Option<&Dropped>,
+) -> (Arc<dyn RunStore>, Option<SqliteStore>) {
+    match store {
+        "sqlite" => {
+            let _ = std::fs::remove_file(file);
+            let sqlite = SqliteStore::open(file).expect("open the bench database");
+            (Arc::new(sqlite.clone()), Some(sqlite))
+        }
+        "postgres" => {
+            let schema = schema.expect("a PostgreSQL child has a schema");
+            let options = PostgresOptions { schema: schema.name.clone(), ..PostgresOptions::default() };
+            let store =
+                rt.block_on(PostgresStore::connect_with(&schema.url, options)).expect("connect to DATABASE_URL");
+            (Arc::new(store), None)
+        }
+        "handoff" => (Arc::new(handoff::Handoff::new(Arc::new(MemoryStore::new()))), None),
+        _ => (Arc::new(MemoryStore::new()), None),
+    }
+}
+
+/// The bench's runtime: one agent with the `inc` tool, the model answering after `latency`.
+fn bench_runtime(store: Arc<dyn RunStore>, latency: Duration, marks: Arc<Marks>) -> Runtime {
+    Runtime::builder()
+        .agent(AgentDef::new("bench", "Count.").tool(Inc).max_steps(CALLS + 1))
+        .model(Latent { latency, shared: marks })
+        .store_arc(store)
+        .build()
+        .expect("build the runtime")
+}
+
+/// Starts `runs` runs at once and waits for every one to finish, on the runtime's task that
+/// calls it: when they were started (on `clock`), how long the `run` calls took, and the wall.
+async fn run_all(runtime: Runtime, runs: usize, clock: Arc<Marks>) -> (u64, Duration, Duration) {
+    let (start, started) = (Instant::now(), clock.now());
+    // Run ids are the runtime's own, as for a service that does not name its runs.
+    let all = (0..runs).map(|i| std::future::IntoFuture::into_future(runtime.run(RunRequest::new(format!("run {i}")))));
+    // Each output is checked and dropped as its run ends, so the peak RSS is the runs' own and
+    // not the bench holding every finished conversation.
+    let mut pending: futures::stream::FuturesUnordered<_> = all.collect();
+    let calls = start.elapsed();
+    while let Some(out) = pending.next().await {
+        assert_eq!(out.expect("the run finishes").status, RunStatus::Finished);
+    }
+    (started, calls, start.elapsed())
+}
+
 /// The child: `runs` runs at once on one runtime of `threads.workers` worker threads (pinned
-/// with `threads.pin`), on `store`.
-fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads) -> Figures {
+/// with `threads.pin`), on `store`, after a first round of them with `threads.warm`.
+fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Setup) -> Figures {
     // Declared before the runtime, so dropped after it: no task of the runs is left to use the
     // schema when it goes. A schema of the same name, left by an earlier process with this pid,
     // goes first.
@@ -460,37 +542,18 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads
             std::thread::yield_now();
         }
     }
-    let sqlite = (store == "sqlite").then(|| {
-        let path = dir.join(format!("in-flight-{runs}.db"));
-        let _ = std::fs::remove_file(&path);
-        SqliteStore::open(&path).expect("open the bench database")
-    });
-    let postgres = schema.as_ref().map(|schema| {
-        let options = PostgresOptions { schema: schema.name.clone(), ..PostgresOptions::default() };
-        rt.block_on(PostgresStore::connect_with(&schema.url, options)).expect("connect to DATABASE_URL")
-    });
-    let inner: Arc<dyn RunStore> = match (&sqlite, &postgres) {
-        (Some(s), _) => Arc::new(s.clone()),
-        (None, Some(p)) => Arc::new(p.clone()),
-        (None, None) if store == "handoff" => Arc::new(handoff::Handoff::new(Arc::new(MemoryStore::new()))),
-        (None, None) => Arc::new(MemoryStore::new()),
-    };
+    let (inner, sqlite) = open_store(store, &dir.join(format!("in-flight-{runs}.db")), &rt, schema.as_ref());
+    if threads.warm {
+        // The same runs once before, on the same store and by a runtime of their own: the
+        // process's heap has then grown once, and the store's connections and caches are warm,
+        // as a service's are after its first minutes.
+        let marks = Marks::new(runs);
+        let runtime = bench_runtime(Arc::clone(&inner), latency, Arc::clone(&marks));
+        rt.block_on(async move { tokio::spawn(run_all(runtime, runs, marks)).await }).expect("the warm-up round");
+    }
     let counting = Arc::new(CountingStore::new(inner));
-    let marks = Arc::new(Marks {
-        start: Instant::now(),
-        answered: (0..runs).map(|_| AtomicU64::new(0)).collect(),
-        requested: (0..runs).map(|_| AtomicU64::new(0)).collect(),
-        first: (0..runs).map(|_| AtomicU64::new(0)).collect(),
-        started: AtomicUsize::new(0),
-        gaps: (0..runs * CALLS).map(|_| AtomicU64::new(0)).collect(),
-        turns: (0..runs * CALLS).map(|_| AtomicU64::new(0)).collect(),
-    });
-    let runtime = Runtime::builder()
-        .agent(AgentDef::new("bench", "Count.").tool(Inc).max_steps(CALLS + 1))
-        .model(Latent { latency, shared: Arc::clone(&marks) })
-        .store_arc(Arc::clone(&counting) as Arc<dyn RunStore>)
-        .build()
-        .expect("build the runtime");
+    let marks = Marks::new(runs);
+    let runtime = bench_runtime(Arc::clone(&counting) as Arc<dyn RunStore>, latency, Arc::clone(&marks));
     let timer = rt.block_on(async move { tokio::spawn(timer_lateness(latency)).await }).expect("the timer task");
     let commits_before = sqlite.as_ref().map(SqliteStore::commit_count);
     let baseline = status_kib("VmHWM");
@@ -521,25 +584,8 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads
     let clock = Arc::clone(&marks);
     let threads_before = thread_times();
     let cpu_start = cpu_time::ProcessTime::now();
-    let (started, calls, wall) = rt
-        .block_on(async move {
-            tokio::spawn(async move {
-                let (start, started) = (Instant::now(), clock.now());
-                // Run ids are the runtime's own, as for a service that does not name its runs.
-                let all = (0..runs)
-                    .map(|i| std::future::IntoFuture::into_future(runtime.run(RunRequest::new(format!("run {i}")))));
-                // Each output is checked and dropped as its run ends, so the peak RSS is the runs'
-                // own and not the bench holding every finished conversation.
-                let mut pending: futures::stream::FuturesUnordered<_> = all.collect();
-                let calls = start.elapsed();
-                while let Some(out) = pending.next().await {
-                    assert_eq!(out.expect("the run finishes").status, RunStatus::Finished);
-                }
-                (started, calls, start.elapsed())
-            })
-            .await
-        })
-        .expect("the bench task");
+    let (started, calls, wall) =
+        rt.block_on(async move { tokio::spawn(run_all(runtime, runs, clock)).await }).expect("the bench task");
 
     let cpu = cpu_start.elapsed();
     let threads_after = thread_times();
@@ -591,6 +637,7 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Threads
         checkpoint_us_per_run: per_run("kuralle-checkpt", false),
         workers_us_per_run: per_run(WORKER, false),
         workers_waited_us_per_run: per_run(WORKER, true),
+        warm: threads.warm,
         timed_out: false,
     }
 }
@@ -636,7 +683,7 @@ fn spread(runs: &[Figures]) -> String {
     let finished: Vec<&Figures> = runs.iter().filter(|r| !r.timed_out).collect();
     format!(
         "- {} {} runs, {} ms: wall / ideal {}; p99 added latency per turn {}; CPU per run {}{}",
-        f.store,
+        f.label(),
         f.runs,
         f.latency_ms,
         three(finished.iter().map(|r| r.wall_s / r.ideal_s()).collect(), "×", 2),
@@ -651,11 +698,12 @@ fn spread(runs: &[Figures]) -> String {
 }
 
 /// Runs one configuration in a child process, killed after `cap`.
-fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, threads: Threads) -> Figures {
+fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, threads: Setup) -> Figures {
     let mut child = Command::new(std::env::current_exe().expect("this binary"))
         .args(["--one", store, &runs.to_string(), &latency_ms.to_string()])
         .args(["--workers", &threads.workers.to_string()])
         .args(threads.pin.then_some("--pin-workers"))
+        .args(threads.warm.then_some("--warm"))
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the child");
@@ -676,6 +724,7 @@ fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, threads: 
                 runs,
                 latency_ms,
                 wall_s: cap.as_secs_f64(),
+                warm: threads.warm,
                 timed_out: true,
                 ..Figures::default()
             };
@@ -698,7 +747,7 @@ fn print_row(f: &Figures) {
     if f.timed_out {
         println!(
             "| {} | {} | {} ms | > {:.0} s (stopped) | > {:.1}× | — | — | — | — | — | — | — | — | — | — | — |",
-            f.store,
+            f.label(),
             f.runs,
             f.latency_ms,
             f.wall_s,
@@ -707,9 +756,12 @@ fn print_row(f: &Figures) {
         return;
     }
     let per_commit = f.commits.map_or_else(|| "—".to_owned(), |c| format!("{:.2}", f.store_writes as f64 / c as f64));
+    // After a warm-up round the process's high-water mark is that round's, so the measured
+    // round's growth of it says nothing.
+    let rss = if f.warm { "—".to_owned() } else { kib(f.rss_kib as f64 / f.runs as f64) };
     println!(
         "| {} | {} | {} ms | {:.2} s | {:.2}× | {:.0} / {:.0} µs (max {:.0}) | {:.0} / {:.0} µs | {:.1} / {:.1} ms | {:.1} ms | {:.0} µs | {:.0} / {:.0} µs | {:.0} | {:.1} | {} | {} | {} |",
-        f.store,
+        f.label(),
         f.runs,
         f.latency_ms,
         f.wall_s,
@@ -727,7 +779,7 @@ fn print_row(f: &Figures) {
         f.timer_p99_us,
         f.step_writes as f64 / f.wall_s,
         f.store_writes as f64 / f.runs as f64,
-        kib(f.rss_kib as f64 / f.runs as f64),
+        rss,
         kib(f.heap_bytes as f64 / 1024.0 / f.runs as f64),
         per_commit
     );
@@ -866,7 +918,8 @@ fn main() {
     let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
     let workers: usize = value("--workers").map_or(WORKERS, |v| v.parse().expect("--workers is a count"));
     assert!(workers >= 1, "--workers is at least 1");
-    let threads = Threads { workers, pin: args.iter().any(|a| a == "--pin-workers") };
+    let threads =
+        Setup { workers, pin: args.iter().any(|a| a == "--pin-workers"), warm: args.iter().any(|a| a == "--warm") };
     let dir = std::env::temp_dir().join(format!("kuralle-bench-in-flight-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
 
