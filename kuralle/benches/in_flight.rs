@@ -867,7 +867,7 @@ fn svg(all: &[Figures]) -> String {
         w - 12.0,
         top + ph / 2.0
     );
-    let mut series: Vec<(String, u64)> = done.iter().map(|f| (f.store.clone(), f.latency_ms)).collect();
+    let mut series: Vec<(String, u64)> = done.iter().map(|f| (f.label(), f.latency_ms)).collect();
     series.dedup();
     series.sort();
     series.dedup();
@@ -875,7 +875,7 @@ fn svg(all: &[Figures]) -> String {
     for (i, (store, latency)) in series.iter().enumerate() {
         let colour = colours[i % colours.len()];
         let mut points: Vec<&&Figures> =
-            done.iter().filter(|f| &f.store == store && f.latency_ms == *latency).collect();
+            done.iter().filter(|f| &f.label() == store && f.latency_ms == *latency).collect();
         points.sort_by_key(|f| f.runs);
         let path = |y: &dyn Fn(&Figures) -> f64| {
             points.iter().map(|f| format!("{:.1},{:.1}", x(f.runs as f64), y(f))).collect::<Vec<_>>().join(" ")
