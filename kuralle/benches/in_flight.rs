@@ -70,10 +70,11 @@
 //! (`docs/operations.md`, "SQLite on few cores: one worker fewer").
 //!
 //! `--warm` runs the same N runs once before the measured ones, on the same store, by a runtime
-//! of their own: the process's heap has then grown, and the store's connections and caches are
-//! warm, as in a service that has been up for minutes. The measured round's CPU then leaves out
-//! the page faults of a new process's first heap, and its peak RSS per run is not shown (the
-//! high-water mark is the first round's).
+//! of their own: the process's heap has then grown, the store holds N finished runs, and its
+//! connections and caches are warm, as in a service that has been up for minutes. The measured
+//! round's CPU then leaves out the page faults of a new process's first heap. Its peak RSS per
+//! run is not shown: the first round set the high-water mark, and the measured round's figure
+//! is only what it added above that. `--cap-s` covers both rounds.
 //!
 //! `--pin-workers` pins the runtime's worker threads to a CPU each (`on_thread_start`), as
 //! a service on a small VM may: without it the VM's scheduler can run both on one vCPU for
@@ -414,8 +415,7 @@ async fn timer_lateness(latency: Duration) -> (f64, f64) {
 const WORKERS: usize = 2;
 
 /// How a child runs its configuration: the runtime's worker threads, how many (`--workers`) and
-/// whether each is pinned to a CPU of its own (`--pin-workers`); and whether the same runs go
-/// once before the measured ones (`--warm`).
+/// whether each is pinned to a CPU of its own (`--pin-workers`); and `--warm`.
 #[derive(Clone, Copy)]
 struct Setup {
     workers: usize,
@@ -495,8 +495,9 @@ fn bench_runtime(store: Arc<dyn RunStore>, latency: Duration, marks: Arc<Marks>)
         .expect("build the runtime")
 }
 
-/// Starts `runs` runs at once and waits for every one to finish, on the runtime's task that
-/// calls it: when they were started (on `clock`), how long the `run` calls took, and the wall.
+/// Starts `runs` runs at once and waits for every one to finish: when they were started (on
+/// `clock`), how long the `run` calls took, and the wall. Called from a task, as a service
+/// starts runs.
 async fn run_all(runtime: Runtime, runs: usize, clock: Arc<Marks>) -> (u64, Duration, Duration) {
     let (start, started) = (Instant::now(), clock.now());
     // Run ids are the runtime's own, as for a service that does not name its runs.
@@ -511,9 +512,9 @@ async fn run_all(runtime: Runtime, runs: usize, clock: Arc<Marks>) -> (u64, Dura
     (started, calls, start.elapsed())
 }
 
-/// The child: `runs` runs at once on one runtime of `threads.workers` worker threads (pinned
-/// with `threads.pin`), on `store`, after a first round of them with `threads.warm`.
-fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Setup) -> Figures {
+/// The child: `runs` runs at once on `store`, on a Tokio runtime of `setup.workers` worker
+/// threads (pinned with `setup.pin`), after a first round of them with `setup.warm`.
+fn one(store: &str, runs: usize, latency: Duration, dir: &Path, setup: Setup) -> Figures {
     // Declared before the runtime, so dropped after it: no task of the runs is left to use the
     // schema when it goes. A schema of the same name, left by an earlier process with this pid,
     // goes first.
@@ -524,32 +525,34 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Setup) 
         schema
     });
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.worker_threads(threads.workers).enable_all();
+    builder.worker_threads(setup.workers).enable_all();
     // The workers are the runtime's first threads; the blocking pool's come after, and would
     // otherwise share their name (the per-thread figures count the workers alone).
     let named = AtomicUsize::new(0);
     builder.thread_name_fn(move || {
-        if named.fetch_add(1, Ordering::Relaxed) < threads.workers { WORKER } else { "bench-blocking" }.to_owned()
+        if named.fetch_add(1, Ordering::Relaxed) < setup.workers { WORKER } else { "bench-blocking" }.to_owned()
     });
-    let pinned = threads.pin.then(|| {
-        let (hook, started) = pin_workers(threads.workers);
+    let pinned = setup.pin.then(|| {
+        let (hook, started) = pin_workers(setup.workers);
         builder.on_thread_start(hook);
         started
     });
     let rt = builder.build().unwrap();
     if let Some(started) = pinned {
-        while started.load(Ordering::Acquire) < threads.workers {
+        while started.load(Ordering::Acquire) < setup.workers {
             std::thread::yield_now();
         }
     }
     let (inner, sqlite) = open_store(store, &dir.join(format!("in-flight-{runs}.db")), &rt, schema.as_ref());
-    if threads.warm {
-        // The same runs once before, on the same store and by a runtime of their own: the
-        // process's heap has then grown once, and the store's connections and caches are warm,
-        // as a service's are after its first minutes.
+    if setup.warm {
+        // A runtime and marks of its own, so that the measured round's counts and samples are
+        // its own; the store is the same, so its caches and connections are warm.
         let marks = Marks::new(runs);
         let runtime = bench_runtime(Arc::clone(&inner), latency, Arc::clone(&marks));
         rt.block_on(async move { tokio::spawn(run_all(runtime, runs, marks)).await }).expect("the warm-up round");
+        // SQLite's checkpointer copies what is left 100 ms after the last commit: past that,
+        // its catching up does not land in the measured round's CPU.
+        std::thread::sleep(Duration::from_millis(300));
     }
     let counting = Arc::new(CountingStore::new(inner));
     let marks = Marks::new(runs);
@@ -637,7 +640,7 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, threads: Setup) 
         checkpoint_us_per_run: per_run("kuralle-checkpt", false),
         workers_us_per_run: per_run(WORKER, false),
         workers_waited_us_per_run: per_run(WORKER, true),
-        warm: threads.warm,
+        warm: setup.warm,
         timed_out: false,
     }
 }
@@ -698,12 +701,12 @@ fn spread(runs: &[Figures]) -> String {
 }
 
 /// Runs one configuration in a child process, killed after `cap`.
-fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, threads: Setup) -> Figures {
+fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, setup: Setup) -> Figures {
     let mut child = Command::new(std::env::current_exe().expect("this binary"))
         .args(["--one", store, &runs.to_string(), &latency_ms.to_string()])
-        .args(["--workers", &threads.workers.to_string()])
-        .args(threads.pin.then_some("--pin-workers"))
-        .args(threads.warm.then_some("--warm"))
+        .args(["--workers", &setup.workers.to_string()])
+        .args(setup.pin.then_some("--pin-workers"))
+        .args(setup.warm.then_some("--warm"))
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the child");
@@ -724,7 +727,7 @@ fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, threads: 
                 runs,
                 latency_ms,
                 wall_s: cap.as_secs_f64(),
-                warm: threads.warm,
+                warm: setup.warm,
                 timed_out: true,
                 ..Figures::default()
             };
@@ -745,19 +748,23 @@ fn kib(v: f64) -> String {
 
 fn print_row(f: &Figures) {
     if f.timed_out {
+        // With `--warm` the cap covers both rounds, so it bounds neither's wall.
+        let (wall, ratio) = if f.warm {
+            (format!("> {:.0} s, both rounds (stopped)", f.wall_s), "—".to_owned())
+        } else {
+            (format!("> {:.0} s (stopped)", f.wall_s), format!("> {:.1}×", f.wall_s / f.ideal_s()))
+        };
         println!(
-            "| {} | {} | {} ms | > {:.0} s (stopped) | > {:.1}× | — | — | — | — | — | — | — | — | — | — | — |",
+            "| {} | {} | {} ms | {wall} | {ratio} | — | — | — | — | — | — | — | — | — | — | — |",
             f.label(),
             f.runs,
             f.latency_ms,
-            f.wall_s,
-            f.wall_s / f.ideal_s()
         );
         return;
     }
     let per_commit = f.commits.map_or_else(|| "—".to_owned(), |c| format!("{:.2}", f.store_writes as f64 / c as f64));
-    // After a warm-up round the process's high-water mark is that round's, so the measured
-    // round's growth of it says nothing.
+    // After a warm-up round the high-water mark is mostly that round's: the measured round's
+    // growth of it is only what it added above it.
     let rss = if f.warm { "—".to_owned() } else { kib(f.rss_kib as f64 / f.runs as f64) };
     println!(
         "| {} | {} | {} ms | {:.2} s | {:.2}× | {:.0} / {:.0} µs (max {:.0}) | {:.0} / {:.0} µs | {:.1} / {:.1} ms | {:.1} ms | {:.0} µs | {:.0} / {:.0} µs | {:.0} | {:.1} | {} | {} | {} |",
@@ -918,7 +925,7 @@ fn main() {
     let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
     let workers: usize = value("--workers").map_or(WORKERS, |v| v.parse().expect("--workers is a count"));
     assert!(workers >= 1, "--workers is at least 1");
-    let threads =
+    let setup =
         Setup { workers, pin: args.iter().any(|a| a == "--pin-workers"), warm: args.iter().any(|a| a == "--warm") };
     let dir = std::env::temp_dir().join(format!("kuralle-bench-in-flight-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -927,7 +934,7 @@ fn main() {
         let store = args.get(at + 1).expect("--one STORE N LATENCY_MS");
         let runs: usize = args.get(at + 2).and_then(|v| v.parse().ok()).expect("--one STORE N LATENCY_MS");
         let latency: u64 = args.get(at + 3).and_then(|v| v.parse().ok()).expect("--one STORE N LATENCY_MS");
-        let f = one(store, runs, Duration::from_millis(latency), &dir, threads);
+        let f = one(store, runs, Duration::from_millis(latency), &dir, setup);
         let _ = std::fs::remove_dir_all(&dir);
         println!("{}", f.line());
         return;
@@ -957,12 +964,12 @@ fn main() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 
-    let pinned = if threads.pin { ", each pinned to a CPU of its own" } else { "" };
+    let pinned = if setup.pin { ", each pinned to a CPU of its own" } else { "" };
     println!(
         "runs in flight on one runtime ({} worker threads{pinned}), each {CALLS} one-call turns and an answer; \
          added latency per turn = request to next request, less the model's latency; \
          answer -> next request = from the answer handed over to the run's next request",
-        threads.workers
+        setup.workers
     );
     println!(
         "| store | runs in flight | model latency | wall | wall / ideal | added latency per turn p50 / p99 | answer → next request p50 / p99 | first request p50 / last | `run` calls made in | CPU per run | idle timer lateness p50 / p99 | journal writes/s | store writes per run | peak RSS per run | peak live heap per run | store writes per commit |"
@@ -975,7 +982,7 @@ fn main() {
             for n in &runs {
                 let mut runs_of_this: Vec<Figures> = (0..repeat)
                     .map(|_| {
-                        let f = spawn_one(store, *n, *latency, cap, threads);
+                        let f = spawn_one(store, *n, *latency, cap, setup);
                         print_row(&f);
                         let _ = std::io::stdout().flush();
                         f
