@@ -42,8 +42,8 @@
 //! - by thread, on the `--one` line only (Linux): CPU time a run of SQLite's writer thread
 //!   (`writer_us_per_run`), of its checkpointer (`checkpoint_us_per_run`) and of the runtime's
 //!   worker threads (`workers_us_per_run`), and how long the writer and the workers waited
-//!   runnable for a CPU (`writer_waited_us_per_run`, `workers_waited_us_per_run`). The writer's CPU over the wall says how near it is to
-//!   being the queue every run waits in.
+//!   runnable for a CPU (`writer_waited_us_per_run`, `workers_waited_us_per_run`). The
+//!   writer's CPU over the wall says how near it is to being the queue every run waits in.
 //!
 //! `--store postgres` runs the same on `PostgresStore` in this process, on `DATABASE_URL` and a
 //! schema of its own (`in_flight_<pid>`, dropped after, by the child and again by the parent):
@@ -110,7 +110,6 @@ use pg_schema::drop_schema;
 /// the process) a tenth of it at 10,000 runs on MemoryStore, `accounting-allocator` (three
 /// locked instructions per allocation and free) 12%; with `heap-count` the CPU per run is that
 /// of a build with no counting (`docs/performance.md`, "The bench's own counting").
-
 #[global_allocator]
 static HEAP: heap_count::Counting = heap_count::Counting;
 
