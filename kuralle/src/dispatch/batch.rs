@@ -90,18 +90,21 @@ pub(super) async fn run(
     }
 
     let interrupted = turn.interrupt.is_cancelled();
-    let (heads, mut plans): (Vec<Head>, Vec<Plan>) = batch
-        .into_iter()
-        .map(|Planned { head, check }| {
-            let plan = match check.tool() {
-                // An interrupt before the batch started: nothing in it runs, but every call
-                // still gets a result so the transcript never holds a dangling call.
-                Some(t) if interrupted => Plan::Done(Err(ToolError::Cancelled { tool: t.name().to_owned() }), false),
-                _ => plan::plan(turn, &head, check),
-            };
-            (head, plan)
-        })
-        .unzip();
+    // Sized to the batch, not collected by `unzip`: that grows each vector from empty, to room
+    // for four calls at least (about 1.5 KiB for a lone call's head and plan), and both are
+    // held across the intents' commit, where every run of a wave of answers waits at once.
+    let mut heads: Vec<Head> = Vec::with_capacity(batch.len());
+    let mut plans: Vec<Plan> = Vec::with_capacity(batch.len());
+    for Planned { head, check } in batch {
+        let plan = match check.tool() {
+            // An interrupt before the batch started: nothing in it runs, but every call still
+            // gets a result so the transcript never holds a dangling call.
+            Some(t) if interrupted => Plan::Done(Err(ToolError::Cancelled { tool: t.name().to_owned() }), false),
+            _ => plan::plan(turn, &head, check),
+        };
+        heads.push(head);
+        plans.push(plan);
+    }
 
     // Calls of the batch that share a key (a tool's own idempotency key, called twice with the
     // same arguments) are one effect: the first runs, the others take its answer. Without this
@@ -112,17 +115,17 @@ pub(super) async fn run(
     // calls are found twice (to write their intents, then to note their ordinals), not
     // collected: a vector for them was one allocation more per batch.
     let fresh = |i: usize, r: &Ready| r.ordinal.is_none() && leaders.get(i).is_none_or(Option::is_none);
-    let intents: Vec<_> = plans
-        .iter()
-        .enumerate()
-        .filter_map(|(i, pl)| match pl {
-            Plan::Job(Job::Run(r)) if fresh(i, r) => Some((r.key.as_str(), StepKind::Tool, r.tool.name())),
-            _ => None,
-        })
-        .collect();
+    // Sized to the batch, as the heads: a filtered `collect` starts at room for four.
+    let mut intents = Vec::with_capacity(plans.len());
+    intents.extend(plans.iter().enumerate().filter_map(|(i, pl)| match pl {
+        Plan::Job(Job::Run(r)) if fresh(i, r) => Some((r.key.as_str(), StepKind::Tool, r.tool.name())),
+        _ => None,
+    }));
     // A batch that would pass a run limit starts no call: refused before its first intent.
+    // Boxed: its future (most of a kilobyte) would otherwise size this one, which every run
+    // of a wave of answers holds while its intents commit.
     if let Some(exceeded) = turn.budget.before_batch(&turn.journal.spent(), intents.len() as u64) {
-        return Err(crate::runtime::limits::refuse(turn, exceeded).await);
+        return Err(Box::pin(crate::runtime::limits::refuse(turn, exceeded)).await);
     }
     for event in announce {
         turn.emit(event).await;
@@ -144,7 +147,7 @@ pub(super) async fn run(
     let followers = leaders.iter().filter(|l| l.is_some()).count();
     let runs = plans.iter().filter(|pl| matches!(pl, Plan::Job(_))).count() - followers;
     // What each job needs, not its future: a call's future is about a kilobyte, built where
-    // it is awaited (a lone call's in this future's own state, with no vector for it).
+    // it is awaited (a lone call's in a box of its own, with no vector for it).
     let mut jobs: Vec<Queued<'_>> = Vec::with_capacity(runs);
     // A lone call (every serial call) runs without a task of its own; see `execute`.
     let alone = runs == 1;
@@ -182,7 +185,11 @@ pub(super) async fn run(
     match jobs.len() {
         0 => {}
         1 => {
-            let (i, result) = queued(turn, jobs.pop().expect("one job"), alone, capture).await;
+            // Boxed, for the time it runs: in this future's own state its kilobyte would be
+            // held by every run waiting above for its intents to commit, as a wave of answers
+            // does. At 1,024 bytes (release build), glibc serves the box from its per-thread
+            // cache (up to 1,032), so it costs no lock.
+            let (i, result) = Box::pin(queued(turn, jobs.pop().expect("one job"), alone, capture)).await;
             slots[i] = Some(Ok((result, false)));
         }
         _ => {

@@ -28,27 +28,33 @@ pub(crate) const CANCEL_GRACE: Duration = Duration::from_millis(50);
 
 /// Runs a ready call and journals its outcome. A journal failure is recorded as fatal for the
 /// turn (the run stops after the batch, resumable) and reported to the call as a failure.
-pub(crate) async fn execute_journaled(
-    turn: &Arc<TurnCtx>,
+///
+/// Not an `async fn`, whose future keeps its arguments twice; the ready call's fields are used
+/// where they were passed. A lone call's future is boxed while it runs (`batch.rs`), and at a
+/// kilobyte or less the allocator serves that box from its per-thread cache.
+#[allow(clippy::manual_async_fn)]
+pub(crate) fn execute_journaled<'a>(
+    turn: &'a Arc<TurnCtx>,
     ready: Ready,
-    site: CallSite<'_>,
-) -> Result<Value, ToolError> {
-    let Ready { tool, call, key, ordinal, reused } = ready;
-    let result = execute(turn, &tool, call, &key, site).await;
-    let outcome = match &result {
-        // Serialized once, straight into the text the store keeps (no copy of the tree).
-        Ok(v) => Some(StepOutcome::Finished(JsonText::from(v))),
-        // A cancellation is not an outcome of the call, only of this attempt: the step
-        // stays `running` so a resumed run tries again.
-        Err(e) if !e.is_final() => None,
-        Err(e) => Some(StepOutcome::Failed(JsonText::serialize_from(e).unwrap_or_default())),
-    };
-    if let (Some(outcome), Some(ordinal)) = (outcome, ordinal)
-        && let Err(e) = turn.journal.finish(&key, ordinal, outcome, reused).await
-    {
-        return Err(journal_failure(turn, tool.name(), "record the outcome", e));
+    site: CallSite<'a>,
+) -> impl Future<Output = Result<Value, ToolError>> + Send + 'a {
+    async move {
+        let result = execute(turn, &ready.tool, ready.call, &ready.key, site).await;
+        let outcome = match &result {
+            // Serialized once, straight into the text the store keeps (no copy of the tree).
+            Ok(v) => Some(StepOutcome::Finished(JsonText::from(v))),
+            // A cancellation is not an outcome of the call, only of this attempt: the step
+            // stays `running` so a resumed run tries again.
+            Err(e) if !e.is_final() => None,
+            Err(e) => Some(StepOutcome::Failed(JsonText::serialize_from(e).unwrap_or_default())),
+        };
+        if let (Some(outcome), Some(ordinal)) = (outcome, ready.ordinal)
+            && let Err(e) = turn.journal.finish(&ready.key, ordinal, outcome, ready.reused).await
+        {
+            return Err(journal_failure(turn, ready.tool.name(), "record the outcome", e));
+        }
+        result
     }
-    result
 }
 
 /// Journals and returns the `Indeterminate` outcome of an `at_most_once` call cut off earlier,

@@ -174,32 +174,43 @@ impl Drop for Reading<'_> {
 /// writer to read. Otherwise it runs on as a task of its own (its answer, or its retries
 /// through an outage), counted in the fence's [`InFlight`] until it ends. Outside a Tokio
 /// runtime the write is awaited here.
-pub(crate) async fn send<F>(fence: &Arc<Fence>, unpolled: bool, write: F) -> Result<(), StoreError>
+///
+/// Not an `async fn`: the write is boxed before the returned future exists, which then keeps a
+/// pointer to it, where an `async fn` would keep the write itself (most of a kilobyte) in its
+/// own state, and so in every future that awaits a call's outcome.
+#[allow(clippy::manual_async_fn)]
+pub(crate) fn send<F>(
+    fence: &Arc<Fence>,
+    unpolled: bool,
+    write: F,
+) -> impl Future<Output = Result<(), StoreError>> + Send + '_
 where
     F: Future<Output = Result<(), StoreError>> + Send + 'static,
 {
     let mut write: Write = Box::pin(write);
-    if let Some(answer) = (&mut write).now_or_never() {
-        return answer;
+    async move {
+        if let Some(answer) = (&mut write).now_or_never() {
+            return answer;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return write.await;
+        };
+        let mut st = fence.in_flight().state();
+        st.writes += 1;
+        if unpolled {
+            st.parked.push_back(write);
+            return Ok(());
+        }
+        drop(st);
+        let sent = Sent { fence: Arc::clone(fence), answered: false };
+        runtime.spawn(async move {
+            let mut sent = sent;
+            let answer = write.await;
+            sent.answered = true;
+            sent.fence.in_flight().ended(answer);
+        });
+        Ok(())
     }
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return write.await;
-    };
-    let mut st = fence.in_flight().state();
-    st.writes += 1;
-    if unpolled {
-        st.parked.push_back(write);
-        return Ok(());
-    }
-    drop(st);
-    let sent = Sent { fence: Arc::clone(fence), answered: false };
-    runtime.spawn(async move {
-        let mut sent = sent;
-        let answer = write.await;
-        sent.answered = true;
-        sent.fence.in_flight().ended(answer);
-    });
-    Ok(())
 }
 
 /// A driven write's place in its [`InFlight`]: given back when it is answered, or when its

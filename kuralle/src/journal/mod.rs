@@ -400,13 +400,15 @@ impl Journal {
             };
             match appended {
                 Ok(ordinals) => return Ok(ordinals),
+                // Both boxed: after an outage only, and in this future they would size the one
+                // every run of a wave of answers holds while its intents commit.
                 Err(e @ StoreError::DuplicateKey { .. }) if retrying.retried() => {
-                    return self.appended_before(deferred, intents).await?.ok_or(e);
+                    return Box::pin(self.appended_before(deferred, intents)).await?.ok_or(e);
                 }
                 // Only a lost connection can hide a committed append; a full disk refused it.
                 // An outcome the turn lost fails every write alike: not this append's to retry.
                 Err(e @ StoreError::Unavailable(_)) if !self.fence.is_lost() && !self.fence.outcome_lost() => {
-                    if !retrying.again(&self.fence, "journaling the calls' intents", &e).await {
+                    if !Box::pin(retrying.again(&self.fence, "journaling the calls' intents", &e)).await {
                         return Err(e);
                     }
                 }

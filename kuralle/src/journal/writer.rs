@@ -97,19 +97,31 @@ impl<'a> RunWriter<'a> {
     }
 
     /// Appends `Running` intents; returns their ordinals.
-    pub(crate) async fn append_steps(&self, steps: Vec<NewStep>) -> Result<Vec<u64>, StoreError> {
-        self.fence.written().await?;
-        self.fence.watch(self.store.append_steps(self.run_id(), self.fence.token(), steps).await)
+    ///
+    /// Not an `async fn` (nor the next), whose future keeps its argument twice: every run of a
+    /// wave of answers holds this one while its intents commit.
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn append_steps(
+        &self,
+        steps: Vec<NewStep>,
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send + '_ {
+        async move {
+            self.fence.written().await?;
+            self.fence.watch(self.store.append_steps(self.run_id(), self.fence.token(), steps).await)
+        }
     }
 
     /// Appends a finished step and the intents after it, in one commit.
-    pub(crate) async fn append_finished_with_intents(
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn append_finished_with_intents(
         &self,
         write: FinishedWithIntents,
-    ) -> Result<Vec<u64>, StoreError> {
-        self.fence.written().await?;
-        let run_id = self.run_id();
-        self.fence.watch(self.store.append_finished_with_intents(run_id, self.fence.token(), write).await)
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send + '_ {
+        async move {
+            self.fence.written().await?;
+            let run_id = self.run_id();
+            self.fence.watch(self.store.append_finished_with_intents(run_id, self.fence.token(), write).await)
+        }
     }
 
     /// Finalizes the `Running` step at `ordinal`. Does not wait for the outcomes in flight: it

@@ -378,71 +378,78 @@ struct Ends<'e> {
 
 /// What the turn does with the model's answer: takes a final one, or dispatches its calls and
 /// adds them and their results to the transcript.
-#[allow(clippy::too_many_arguments)]
-async fn answered(
-    ctx: &Arc<TurnCtx>,
-    agent: &AgentDef,
-    answer: Answer,
-    transcript: &mut crate::transcript::Transcript,
-    typed: &mut Option<Typed<'_>>,
-    failure: &mut Option<crate::output::OutputError>,
-    callsite: &mut u64,
-    ends: Ends<'_>,
-) -> Result<Next, RunError> {
-    let Answer { mut parts, origin, finish, has_calls } = answer;
-    if !has_calls {
-        *ends.text = final_answer(transcript, parts, origin);
-        if let Some(t) = typed.as_mut() {
-            let judged = t.judge_text(ends.text, &finish);
-            match settle(t, judged, ctx, *callsite, Some(transcript), failure).await? {
-                Some(v) => *ends.value = Some(v),
-                None if failure.is_none() => return Ok(Next::Ask),
-                None => return Ok(Next::Stop),
+///
+/// Not an `async fn`, whose future keeps each argument twice (as passed, and as the body's
+/// local); the answer's fields are used where they were passed for the same reason. Every run
+/// of a wave of answers holds this future at once while its calls' intents commit.
+#[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
+fn answered<'a>(
+    ctx: &'a Arc<TurnCtx>,
+    agent: &'a AgentDef,
+    mut answer: Answer,
+    transcript: &'a mut crate::transcript::Transcript,
+    typed: &'a mut Option<Typed<'_>>,
+    failure: &'a mut Option<crate::output::OutputError>,
+    callsite: &'a mut u64,
+    ends: Ends<'a>,
+) -> impl Future<Output = Result<Next, RunError>> + Send + 'a {
+    async move {
+        if !answer.has_calls {
+            *ends.text = final_answer(transcript, answer.parts, answer.origin);
+            if let Some(t) = typed.as_mut() {
+                let judged = t.judge_text(ends.text, &answer.finish);
+                // Boxed, as the other `settle` below: only a typed output's turn awaits it.
+                match Box::pin(settle(t, judged, ctx, *callsite, Some(transcript), failure)).await? {
+                    Some(v) => *ends.value = Some(v),
+                    None if failure.is_none() => return Ok(Next::Ask),
+                    None => return Ok(Next::Stop),
+                }
             }
-        }
-        *ends.status = RunStatus::Finished;
-        return Ok(Next::Stop);
-    }
-    let calls = take_calls(&mut parts);
-    let n = calls.len() as u64;
-    let dispatched = dispatch::dispatch(ctx, calls, *callsite).await?;
-    *callsite += n;
-    if !dispatched.pending.is_empty() {
-        // The turn resumes from its start once decided: everything before the pending
-        // calls replays from the journal, so only the decision is missing. (The transcript
-        // is rolled back to the turn's start, so it never gets this response.)
-        *ends.pending = dispatched.pending;
-        *ends.status = RunStatus::Paused;
-        return Ok(Next::Stop);
-    }
-    // Dispatch reads nothing of the transcript, so the response joins it only now, its
-    // calls rebuilt from what dispatch gives back instead of copied before dispatch: every
-    // call answered, in source order, since nothing is pending.
-    let judged = typed.as_ref().and_then(|t| t.judge_calls(&dispatched.outcomes, &finish, &text_of(&parts)));
-    let mut tool_calls = Vec::with_capacity(dispatched.outcomes.len());
-    let mut results = Vec::with_capacity(dispatched.outcomes.len());
-    for o in dispatched.outcomes {
-        let content = truncate_owned(dispatch::into_model_value(o.result), agent.max_tool_result_tokens);
-        results.push(Message::Tool { call_id: o.call_id.clone(), name: o.name.clone(), content });
-        tool_calls.push(ToolCallRequest { call_id: o.call_id, name: o.name, arguments: o.arguments });
-    }
-    put_calls(&mut parts, tool_calls);
-    transcript.push(Message::Assistant { parts, origin });
-    for message in results {
-        transcript.push(message);
-    }
-    if let (Some(t), Some(judged)) = (typed.as_mut(), judged) {
-        // A rejected call's error is its result, already in the transcript: the repair prompt.
-        if let Some(v) = settle(t, judged, ctx, *callsite, None, failure).await? {
-            *ends.value = Some(v);
             *ends.status = RunStatus::Finished;
             return Ok(Next::Stop);
         }
-        if failure.is_some() {
+        let calls = take_calls(&mut answer.parts);
+        let n = calls.len() as u64;
+        let dispatched = dispatch::dispatch(ctx, calls, *callsite).await?;
+        *callsite += n;
+        if !dispatched.pending.is_empty() {
+            // The turn resumes from its start once decided: everything before the pending
+            // calls replays from the journal, so only the decision is missing. (The transcript
+            // is rolled back to the turn's start, so it never gets this response.)
+            *ends.pending = dispatched.pending;
+            *ends.status = RunStatus::Paused;
             return Ok(Next::Stop);
         }
+        // Dispatch reads nothing of the transcript, so the response joins it only now, its
+        // calls rebuilt from what dispatch gives back instead of copied before dispatch: every
+        // call answered, in source order, since nothing is pending.
+        let judged =
+            typed.as_ref().and_then(|t| t.judge_calls(&dispatched.outcomes, &answer.finish, &text_of(&answer.parts)));
+        let mut tool_calls = Vec::with_capacity(dispatched.outcomes.len());
+        let mut results = Vec::with_capacity(dispatched.outcomes.len());
+        for o in dispatched.outcomes {
+            let content = truncate_owned(dispatch::into_model_value(o.result), agent.max_tool_result_tokens);
+            results.push(Message::Tool { call_id: o.call_id.clone(), name: o.name.clone(), content });
+            tool_calls.push(ToolCallRequest { call_id: o.call_id, name: o.name, arguments: o.arguments });
+        }
+        put_calls(&mut answer.parts, tool_calls);
+        transcript.push(Message::Assistant { parts: answer.parts, origin: answer.origin });
+        for message in results {
+            transcript.push(message);
+        }
+        if let (Some(t), Some(judged)) = (typed.as_mut(), judged) {
+            // A rejected call's error is its result, already in the transcript: the repair prompt.
+            if let Some(v) = Box::pin(settle(t, judged, ctx, *callsite, None, failure)).await? {
+                *ends.value = Some(v);
+                *ends.status = RunStatus::Finished;
+                return Ok(Next::Stop);
+            }
+            if failure.is_some() {
+                return Ok(Next::Stop);
+            }
+        }
+        Ok(Next::Ask)
     }
-    Ok(Next::Ask)
 }
 
 /// Adds the model's final answer to the transcript; returns its text.
