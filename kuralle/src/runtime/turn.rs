@@ -228,8 +228,10 @@ fn steps<'a>(
             .map_or_else(|| Arc::from(instructions.as_str()), |t| t.output.instructions(instructions).into());
         // Boxed: held for the run's whole life, and most agents have none.
         let output_spec = typed.as_ref().map(|t| Box::new(t.output.spec(!agent.tools.is_empty())));
-        let mut value = None;
-        let mut failure = None;
+        // Both boxed: set at most once, at a turn's end, and each run's task holds their slots
+        // through every model call (a value's 72 bytes, an error's 48).
+        let mut value: Option<Box<serde_json::Value>> = None;
+        let mut failure: Option<Box<crate::output::OutputError>> = None;
         let mut usage = Usage::default();
         let mut callsite: u64 = 0;
         let mut status = RunStatus::MaxSteps;
@@ -247,7 +249,7 @@ fn steps<'a>(
             }
             // Scoped: a local that was ever borrowed keeps its bytes in the future until its
             // scope ends, even once moved, and this one would through the model's whole latency.
-            let (mut chat, step) = {
+            let (chat, step) = {
                 let request = Box::new(ModelRequest {
                     system: Arc::clone(&system),
                     messages: transcript.clone(),
@@ -268,8 +270,8 @@ fn steps<'a>(
             // Scoped, as the request above: the step's result and response end here, before
             // the awaits below, instead of taking room in the future beside the model's wait.
             let answer = {
-                let step = chat.run(step).await;
-                chat.done(step.as_ref().map(|r| r.as_ref().map(|r| (&r.parts[..], &r.finish, r.usage))));
+                let (step, reported) = chat.run(step).await;
+                chat.done(&reported, step.as_ref().map(|r| r.as_ref().map(|r| (&r.parts[..], &r.finish, r.usage))));
                 let Some(response) = step? else {
                     status = RunStatus::Interrupted;
                     break;
@@ -340,11 +342,11 @@ fn steps<'a>(
                 Closing { transcript, status: RunStatus::Failed, text, usage, pending, value: None, last: None };
             Box::pin(close(RunWriter::new(rt.store.as_ref(), fence), &ctx.journal, *record, *state, closing)).await?;
             events.send(Event::Error { message: e.to_string() }).await;
-            return Err(e.into());
+            return Err((*e).into());
         }
         // One commit for the response and the run's end (`RunStore::put_run_and_release_after`).
         let last = ctx.journal.take_deferred();
-        let closing = Closing { transcript, status, text, usage, pending, value, last };
+        let closing = Closing { transcript, status, text, usage, pending, value: value.map(|v| *v), last };
         let out =
             Box::pin(close(RunWriter::new(rt.store.as_ref(), fence), &ctx.journal, *record, *state, closing)).await?;
         events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
@@ -370,7 +372,7 @@ enum Next {
 
 /// What a turn ends with, set as its answers come.
 struct Ends<'e> {
-    value: &'e mut Option<serde_json::Value>,
+    value: &'e mut Option<Box<serde_json::Value>>,
     text: &'e mut String,
     status: &'e mut RunStatus,
     pending: &'e mut Vec<Pending>,
@@ -389,7 +391,7 @@ fn answered<'a>(
     mut answer: Answer,
     transcript: &'a mut crate::transcript::Transcript,
     typed: &'a mut Option<Typed<'_>>,
-    failure: &'a mut Option<crate::output::OutputError>,
+    failure: &'a mut Option<Box<crate::output::OutputError>>,
     callsite: &'a mut u64,
     ends: Ends<'a>,
 ) -> impl Future<Output = Result<Next, RunError>> + Send + 'a {
@@ -400,7 +402,7 @@ fn answered<'a>(
                 let judged = t.judge_text(ends.text, &answer.finish);
                 // Boxed, as the other `settle` below: only a typed output's turn awaits it.
                 match Box::pin(settle(t, judged, ctx, *callsite, Some(transcript), failure)).await? {
-                    Some(v) => *ends.value = Some(v),
+                    Some(v) => *ends.value = Some(Box::new(v)),
                     None if failure.is_none() => return Ok(Next::Ask),
                     None => return Ok(Next::Stop),
                 }
@@ -440,7 +442,7 @@ fn answered<'a>(
         if let (Some(t), Some(judged)) = (typed.as_mut(), judged) {
             // A rejected call's error is its result, already in the transcript: the repair prompt.
             if let Some(v) = Box::pin(settle(t, judged, ctx, *callsite, None, failure)).await? {
-                *ends.value = Some(v);
+                *ends.value = Some(Box::new(v));
                 *ends.status = RunStatus::Finished;
                 return Ok(Next::Stop);
             }
@@ -468,7 +470,7 @@ async fn settle(
     ctx: &TurnCtx,
     callsite: u64,
     transcript: Option<&mut crate::transcript::Transcript>,
-    failure: &mut Option<crate::output::OutputError>,
+    failure: &mut Option<Box<crate::output::OutputError>>,
 ) -> Result<Option<serde_json::Value>, RunError> {
     match judged {
         Judged::Accepted(v) => return typed.record(ctx, callsite, v).await.map(Some),
@@ -478,9 +480,9 @@ async fn settle(
                     transcript.push(Message::User { content: prompt });
                 }
             }
-            Err(e) => *failure = Some(e),
+            Err(e) => *failure = Some(Box::new(e)),
         },
-        Judged::Failed(e) => *failure = Some(e),
+        Judged::Failed(e) => *failure = Some(Box::new(e)),
     }
     Ok(None)
 }

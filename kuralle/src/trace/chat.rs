@@ -93,7 +93,6 @@ pub(crate) struct ChatSpan<'m> {
     model: &'m str,
     /// With content capture on, the tools' secrets to hide from it.
     capture: Option<crate::Redactions>,
-    reported: Reported,
 }
 
 impl<'m> ChatSpan<'m> {
@@ -143,39 +142,33 @@ impl<'m> ChatSpan<'m> {
             }
             span.record("gen_ai.input.messages", tracing::field::display(content::input(&request.messages, redact)));
         }
-        Self {
-            span,
-            started: Instant::now(),
-            wire,
-            model: model.name(),
-            capture: capture.cloned(),
-            reported: Reported::default(),
-        }
+        Self { span, started: Instant::now(), wire, model: model.name(), capture: capture.cloned() }
     }
 
-    /// Runs the step inside the span, collecting what the provider client reports.
-    pub(crate) async fn run<T>(&mut self, step: impl Future<Output = T>) -> T {
+    /// Runs the step inside the span; returns its output and what the provider client
+    /// reported, for [`done`](Self::done). The report is handed back rather than kept in the
+    /// span: every run in flight holds its span through the model's whole latency, while the
+    /// report is still empty (88 bytes of each run's task).
+    pub(crate) async fn run<T>(&self, step: impl Future<Output = T>) -> (T, Reported) {
         let span = self.span.clone();
-        let (out, reported) = REPORTED
+        REPORTED
             .scope(RefCell::default(), async move {
                 let out = step.instrument(span).await;
                 (out, REPORTED.with(RefCell::take))
             })
-            .await;
-        self.reported = reported;
-        out
+            .await
     }
 
     /// Records how the step ended: its response (`Ok(Some(..))`), an interrupt (`Ok(None)`)
     /// or an error. A replayed step is marked, with its finish reason, and carries no fresh
     /// timing, usage or metrics: nothing was asked of the model.
-    pub(crate) fn done(&self, result: Result<Option<Answered<'_>>, &RunError>) {
+    pub(crate) fn done(&self, reported: &Reported, result: Result<Option<Answered<'_>>, &RunError>) {
         let span = &self.span;
-        let replayed = self.reported.replayed;
+        let replayed = reported.replayed;
         let fresh = !replayed;
         let provider = provider_name(self.wire);
         let operation = operation_name(self.wire);
-        let server = self.reported.server.as_ref();
+        let server = reported.server.as_ref();
         // Built only for a request actually sent: a replayed step records no metric.
         let labels = fresh.then(|| metrics::Labels::new(operation, provider, self.model, server));
         match &result {
@@ -209,10 +202,10 @@ impl<'m> ChatSpan<'m> {
                 span.record("error.type", error_type.as_str());
             }
         }
-        if let Some(model) = &self.reported.response_model {
+        if let Some(model) = &reported.response_model {
             span.record("gen_ai.response.model", model.as_str());
         }
-        if let Some(id) = &self.reported.response_id {
+        if let Some(id) = &reported.response_id {
             span.record("gen_ai.response.id", id.as_str());
         }
         if let Some((host, port)) = server {
