@@ -112,17 +112,19 @@ pub(super) async fn run(
     let leaders = shared_keys(&plans);
 
     // Intents for every fresh call of the batch, in source order, in one append. The fresh
-    // calls are found twice (to write their intents, then to note their ordinals), not
-    // collected: a vector for them was one allocation more per batch.
+    // calls are found again each time they are needed (counted, written as intents, given
+    // their ordinals), not collected: a vector for them was one allocation more per batch.
+    // Counted first, so that the intents take room for exactly them (a filtered `collect`
+    // starts at room for four), and none when the journal answers the whole batch.
     let fresh = |i: usize, r: &Ready| r.ordinal.is_none() && leaders.get(i).is_none_or(Option::is_none);
-    // Sized to the batch, as the heads: a filtered `collect` starts at room for four.
-    let mut intents = Vec::with_capacity(plans.len());
+    let fresh_calls = plans.iter().enumerate().filter(|&(i, pl)| matches!(pl, Plan::Job(Job::Run(r)) if fresh(i, r)));
+    let mut intents = Vec::with_capacity(fresh_calls.count());
     intents.extend(plans.iter().enumerate().filter_map(|(i, pl)| match pl {
         Plan::Job(Job::Run(r)) if fresh(i, r) => Some((r.key.as_str(), StepKind::Tool, r.tool.name())),
         _ => None,
     }));
     // A batch that would pass a run limit starts no call: refused before its first intent.
-    // Boxed: its future (most of a kilobyte) would otherwise size this one, which every run
+    // Boxed: its future (over 800 bytes) would otherwise size this one, which every run
     // of a wave of answers holds while its intents commit.
     if let Some(exceeded) = turn.budget.before_batch(&turn.journal.spent(), intents.len() as u64) {
         return Err(Box::pin(crate::runtime::limits::refuse(turn, exceeded)).await);
@@ -187,8 +189,8 @@ pub(super) async fn run(
         1 => {
             // Boxed, for the time it runs: in this future's own state its kilobyte would be
             // held by every run waiting above for its intents to commit, as a wave of answers
-            // does. At 1,024 bytes (release build), glibc serves the box from its per-thread
-            // cache (up to 1,032), so it costs no lock.
+            // does. At 1,024 bytes (release build), glibc's per-thread cache usually serves the
+            // box (sizes up to 1,032, seven free chunks each), without its arena's lock.
             let (i, result) = Box::pin(queued(turn, jobs.pop().expect("one job"), alone, capture)).await;
             slots[i] = Some(Ok((result, false)));
         }

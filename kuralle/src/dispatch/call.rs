@@ -29,10 +29,11 @@ pub(crate) const CANCEL_GRACE: Duration = Duration::from_millis(50);
 /// Runs a ready call and journals its outcome. A journal failure is recorded as fatal for the
 /// turn (the run stops after the batch, resumable) and reported to the call as a failure.
 ///
-/// Not an `async fn`, whose future keeps its arguments twice; the ready call's fields are used
-/// where they were passed. A lone call's future is boxed while it runs (`batch.rs`), and at a
-/// kilobyte or less the allocator serves that box from its per-thread cache.
-#[allow(clippy::manual_async_fn)]
+/// Not an `async fn`, whose future keeps its arguments twice (see `runtime/turn.rs`, `turn`);
+/// the ready call's fields are used where they were passed. A lone call's future is boxed while
+/// it runs (`batch.rs`), where at a kilobyte or less glibc usually serves it from its
+/// per-thread cache.
+#[allow(clippy::manual_async_fn)] // on purpose: see above
 pub(crate) fn execute_journaled<'a>(
     turn: &'a Arc<TurnCtx>,
     ready: Ready,

@@ -176,9 +176,9 @@ impl Drop for Reading<'_> {
 /// runtime the write is awaited here.
 ///
 /// Not an `async fn`: the write is boxed before the returned future exists, which then keeps a
-/// pointer to it, where an `async fn` would keep the write itself (most of a kilobyte) in its
+/// pointer to it, where an `async fn` would keep the write itself (over half a kilobyte) in its
 /// own state, and so in every future that awaits a call's outcome.
-#[allow(clippy::manual_async_fn)]
+#[allow(clippy::manual_async_fn)] // on purpose: see above
 pub(crate) fn send<F>(
     fence: &Arc<Fence>,
     unpolled: bool,

@@ -98,9 +98,8 @@ impl<'a> RunWriter<'a> {
 
     /// Appends `Running` intents; returns their ordinals.
     ///
-    /// Not an `async fn` (nor the next), whose future keeps its argument twice: every run of a
-    /// wave of answers holds this one while its intents commit.
-    #[allow(clippy::manual_async_fn)]
+    /// Not an `async fn`, whose future keeps its argument twice (see `runtime/turn.rs`, `turn`).
+    #[allow(clippy::manual_async_fn)] // on purpose: see above
     pub(crate) fn append_steps(
         &self,
         steps: Vec<NewStep>,
@@ -112,7 +111,10 @@ impl<'a> RunWriter<'a> {
     }
 
     /// Appends a finished step and the intents after it, in one commit.
-    #[allow(clippy::manual_async_fn)]
+    ///
+    /// Not an `async fn`, as [`append_steps`](Self::append_steps): every run of a wave of
+    /// answers holds this future while its response and intents commit.
+    #[allow(clippy::manual_async_fn)] // on purpose: see above
     pub(crate) fn append_finished_with_intents(
         &self,
         write: FinishedWithIntents,

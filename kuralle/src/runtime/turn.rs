@@ -381,10 +381,10 @@ struct Ends<'e> {
 /// What the turn does with the model's answer: takes a final one, or dispatches its calls and
 /// adds them and their results to the transcript.
 ///
-/// Not an `async fn`, whose future keeps each argument twice (as passed, and as the body's
-/// local); the answer's fields are used where they were passed for the same reason. Every run
-/// of a wave of answers holds this future at once while its calls' intents commit.
-#[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
+/// Not an `async fn` (see [`turn`]); the answer's fields are used where they were passed for
+/// the same reason. Every run of a wave of answers holds this future at once while its calls'
+/// intents commit.
+#[allow(clippy::too_many_arguments, clippy::manual_async_fn)] // on purpose: see above
 fn answered<'a>(
     ctx: &'a Arc<TurnCtx>,
     agent: &'a AgentDef,
