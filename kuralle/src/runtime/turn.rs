@@ -153,9 +153,9 @@ fn drive<'a>(
         let span = crate::trace::agent_span(run_id, &agent.id, model.as_ref());
         let started = std::time::Instant::now();
         // The steps are instrumented themselves, not through a block that opens the journal and
-        // then awaits them: that block's references to this one's locals were one more layer of
-        // every run's task through the model's whole latency (88 bytes; with Tokio's 128-byte
-        // alignment, a task of 1,408 bytes instead of 1,536).
+        // then awaits them: that block's captures and its `Arc<TurnCtx>` were one more layer of
+        // every run's task through the model's whole latency (the run's future is 88 bytes
+        // smaller without it; with Tokio's 128-byte alignment, a task of 1,408 bytes, not 1,536).
         let ctx_parts = CtxParts { created, interrupt, held, limits };
         let result = steps(rt, run_id, agent, model.as_ref(), record, state, events, ctx_parts, fence, hand_back)
             .instrument(span.clone())
@@ -175,7 +175,7 @@ struct CtxParts<'a> {
 }
 
 /// The turn's steps: model, dispatch, model, ... until an answer, a pause, an interrupt or
-/// the step limit; then the run's close. They open the run's journal first.
+/// the step limit; then the run's close. They announce the run and open its journal first.
 #[allow(clippy::too_many_arguments, clippy::manual_async_fn)] // on purpose: see `turn`
 fn steps<'a>(
     rt: &'a Arc<Inner>,
