@@ -16,6 +16,7 @@ use crate::{
     approval::Pending,
     error::{RunError, ToolError},
     event::{BatchCall, Event},
+    journal::Intent,
     store::StepKind,
     trace,
 };
@@ -117,12 +118,14 @@ pub(super) async fn run(
     // Counted first, so that the intents take room for exactly them (a filtered `collect`
     // starts at room for four), and none when the journal answers the whole batch.
     let fresh = |i: usize, r: &Ready| r.ordinal.is_none() && leaders.get(i).is_none_or(Option::is_none);
-    let fresh_calls = plans.iter().enumerate().filter(|&(i, pl)| matches!(pl, Plan::Job(Job::Run(r)) if fresh(i, r)));
-    let mut intents = Vec::with_capacity(fresh_calls.count());
-    intents.extend(plans.iter().enumerate().filter_map(|(i, pl)| match pl {
-        Plan::Job(Job::Run(r)) if fresh(i, r) => Some((r.key.as_str(), StepKind::Tool, r.tool.name())),
-        _ => None,
-    }));
+    // In a block: the plans hold calls that are `Send` but not `Sync`, so no borrow of them
+    // may live across an await.
+    let intents = {
+        let intents_of = || plans.iter().enumerate().filter_map(|(i, pl)| intent(pl, |r| fresh(i, r)));
+        let mut intents = Vec::with_capacity(intents_of().count());
+        intents.extend(intents_of());
+        intents
+    };
     // A batch that would pass a run limit starts no call: refused before its first intent.
     // Boxed: its future (over 800 bytes) would otherwise size this one, which every run
     // of a wave of answers holds while its intents commit.
@@ -246,6 +249,14 @@ pub(super) async fn run(
         .await;
     }
     Ok((outcomes, pending))
+}
+
+/// The intent a planned call writes, if it is a call to run that `fresh` says has none yet.
+fn intent<'p>(plan: &'p Plan, fresh: impl FnOnce(&Ready) -> bool) -> Option<Intent<'p>> {
+    match plan {
+        Plan::Job(Job::Run(r)) if fresh(r) => Some((r.key.as_str(), StepKind::Tool, r.tool.name())),
+        _ => None,
+    }
 }
 
 /// For each planned call, the earlier call of the batch whose key it shares, if any. Empty when
