@@ -5,7 +5,7 @@
 //!
 //! `cargo bench -p kuralle --bench in_flight -- [--store memory|sqlite|postgres]
 //! [--runs 100,1000,10000] [--latency-ms 100] [--svg PATH] [--cap-s 180] [--workers 2]
-//! [--pin-workers] [--warm] [--repeat 1]` prints, per store and N:
+//! [--pin-workers] [--warm] [--steady] [--repeat 1]` prints, per store and N:
 //! - wall time, and wall / ideal (4 × latency);
 //! - added latency per turn, p50 and p99: a run's time from one model request to its next, less
 //!   the model's latency. That is the turn's wall time beyond the model, as a user waits for it:
@@ -75,6 +75,15 @@
 //! round's CPU then leaves out the page faults of a new process's first heap. Its peak RSS per
 //! run is not shown: the first round set the high-water mark, and the measured round's figure
 //! is only what it added above that. `--cap-s` covers both rounds.
+//!
+//! `--steady` starts the N runs spread evenly over one model latency instead of at once: run i
+//! at i × latency / N (tokio's timer starts those due in the same millisecond together). From
+//! then on every run is in flight until the first finishes, three latencies later, and the
+//! model's answers arrive at N per latency, spread out, as a service's do, instead of in a wave
+//! of N within the same millisecond. Every turn the added latency counts (from a run's second
+//! request to its last) falls in that span, so the figure is that of N runs in flight in a
+//! steady state. The ideal wall is then 4 × latency plus the last run's offset; first request
+//! counts from each run's own start. Rows so run are labelled "(steady)".
 //!
 //! `--pin-workers` pins the runtime's worker threads to a CPU each (`on_thread_start`), as
 //! a service on a small VM may: without it the VM's scheduler can run both on one vCPU for
@@ -309,22 +318,32 @@ struct Figures {
     workers_waited_us_per_run: f64,
     /// The same runs went once before the measured ones (`--warm`).
     warm: bool,
+    /// The runs started spread over one model latency (`--steady`).
+    steady: bool,
     timed_out: bool,
 }
 
 impl Figures {
     /// The store, and whether the process was warmed up first.
     fn label(&self) -> String {
-        if self.warm { format!("{} (warm)", self.store) } else { self.store.clone() }
+        match (self.steady, self.warm) {
+            (false, false) => self.store.clone(),
+            (true, false) => format!("{} (steady)", self.store),
+            (false, true) => format!("{} (warm)", self.store),
+            (true, true) => format!("{} (steady, warm)", self.store),
+        }
     }
 
+    /// Every turn's model latency; with `--steady`, after the last run's start.
     fn ideal_s(&self) -> f64 {
-        (CALLS + 1) as f64 * self.latency_ms as f64 / 1e3
+        let latency = self.latency_ms as f64 / 1e3;
+        let last_start = if self.steady { start_offset(self.runs - 1, self.runs, latency) } else { 0.0 };
+        (CALLS + 1) as f64 * latency + last_start
     }
 
     fn line(&self) -> String {
         format!(
-            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} first_p50_us={} first_max_us={} calls_us={} cpu_us_per_run={} timer_p50_us={} timer_p99_us={} step_writes={} store_writes={} commits={} rss_kib={} heap_bytes={} start_heap_bytes={} writer_us_per_run={:.1} writer_waited_us_per_run={:.1} checkpoint_us_per_run={:.1} workers_us_per_run={:.1} workers_waited_us_per_run={:.1} warm={}",
+            "store={} runs={} latency_ms={} wall_s={} p50_us={} p99_us={} max_us={} own_p50_us={} own_p99_us={} first_p50_us={} first_max_us={} calls_us={} cpu_us_per_run={} timer_p50_us={} timer_p99_us={} step_writes={} store_writes={} commits={} rss_kib={} heap_bytes={} start_heap_bytes={} writer_us_per_run={:.1} writer_waited_us_per_run={:.1} checkpoint_us_per_run={:.1} workers_us_per_run={:.1} workers_waited_us_per_run={:.1} warm={} steady={}",
             self.store,
             self.runs,
             self.latency_ms,
@@ -351,7 +370,8 @@ impl Figures {
             self.checkpoint_us_per_run,
             self.workers_us_per_run,
             self.workers_waited_us_per_run,
-            u8::from(self.warm)
+            u8::from(self.warm),
+            u8::from(self.steady)
         )
     }
 
@@ -387,6 +407,7 @@ impl Figures {
                 "workers_us_per_run" => f.workers_us_per_run = v.parse().ok()?,
                 "workers_waited_us_per_run" => f.workers_waited_us_per_run = v.parse().ok()?,
                 "warm" => f.warm = v == "1",
+                "steady" => f.steady = v == "1",
                 _ => {}
             }
         }
@@ -414,12 +435,20 @@ async fn timer_lateness(latency: Duration) -> (f64, f64) {
 const WORKERS: usize = 2;
 
 /// How a child runs its configuration: the runtime's worker threads, how many (`--workers`) and
-/// whether each is pinned to a CPU of its own (`--pin-workers`); and `--warm`.
+/// whether each is pinned to a CPU of its own (`--pin-workers`); `--warm`; and whether the runs
+/// start at once or spread over one model latency (`--steady`).
 #[derive(Clone, Copy)]
 struct Setup {
     workers: usize,
     pin: bool,
     warm: bool,
+    steady: bool,
+}
+
+/// When run `i` of `runs` starts with `--steady`, from the first: spread evenly over one
+/// `latency` (in whatever unit `latency` is).
+fn start_offset(i: usize, runs: usize, latency: f64) -> f64 {
+    latency * i as f64 / runs as f64
 }
 
 /// An `on_thread_start` hook that pins the runtime's first `workers` threads, each to a CPU
@@ -494,16 +523,35 @@ fn bench_runtime(store: Arc<dyn RunStore>, latency: Duration, marks: Arc<Marks>)
         .expect("build the runtime")
 }
 
-/// Starts `runs` runs at once and waits for every one to finish: when they were started (on
-/// `clock`), how long the `run` calls took, and the wall. Called from a task, as a service
-/// starts runs.
-async fn run_all(runtime: Runtime, runs: usize, clock: Arc<Marks>) -> (u64, Duration, Duration) {
+/// Starts `runs` runs, at once or (`steady`: the model's latency) spread over one latency, and
+/// waits for every one to finish: when they were started (on `clock`), how long the `run` calls
+/// took, and the wall. Called from a task, as a service starts runs.
+async fn run_all(
+    runtime: Runtime,
+    runs: usize,
+    clock: Arc<Marks>,
+    steady: Option<Duration>,
+) -> (u64, Duration, Duration) {
     let (start, started) = (Instant::now(), clock.now());
     // Run ids are the runtime's own, as for a service that does not name its runs.
-    let all = (0..runs).map(|i| std::future::IntoFuture::into_future(runtime.run(RunRequest::new(format!("run {i}")))));
+    let run = |i: usize| std::future::IntoFuture::into_future(runtime.run(RunRequest::new(format!("run {i}"))));
     // Each output is checked and dropped as its run ends, so the peak RSS is the runs' own and
     // not the bench holding every finished conversation.
-    let mut pending: futures::stream::FuturesUnordered<_> = all.collect();
+    let mut pending: futures::stream::FuturesUnordered<_> = match steady {
+        None => (0..runs).map(run).collect(),
+        Some(latency) => {
+            // `run` spawns the run's task, so the handles need no polling while the rest start;
+            // none can finish within the one latency the starts take.
+            let pending = futures::stream::FuturesUnordered::new();
+            let first = tokio::time::Instant::from_std(start);
+            for i in 0..runs {
+                let at = Duration::from_secs_f64(start_offset(i, runs, latency.as_secs_f64()));
+                tokio::time::sleep_until(first + at).await;
+                pending.push(run(i));
+            }
+            pending
+        }
+    };
     let calls = start.elapsed();
     while let Some(out) = pending.next().await {
         assert_eq!(out.expect("the run finishes").status, RunStatus::Finished);
@@ -511,9 +559,11 @@ async fn run_all(runtime: Runtime, runs: usize, clock: Arc<Marks>) -> (u64, Dura
     (started, calls, start.elapsed())
 }
 
-/// The child: `runs` runs at once on `store`, on a Tokio runtime of `setup.workers` worker
-/// threads (pinned with `setup.pin`), after a first round of them with `setup.warm`.
+/// The child: `runs` runs on `store`, started at once or spread over one latency
+/// (`setup.steady`), on a Tokio runtime of `setup.workers` worker threads (pinned with
+/// `setup.pin`), after a first round of them with `setup.warm`.
 fn one(store: &str, runs: usize, latency: Duration, dir: &Path, setup: Setup) -> Figures {
+    let steady = setup.steady.then_some(latency);
     // Declared before the runtime, so dropped after it: no task of the runs is left to use the
     // schema when it goes. A schema of the same name, left by an earlier process with this pid,
     // goes first.
@@ -548,7 +598,8 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, setup: Setup) ->
         // its own; the store is the same, so its caches and connections are warm.
         let marks = Marks::new(runs);
         let runtime = bench_runtime(Arc::clone(&inner), latency, Arc::clone(&marks));
-        rt.block_on(async move { tokio::spawn(run_all(runtime, runs, marks)).await }).expect("the warm-up round");
+        rt.block_on(async move { tokio::spawn(run_all(runtime, runs, marks, steady)).await })
+            .expect("the warm-up round");
         // SQLite's checkpointer copies what is left 100 ms after the last commit: past that,
         // its catching up does not land in the measured round's CPU.
         std::thread::sleep(Duration::from_millis(300));
@@ -587,7 +638,7 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, setup: Setup) ->
     let threads_before = thread_times();
     let cpu_start = cpu_time::ProcessTime::now();
     let (started, calls, wall) =
-        rt.block_on(async move { tokio::spawn(run_all(runtime, runs, clock)).await }).expect("the bench task");
+        rt.block_on(async move { tokio::spawn(run_all(runtime, runs, clock, steady)).await }).expect("the bench task");
 
     let cpu = cpu_start.elapsed();
     let threads_after = thread_times();
@@ -604,10 +655,11 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, setup: Setup) ->
         v
     };
     let (gaps, turns) = (sorted(&marks.gaps), sorted(&marks.turns));
-    // When each run's first request came, from the moment the runs were started.
+    // When each run's first request came, from the moment it was started.
     let firsts: Vec<u64> = {
-        let at = started;
-        let mut v: Vec<u64> = marks.first.iter().map(|f| f.load(Ordering::Relaxed).saturating_sub(at)).collect();
+        let at = |i: usize| started + steady.map_or(0, |l| start_offset(i, runs, l.as_nanos() as f64) as u64);
+        let mut v: Vec<u64> =
+            marks.first.iter().enumerate().map(|(i, f)| f.load(Ordering::Relaxed).saturating_sub(at(i))).collect();
         v.sort_unstable();
         v
     };
@@ -640,6 +692,7 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, setup: Setup) ->
         workers_us_per_run: per_run(WORKER, false),
         workers_waited_us_per_run: per_run(WORKER, true),
         warm: setup.warm,
+        steady: setup.steady,
         timed_out: false,
     }
 }
@@ -706,6 +759,7 @@ fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, setup: Se
         .args(["--workers", &setup.workers.to_string()])
         .args(setup.pin.then_some("--pin-workers"))
         .args(setup.warm.then_some("--warm"))
+        .args(setup.steady.then_some("--steady"))
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the child");
@@ -727,6 +781,7 @@ fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, setup: Se
                 latency_ms,
                 wall_s: cap.as_secs_f64(),
                 warm: setup.warm,
+                steady: setup.steady,
                 timed_out: true,
                 ..Figures::default()
             };
@@ -924,8 +979,8 @@ fn main() {
     let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
     let workers: usize = value("--workers").map_or(WORKERS, |v| v.parse().expect("--workers is a count"));
     assert!(workers >= 1, "--workers is at least 1");
-    let setup =
-        Setup { workers, pin: args.iter().any(|a| a == "--pin-workers"), warm: args.iter().any(|a| a == "--warm") };
+    let flag = |name: &str| args.iter().any(|a| a == name);
+    let setup = Setup { workers, pin: flag("--pin-workers"), warm: flag("--warm"), steady: flag("--steady") };
     let dir = std::env::temp_dir().join(format!("kuralle-bench-in-flight-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
 
