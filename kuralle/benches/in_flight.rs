@@ -5,7 +5,7 @@
 //!
 //! `cargo bench -p kuralle --bench in_flight -- [--store memory|sqlite|postgres]
 //! [--runs 100,1000,10000] [--latency-ms 100] [--svg PATH] [--cap-s 180] [--workers 2]
-//! [--pin-workers] [--warm] [--steady] [--repeat 1]` prints, per store and N:
+//! [--pin-workers] [--warm] [--steady] [--random-ids] [--page-cache-kib K] [--repeat 1]` prints, per store and N:
 //! - wall time, and wall / ideal (4 × latency);
 //! - added latency per turn, p50 and p99: a run's time from one model request to its next, less
 //!   the model's latency. That is the turn's wall time beyond the model, as a user waits for it:
@@ -85,6 +85,12 @@
 //! steady state. The ideal wall is then 4 × latency plus the last run's offset; first request
 //! counts from each run's own start. Rows so run are labelled "(steady)".
 //!
+//! `--random-ids` names every run with a random UUID v4, as a caller that names its runs at
+//! random would, instead of leaving the id to the runtime (a time-ordered v7). On SQLite the
+//! journal's indexes are keyed by run id, so random ids scatter each commit's writes over them.
+//! `--page-cache-kib K` gives SQLite's write connection K KiB of page cache
+//! (`SqliteOptions::page_cache_bytes`) instead of its default.
+//!
 //! `--pin-workers` pins the runtime's worker threads to a CPU each (`on_thread_start`), as
 //! a service on a small VM may: without it the VM's scheduler can run both on one vCPU for
 //! milliseconds, which is the tail of the added latency at 1,000 runs on these machines.
@@ -105,7 +111,7 @@ use futures::{StreamExt, stream::BoxStream};
 use kuralle::{
     AgentDef, FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, RunRequest, RunStatus, RunStore,
     Runtime, ToolCallRequest, Usage,
-    stores::{MemoryStore, PostgresOptions, PostgresStore, SqliteStore},
+    stores::{MemoryStore, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore},
     testing::CountingStore,
     tool,
 };
@@ -435,14 +441,19 @@ async fn timer_lateness(latency: Duration) -> (f64, f64) {
 const WORKERS: usize = 2;
 
 /// How a child runs its configuration: the runtime's worker threads, how many (`--workers`) and
-/// whether each is pinned to a CPU of its own (`--pin-workers`); `--warm`; and whether the runs
-/// start at once or spread over one model latency (`--steady`).
+/// whether each is pinned to a CPU of its own (`--pin-workers`); `--warm`; whether the runs
+/// start at once or spread over one model latency (`--steady`); who names them
+/// (`--random-ids`); and SQLite's page cache (`--page-cache-kib`).
 #[derive(Clone, Copy)]
 struct Setup {
     workers: usize,
     pin: bool,
     warm: bool,
     steady: bool,
+    /// Runs named by the bench with random ids (`--random-ids`).
+    random_ids: bool,
+    /// SQLite's page cache, KiB (`--page-cache-kib`).
+    page_cache_kib: Option<u64>,
 }
 
 /// When run `i` of `runs` starts with `--steady`, from the first: spread evenly over one
@@ -494,11 +505,16 @@ fn open_store(
     file: &Path,
     rt: &tokio::runtime::Runtime,
     schema: Option<&Dropped>,
+    page_cache_kib: Option<u64>,
 ) -> (Arc<dyn RunStore>, Option<SqliteStore>) {
     match store {
         "sqlite" => {
             let _ = std::fs::remove_file(file);
-            let sqlite = SqliteStore::open(file).expect("open the bench database");
+            let mut options = SqliteOptions::default();
+            if let Some(kib) = page_cache_kib {
+                options.page_cache_bytes = kib * 1024;
+            }
+            let sqlite = SqliteStore::open_with(file, options).expect("open the bench database");
             (Arc::new(sqlite.clone()), Some(sqlite))
         }
         "postgres" => {
@@ -531,10 +547,16 @@ async fn run_all(
     runs: usize,
     clock: Arc<Marks>,
     steady: Option<Duration>,
+    random_ids: bool,
 ) -> (u64, Duration, Duration) {
     let (start, started) = (Instant::now(), clock.now());
-    // Run ids are the runtime's own, as for a service that does not name its runs.
-    let run = |i: usize| std::future::IntoFuture::into_future(runtime.run(RunRequest::new(format!("run {i}"))));
+    // Run ids are the runtime's own, as for a service that does not name its runs, unless the
+    // bench names them at random.
+    let run = |i: usize| {
+        let request = RunRequest::new(format!("run {i}"));
+        let request = if random_ids { request.run_id(uuid::Uuid::new_v4().to_string()) } else { request };
+        std::future::IntoFuture::into_future(runtime.run(request))
+    };
     // Each output is checked and dropped as its run ends, so the peak RSS is the runs' own and
     // not the bench holding every finished conversation.
     let mut pending: futures::stream::FuturesUnordered<_> = match steady {
@@ -592,13 +614,14 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, setup: Setup) ->
             std::thread::yield_now();
         }
     }
-    let (inner, sqlite) = open_store(store, &dir.join(format!("in-flight-{runs}.db")), &rt, schema.as_ref());
+    let (inner, sqlite) =
+        open_store(store, &dir.join(format!("in-flight-{runs}.db")), &rt, schema.as_ref(), setup.page_cache_kib);
     if setup.warm {
         // A runtime and marks of its own, so that the measured round's counts and samples are
         // its own; the store is the same, so its caches and connections are warm.
         let marks = Marks::new(runs);
         let runtime = bench_runtime(Arc::clone(&inner), latency, Arc::clone(&marks));
-        rt.block_on(async move { tokio::spawn(run_all(runtime, runs, marks, steady)).await })
+        rt.block_on(async move { tokio::spawn(run_all(runtime, runs, marks, steady, setup.random_ids)).await })
             .expect("the warm-up round");
         // SQLite's checkpointer copies what is left 100 ms after the last commit: past that,
         // its catching up does not land in the measured round's CPU.
@@ -637,8 +660,9 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, setup: Setup) ->
     let clock = Arc::clone(&marks);
     let threads_before = thread_times();
     let cpu_start = cpu_time::ProcessTime::now();
-    let (started, calls, wall) =
-        rt.block_on(async move { tokio::spawn(run_all(runtime, runs, clock, steady)).await }).expect("the bench task");
+    let (started, calls, wall) = rt
+        .block_on(async move { tokio::spawn(run_all(runtime, runs, clock, steady, setup.random_ids)).await })
+        .expect("the bench task");
 
     let cpu = cpu_start.elapsed();
     let threads_after = thread_times();
@@ -760,6 +784,8 @@ fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, setup: Se
         .args(setup.pin.then_some("--pin-workers"))
         .args(setup.warm.then_some("--warm"))
         .args(setup.steady.then_some("--steady"))
+        .args(setup.random_ids.then_some("--random-ids"))
+        .args(setup.page_cache_kib.iter().flat_map(|k| ["--page-cache-kib".to_owned(), k.to_string()]))
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the child");
@@ -980,7 +1006,14 @@ fn main() {
     let workers: usize = value("--workers").map_or(WORKERS, |v| v.parse().expect("--workers is a count"));
     assert!(workers >= 1, "--workers is at least 1");
     let flag = |name: &str| args.iter().any(|a| a == name);
-    let setup = Setup { workers, pin: flag("--pin-workers"), warm: flag("--warm"), steady: flag("--steady") };
+    let setup = Setup {
+        workers,
+        pin: flag("--pin-workers"),
+        warm: flag("--warm"),
+        steady: flag("--steady"),
+        random_ids: flag("--random-ids"),
+        page_cache_kib: value("--page-cache-kib").map(|v| v.parse().expect("--page-cache-kib is KiB")),
+    };
     let dir = std::env::temp_dir().join(format!("kuralle-bench-in-flight-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
 
@@ -1019,8 +1052,10 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
 
     let pinned = if setup.pin { ", each pinned to a CPU of its own" } else { "" };
+    let named = if setup.random_ids { ", runs named with random ids" } else { "" };
+    let cache = setup.page_cache_kib.map_or_else(String::new, |k| format!(", SQLite page cache {k} KiB"));
     println!(
-        "runs in flight on one runtime ({} worker threads{pinned}), each {CALLS} one-call turns and an answer; \
+        "runs in flight on one runtime ({} worker threads{pinned}{named}{cache}), each {CALLS} one-call turns and an answer; \
          added latency per turn = request to next request, less the model's latency; \
          answer -> next request = from the answer handed over to the run's next request",
         setup.workers

@@ -111,7 +111,18 @@ pub struct SqliteOptions {
     /// Read connections: at most this many reads run at once (each on a blocking thread), and
     /// their connections stay open for the next reads. Default 4.
     pub read_connections: usize,
+    /// Bytes of database pages the write connection keeps in memory (SQLite's `cache_size`),
+    /// rounded down to whole KiB. Default 16 MiB: with thousands of runs in flight the
+    /// journal's index pages no longer fit SQLite's own 2 MiB, and every write re-read some
+    /// from the OS. Lower it to save memory where runs are named by the runtime (time-ordered
+    /// ids, whose writes stay near each other): at 10,000 runs in flight, 8 MiB took 0.9 KiB a
+    /// run off the process's peak at no measured cost; runs named at random ids (UUID v4)
+    /// then cost about a tenth more CPU (`docs/performance.md`, "Eighteenth pass").
+    pub page_cache_bytes: u64,
 }
+
+/// [`SqliteOptions::page_cache_bytes`]'s default.
+const DEFAULT_PAGE_CACHE_BYTES: u64 = 16 << 20;
 
 impl Default for SqliteOptions {
     fn default() -> Self {
@@ -122,6 +133,7 @@ impl Default for SqliteOptions {
             max_size_bytes: None,
             commit_delay: Duration::ZERO,
             read_connections: 4,
+            page_cache_bytes: DEFAULT_PAGE_CACHE_BYTES,
         }
     }
 }

@@ -136,9 +136,10 @@ pub(super) fn configure_writer(
     // more, come from rusqlite's cache, which keeps 16 by default: a miss re-parses SQL on the
     // only write thread.
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-    // 16 MiB of pages instead of SQLite's 2 MiB: with thousands of runs in flight the journal's
-    // B-tree pages no longer fit, and every write re-read some from the OS.
-    conn.pragma_update(None, "cache_size", -16384).map_err(fail)?;
+    // A negative `cache_size` is KiB; at least one, since zero or less would mean SQLite's own
+    // default or a count of pages.
+    let cache_kib = i64::try_from((options.page_cache_bytes / 1024).max(1)).unwrap_or(i64::MAX);
+    conn.pragma_update(None, "cache_size", -cache_kib).map_err(fail)?;
     if tables.iter().any(|table| table == "kuralle_schema") {
         check_schema_version(conn, fail)?;
     } else {
@@ -376,5 +377,22 @@ mod tests {
         let sql: String =
             conn.query_row("SELECT sql FROM sqlite_master WHERE name = 'leases'", [], |row| row.get(0)).unwrap();
         assert!(sql.contains("WITHOUT ROWID"), "{sql}");
+    }
+
+    /// The write connection keeps the page cache the options give, in KiB (SQLite's negative
+    /// `cache_size`): 16 MiB by default, whole KiB, and never zero (SQLite's own default).
+    #[test]
+    fn the_writer_keeps_the_page_cache_the_options_give() {
+        let errors = Mapper { busy_timeout: Duration::from_secs(1), max_size_bytes: None };
+        let cache_size = |page_cache_bytes: u64| {
+            let conn = Connection::open_in_memory().unwrap();
+            configure_writer(&conn, &SqliteOptions { page_cache_bytes, ..SqliteOptions::default() }, errors, None)
+                .unwrap();
+            conn.query_row("PRAGMA cache_size", [], |row| row.get::<_, i64>(0)).unwrap()
+        };
+        assert_eq!(cache_size(SqliteOptions::default().page_cache_bytes), -16384);
+        assert_eq!(cache_size(8 << 20), -8192);
+        assert_eq!(cache_size((4 << 20) + 1023), -4096);
+        assert_eq!(cache_size(0), -1);
     }
 }
