@@ -116,8 +116,8 @@ pub struct SqliteOptions {
     /// journal's index pages no longer fit SQLite's own 2 MiB, and every write re-read some
     /// from the OS. Lower it to save memory where runs are named by the runtime (time-ordered
     /// ids, whose writes stay near each other): at 10,000 runs in flight, 8 MiB took 0.9 KiB a
-    /// run off the process's peak at no measured cost; runs named at random ids (UUID v4)
-    /// then cost about a tenth more CPU (`docs/performance.md`, "Eighteenth pass").
+    /// run off the process's peak at no measured cost, while runs named with random ids (UUID
+    /// v4) then took about an eighth longer (`docs/operations.md`, "SQLite's page cache").
     pub page_cache_bytes: u64,
 }
 
