@@ -1,12 +1,14 @@
 //! Many runs in flight on one `Runtime`, as a service with thousands of conversations open:
-//! N runs started at once, each three one-call turns and an answer, the model answering every
-//! request after a fixed latency (100 ms by default). The ideal wall time is 4 × latency, whatever
-//! N; what the runtime adds on top is the figure (issue 27).
+//! N runs started at once (or spread over one latency, `--steady`), each three one-call turns
+//! and an answer, the model answering every request after a fixed latency (100 ms by default).
+//! The ideal wall time is 4 × latency, whatever N (plus the last start with `--steady`); what
+//! the runtime adds on top is the figure (issue 27).
 //!
 //! `cargo bench -p kuralle --bench in_flight -- [--store memory|sqlite|postgres]
 //! [--runs 100,1000,10000] [--latency-ms 100] [--svg PATH] [--cap-s 180] [--workers 2]
-//! [--pin-workers] [--warm] [--steady] [--random-ids] [--page-cache-kib K] [--repeat 1]` prints, per store and N:
-//! - wall time, and wall / ideal (4 × latency);
+//! [--pin-workers] [--warm] [--steady] [--caller-ids v7|v4] [--page-cache-kib K] [--repeat 1]`
+//! prints, per store and N:
+//! - wall time, and wall / ideal (4 × latency, plus the last start with `--steady`);
 //! - added latency per turn, p50 and p99: a run's time from one model request to its next, less
 //!   the model's latency. That is the turn's wall time beyond the model, as a user waits for it:
 //!   the runtime's work between two model calls (journaling the response with the call's
@@ -17,11 +19,13 @@
 //!   (the sleep has ended and the stream was polled) to the next request: the runtime's own
 //!   part of the above, without the wait for the timer and for the stream to be polled;
 //! - first request p50 / last: when runs made their first model request, from the moment they
-//!   were all started (a run's start: its run row and lease, before any model call);
+//!   were all started, or with `--steady` from each one's own `Runtime::run` call (a run's
+//!   start: its run row and lease, before any model call);
 //! - `run` calls made in: how long the one task that starts the runs took to make its N
 //!   `Runtime::run` calls (each spawns the run's task); the other worker thread starts runs
 //!   meanwhile. The span includes the bench's own bookkeeping for each run (its input, the
-//!   boxed handle it polls); see `docs/performance.md`, "Where a start's time goes";
+//!   boxed handle it polls); see `docs/performance.md`, "Where a start's time goes". With
+//!   `--steady` it spans the one latency the starts are spread over;
 //! - CPU per run: the process's CPU time (every thread) while the runs ran, over N; against
 //!   2 cores × wall it tells whether the configuration is CPU-bound;
 //! - idle timer lateness, p50 and p99: how late 100 sleeps of the model's latency end on the
@@ -37,7 +41,7 @@
 //!   the first sample after every run had made its first request. With a model latency longer
 //!   than the start (`--one memory 10000 1000`) no run has had an answer yet, so it is the heap
 //!   that starting N runs grew by and kept, the bench's own input, handle and stream for each
-//!   included;
+//!   included. With `--steady` the first runs have had answers by then, so it is not;
 //! - on SQLite, store write calls per durable commit (`SqliteStore::commit_count`).
 //! - by thread, on the `--one` line only (Linux): CPU time a run of SQLite's writer thread
 //!   (`writer_us_per_run`), of its checkpointer (`checkpoint_us_per_run`) and of the runtime's
@@ -80,14 +84,19 @@
 //! at i × latency / N (tokio's timer starts those due in the same millisecond together). From
 //! then on every run is in flight until the first finishes, three latencies later, and the
 //! model's answers arrive at N per latency, spread out, as a service's do, instead of in a wave
-//! of N within the same millisecond. Every turn the added latency counts (from a run's second
-//! request to its last) falls in that span, so the figure is that of N runs in flight in a
-//! steady state. The ideal wall is then 4 × latency plus the last run's offset; first request
-//! counts from each run's own start. Rows so run are labelled "(steady)".
+//! of N within the same millisecond. Every answer whose handling the added latency counts (a
+//! run's first three) comes after the last start, and while the runtime keeps up, before the
+//! first run ends: the figure is then that of N runs in flight in a steady state. A
+//! configuration the cores cannot keep up with falls behind instead, and its early runs end
+//! while late ones still have turns to go. The ideal wall is 4 × latency plus the last run's
+//! offset. Rows so run are labelled "(steady)".
 //!
-//! `--random-ids` names every run with a random UUID v4, as a caller that names its runs at
-//! random would, instead of leaving the id to the runtime (a time-ordered v7). On SQLite the
-//! journal's indexes are keyed by run id, so random ids scatter each commit's writes over them.
+//! `--caller-ids v7|v4` has the bench name every run itself, with a time-ordered UUID v7 or a
+//! random v4, as a caller with ids of its own would, instead of leaving the id to the runtime
+//! (which makes a v7). A run its caller names takes one store write more than one the runtime
+//! names (its lease, then its row, instead of both in one write), so `v7` is the baseline for
+//! `v4`: on SQLite the journal's indexes are keyed by run id, and random ids scatter each
+//! commit's writes over them.
 //! `--page-cache-kib K` gives SQLite's write connection K KiB of page cache
 //! (`SqliteOptions::page_cache_bytes`) instead of its default.
 //!
@@ -162,6 +171,8 @@ struct Marks {
     requested: Vec<AtomicU64>,
     /// Per run: nanoseconds since `start` of its first request.
     first: Vec<AtomicU64>,
+    /// Per run, with `--steady`: nanoseconds since `start` of its `Runtime::run` call.
+    launched: Vec<AtomicU64>,
     /// Runs that have made their first request.
     started: AtomicUsize,
     /// Per run and turn after the first: nanoseconds from the answer handed over to the next
@@ -180,6 +191,7 @@ impl Marks {
             answered: (0..runs).map(|_| AtomicU64::new(0)).collect(),
             requested: (0..runs).map(|_| AtomicU64::new(0)).collect(),
             first: (0..runs).map(|_| AtomicU64::new(0)).collect(),
+            launched: (0..runs).map(|_| AtomicU64::new(0)).collect(),
             started: AtomicUsize::new(0),
             gaps: (0..runs * CALLS).map(|_| AtomicU64::new(0)).collect(),
             turns: (0..runs * CALLS).map(|_| AtomicU64::new(0)).collect(),
@@ -443,17 +455,45 @@ const WORKERS: usize = 2;
 /// How a child runs its configuration: the runtime's worker threads, how many (`--workers`) and
 /// whether each is pinned to a CPU of its own (`--pin-workers`); `--warm`; whether the runs
 /// start at once or spread over one model latency (`--steady`); who names them
-/// (`--random-ids`); and SQLite's page cache (`--page-cache-kib`).
+/// (`--caller-ids`); and SQLite's page cache (`--page-cache-kib`).
 #[derive(Clone, Copy)]
 struct Setup {
     workers: usize,
     pin: bool,
     warm: bool,
     steady: bool,
-    /// Runs named by the bench with random ids (`--random-ids`).
-    random_ids: bool,
+    /// Who names the runs (`--caller-ids`).
+    ids: Ids,
     /// SQLite's page cache, KiB (`--page-cache-kib`).
     page_cache_kib: Option<u64>,
+}
+
+/// Who names the runs: the runtime, or the bench as their caller (`--caller-ids`), with a
+/// time-ordered or a random UUID.
+#[derive(Clone, Copy, PartialEq)]
+enum Ids {
+    Runtime,
+    CallerV7,
+    CallerV4,
+}
+
+impl Ids {
+    fn parse(v: &str) -> Self {
+        match v {
+            "v7" => Self::CallerV7,
+            "v4" => Self::CallerV4,
+            _ => panic!("--caller-ids is v7 or v4, not {v}"),
+        }
+    }
+
+    /// `--caller-ids`' value, `None` for the runtime's own.
+    fn flag(self) -> Option<&'static str> {
+        match self {
+            Self::Runtime => None,
+            Self::CallerV7 => Some("v7"),
+            Self::CallerV4 => Some("v4"),
+        }
+    }
 }
 
 /// When run `i` of `runs` starts with `--steady`, from the first: spread evenly over one
@@ -512,7 +552,7 @@ fn open_store(
             let _ = std::fs::remove_file(file);
             let mut options = SqliteOptions::default();
             if let Some(kib) = page_cache_kib {
-                options.page_cache_bytes = kib * 1024;
+                options.page_cache_bytes = kib.saturating_mul(1024);
             }
             let sqlite = SqliteStore::open_with(file, options).expect("open the bench database");
             (Arc::new(sqlite.clone()), Some(sqlite))
@@ -547,14 +587,22 @@ async fn run_all(
     runs: usize,
     clock: Arc<Marks>,
     steady: Option<Duration>,
-    random_ids: bool,
+    ids: Ids,
 ) -> (u64, Duration, Duration) {
     let (start, started) = (Instant::now(), clock.now());
     // Run ids are the runtime's own, as for a service that does not name its runs, unless the
-    // bench names them at random.
+    // bench names them as a caller would.
     let run = |i: usize| {
         let request = RunRequest::new(format!("run {i}"));
-        let request = if random_ids { request.run_id(uuid::Uuid::new_v4().to_string()) } else { request };
+        let request = match ids {
+            Ids::Runtime => request,
+            Ids::CallerV7 => request.run_id(uuid::Uuid::now_v7().to_string()),
+            Ids::CallerV4 => request.run_id(uuid::Uuid::new_v4().to_string()),
+        };
+        if steady.is_some() {
+            // Its start is when its timer let it go, up to a tick after its slot.
+            clock.launched[i].store(clock.now(), Ordering::Relaxed);
+        }
         std::future::IntoFuture::into_future(runtime.run(request))
     };
     // Each output is checked and dropped as its run ends, so the peak RSS is the runs' own and
@@ -621,7 +669,7 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, setup: Setup) ->
         // its own; the store is the same, so its caches and connections are warm.
         let marks = Marks::new(runs);
         let runtime = bench_runtime(Arc::clone(&inner), latency, Arc::clone(&marks));
-        rt.block_on(async move { tokio::spawn(run_all(runtime, runs, marks, steady, setup.random_ids)).await })
+        rt.block_on(async move { tokio::spawn(run_all(runtime, runs, marks, steady, setup.ids)).await })
             .expect("the warm-up round");
         // SQLite's checkpointer copies what is left 100 ms after the last commit: past that,
         // its catching up does not land in the measured round's CPU.
@@ -661,7 +709,7 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, setup: Setup) ->
     let threads_before = thread_times();
     let cpu_start = cpu_time::ProcessTime::now();
     let (started, calls, wall) = rt
-        .block_on(async move { tokio::spawn(run_all(runtime, runs, clock, steady, setup.random_ids)).await })
+        .block_on(async move { tokio::spawn(run_all(runtime, runs, clock, steady, setup.ids)).await })
         .expect("the bench task");
 
     let cpu = cpu_start.elapsed();
@@ -679,9 +727,10 @@ fn one(store: &str, runs: usize, latency: Duration, dir: &Path, setup: Setup) ->
         v
     };
     let (gaps, turns) = (sorted(&marks.gaps), sorted(&marks.turns));
-    // When each run's first request came, from the moment it was started.
+    // When each run's first request came, from the moment they were all started, or with
+    // `--steady` from its own `run` call.
     let firsts: Vec<u64> = {
-        let at = |i: usize| started + steady.map_or(0, |l| start_offset(i, runs, l.as_nanos() as f64) as u64);
+        let at = |i: usize| if steady.is_some() { marks.launched[i].load(Ordering::Relaxed) } else { started };
         let mut v: Vec<u64> =
             marks.first.iter().enumerate().map(|(i, f)| f.load(Ordering::Relaxed).saturating_sub(at(i))).collect();
         v.sort_unstable();
@@ -784,7 +833,7 @@ fn spawn_one(store: &str, runs: usize, latency_ms: u64, cap: Duration, setup: Se
         .args(setup.pin.then_some("--pin-workers"))
         .args(setup.warm.then_some("--warm"))
         .args(setup.steady.then_some("--steady"))
-        .args(setup.random_ids.then_some("--random-ids"))
+        .args(setup.ids.flag().iter().flat_map(|v| ["--caller-ids", v]))
         .args(setup.page_cache_kib.iter().flat_map(|k| ["--page-cache-kib".to_owned(), k.to_string()]))
         .stdout(Stdio::piped())
         .spawn()
@@ -1011,7 +1060,7 @@ fn main() {
         pin: flag("--pin-workers"),
         warm: flag("--warm"),
         steady: flag("--steady"),
-        random_ids: flag("--random-ids"),
+        ids: value("--caller-ids").map_or(Ids::Runtime, |v| Ids::parse(&v)),
         page_cache_kib: value("--page-cache-kib").map(|v| v.parse().expect("--page-cache-kib is KiB")),
     };
     let dir = std::env::temp_dir().join(format!("kuralle-bench-in-flight-{}", std::process::id()));
@@ -1052,7 +1101,11 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
 
     let pinned = if setup.pin { ", each pinned to a CPU of its own" } else { "" };
-    let named = if setup.random_ids { ", runs named with random ids" } else { "" };
+    let named = match setup.ids {
+        Ids::Runtime => "",
+        Ids::CallerV7 => ", runs named by the bench with UUID v7 ids",
+        Ids::CallerV4 => ", runs named by the bench with random (v4) ids",
+    };
     let cache = setup.page_cache_kib.map_or_else(String::new, |k| format!(", SQLite page cache {k} KiB"));
     println!(
         "runs in flight on one runtime ({} worker threads{pinned}{named}{cache}), each {CALLS} one-call turns and an answer; \

@@ -136,9 +136,9 @@ pub(super) fn configure_writer(
     // more, come from rusqlite's cache, which keeps 16 by default: a miss re-parses SQL on the
     // only write thread.
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-    // A negative `cache_size` is KiB; at least one, since zero or less would mean SQLite's own
-    // default or a count of pages.
-    let cache_kib = i64::try_from((options.page_cache_bytes / 1024).max(1)).unwrap_or(i64::MAX);
+    // A negative `cache_size` is KiB. SQLite reads it as a 32-bit number, and a larger one
+    // would wrap to a tiny cache: clamped there (2 TiB).
+    let cache_kib = i64::try_from(options.page_cache_bytes / 1024).unwrap_or(i64::MAX).min(i64::from(i32::MAX));
     conn.pragma_update(None, "cache_size", -cache_kib).map_err(fail)?;
     if tables.iter().any(|table| table == "kuralle_schema") {
         check_schema_version(conn, fail)?;
@@ -380,7 +380,7 @@ mod tests {
     }
 
     /// The write connection keeps the page cache the options give, in KiB (SQLite's negative
-    /// `cache_size`): 16 MiB by default, whole KiB, and never zero (SQLite's own default).
+    /// `cache_size`): 16 MiB by default, whole KiB, and no more than SQLite's 32-bit count.
     #[test]
     fn the_writer_keeps_the_page_cache_the_options_give() {
         let errors = Mapper { busy_timeout: Duration::from_secs(1), max_size_bytes: None };
@@ -393,6 +393,6 @@ mod tests {
         assert_eq!(cache_size(SqliteOptions::default().page_cache_bytes), -16384);
         assert_eq!(cache_size(8 << 20), -8192);
         assert_eq!(cache_size((4 << 20) + 1023), -4096);
-        assert_eq!(cache_size(0), -1);
+        assert_eq!(cache_size(u64::MAX), -i64::from(i32::MAX));
     }
 }
