@@ -342,7 +342,7 @@ struct Figures {
 }
 
 impl Figures {
-    /// The store, and whether the process was warmed up first.
+    /// The store, and whether its runs started spread out and the process was warmed up first.
     fn label(&self) -> String {
         match (self.steady, self.warm) {
             (false, false) => self.store.clone(),
@@ -470,7 +470,7 @@ struct Setup {
 
 /// Who names the runs: the runtime, or the bench as their caller (`--caller-ids`), with a
 /// time-ordered or a random UUID.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Ids {
     Runtime,
     CallerV7,
