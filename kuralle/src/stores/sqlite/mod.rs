@@ -113,12 +113,13 @@ pub struct SqliteOptions {
     pub read_connections: usize,
     /// Bytes of database pages the write connection keeps in memory (SQLite's `cache_size`),
     /// rounded down to whole KiB (below a KiB, SQLite keeps its minimum of a few pages; the
-    /// read connections keep SQLite's own 2 MiB each). Default 16 MiB: with thousands of runs in flight the
-    /// journal's index pages no longer fit SQLite's own 2 MiB, and every write re-read some
-    /// from the OS. Lower it to save memory where runs are named by the runtime (time-ordered
-    /// ids, whose writes stay near each other): at 10,000 runs in flight, 8 MiB took 0.9 KiB a
-    /// run off the process's peak at no measured cost, while runs named with random ids (UUID
-    /// v4) then took 5–13% longer (`docs/operations.md`, "SQLite's page cache").
+    /// read connections keep SQLite's own 2 MiB each). Default 16 MiB: with thousands of runs
+    /// in flight the journal's index pages no longer fit SQLite's own 2 MiB, and every write
+    /// re-read some from the OS. Lower it to save memory where runs are named by the runtime
+    /// (time-ordered ids, whose writes stay near each other): at 10,000 runs in flight, 8 MiB
+    /// took 0.9 KiB a run off the process's peak at no measured cost, while runs named with
+    /// random ids (UUID v4) then took 5–13% longer (`docs/operations.md`, "SQLite's page
+    /// cache").
     pub page_cache_bytes: u64,
 }
 
