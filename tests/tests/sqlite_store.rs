@@ -484,7 +484,7 @@ async fn a_store_from_the_previous_release_is_migrated_and_its_run_resumes() {
     assert_eq!(version().trim(), "1", "the fixture is a schema-1 file");
 
     let store = SqliteStore::open(&path).unwrap();
-    assert_eq!(version().trim(), "3", "opening migrated it");
+    assert_eq!(version().trim(), "4", "opening migrated it");
     let before = store.steps("order-1").await.unwrap();
     let kinds: Vec<(StepKind, StepStatus)> = before.iter().map(|s| (s.kind, s.status)).collect();
     assert_eq!(
@@ -523,7 +523,7 @@ async fn a_store_from_the_previous_release_is_migrated_and_its_run_resumes() {
     assert!(after.iter().all(|s| s.status != StepStatus::Running));
     assert_eq!(store.current_lease("order-1").await.unwrap(), None, "the turn gave its lease back");
     drop(store);
-    assert_eq!(version().trim(), "3");
+    assert_eq!(version().trim(), "4");
     assert!(SqliteStore::open(&path).is_ok(), "a migrated store reopens");
 }
 

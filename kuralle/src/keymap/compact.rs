@@ -38,7 +38,7 @@ impl CompactKey {
 
 /// The 32 bytes of a key spelled in exactly 64 lowercase hex digits. Uppercase digits are not
 /// read as a digest: `"AB…"` and `"ab…"` are different keys and must stay apart.
-fn digest(key: &str) -> Option<[u8; 32]> {
+pub(crate) fn digest(key: &str) -> Option<[u8; 32]> {
     let bytes: &[u8; 64] = key.as_bytes().try_into().ok()?;
     let mut out = [0u8; 32];
     // No branch per digit: a digit that is not one sets the high bit of `bad`, checked once.

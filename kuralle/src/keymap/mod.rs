@@ -11,7 +11,7 @@ mod compact;
 
 use std::collections::HashMap;
 
-pub(crate) use compact::{CompactKey, hex};
+pub(crate) use compact::{CompactKey, digest, hex};
 
 /// A `HashMap` with string keys and the fast, randomly seeded foldhash hasher.
 pub(crate) type KeyMap<V> = HashMap<String, V, foldhash::fast::RandomState>;

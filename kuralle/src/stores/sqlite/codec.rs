@@ -1,11 +1,15 @@
 //! The row codec: Rust values ↔ SQLite columns.
 
+use rusqlite::ToSql;
+use rusqlite::types::{ToSqlOutput, Value, ValueRef};
+
 use crate::json::JsonText;
 use crate::store::{RunRecord, RunStatus, StepKind, StepRecord, StepStatus, StoreError};
 
 pub(super) struct RawStep {
     pub(super) ordinal: i64,
-    pub(super) key: String,
+    /// As the column holds it ([`StoredKey`]).
+    pub(super) key: Value,
     pub(super) kind: String,
     pub(super) name: String,
     pub(super) epoch: i64,
@@ -14,6 +18,46 @@ pub(super) struct RawStep {
     pub(super) error: Option<String>,
     pub(super) started_at_ms: i64,
     pub(super) finished_at_ms: Option<i64>,
+}
+
+/// A journal key as the `steps.key` column holds it: the 32 bytes of a key that is a SHA-256
+/// in lowercase hex (every key the runtime makes, `journal/key.rs`), the text of any other,
+/// as `keymap::CompactKey` holds keys in memory.
+///
+/// The key is in the journal's unique index as well as its row, and 64 characters of hex
+/// were most of both: as bytes, each index entry is about half as large, so more of them fit
+/// in a page and in the page cache. The mapping is one to one: a blob is only ever a digest,
+/// and SQLite never finds a blob equal to a text, so a text key that spells a digest in
+/// capitals stays a key of its own, as it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StoredKey<'a> {
+    Digest([u8; 32]),
+    Text(&'a str),
+}
+
+impl<'a> StoredKey<'a> {
+    pub(super) fn of(key: &'a str) -> Self {
+        crate::keymap::digest(key).map_or(Self::Text(key), Self::Digest)
+    }
+
+    /// The key a column holds, as the store's callers gave it.
+    pub(super) fn read(value: ValueRef<'_>) -> Result<String, StoreError> {
+        match value {
+            ValueRef::Blob(digest) if digest.len() == 32 => Ok(crate::keymap::hex(digest)),
+            ValueRef::Text(text) => String::from_utf8(text.to_vec())
+                .map_err(|_| StoreError::Corrupt("steps.key holds text that is not UTF-8".into())),
+            other => Err(StoreError::Corrupt(format!("steps.key holds a {:?}, not a key", other.data_type()).into())),
+        }
+    }
+}
+
+impl ToSql for StoredKey<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match self {
+            Self::Digest(digest) => ValueRef::Blob(digest),
+            Self::Text(text) => ValueRef::Text(text.as_bytes()),
+        }))
+    }
 }
 
 impl RawStep {
@@ -27,7 +71,7 @@ impl RawStep {
             epoch: to_u64("steps.epoch", self.epoch)?,
             result: self.result.map(|text| parse_json("steps.result", text)).transpose()?,
             error: self.error.map(|text| parse_json("steps.error", text)).transpose()?,
-            key: self.key,
+            key: StoredKey::read(ValueRef::from(&self.key))?,
             name: self.name,
             started_at_ms: self.started_at_ms,
             finished_at_ms: self.finished_at_ms,

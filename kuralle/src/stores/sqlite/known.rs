@@ -1,5 +1,5 @@
 //! What the writer knows of the runs it writes, kept between its transactions: the lease token
-//! a write of this connection found holding, and the run's next ordinal.
+//! a write of this connection found holding, and the run's key in the file and next ordinal.
 //!
 //! Every journal write checks its run's fence, and every append reads the journal's last
 //! ordinal: two B-tree descents by the run's text id, which at 1,000 runs in flight were about
@@ -38,8 +38,9 @@ struct Run {
     /// The token of the run's lease, which a write in a committed or current transaction of
     /// this connection found unreleased.
     token: i64,
-    /// The journal's next ordinal, when a write under `token` learned it.
-    next_ordinal: Option<i64>,
+    /// The run's key in the file and its journal's next ordinal, when a write under `token`
+    /// learned them.
+    next: Option<(i64, i64)>,
 }
 
 impl Known {
@@ -57,9 +58,15 @@ impl Known {
         self.runs.borrow().get(run_id).is_some_and(|run| run.token == token)
     }
 
-    /// The next ordinal of `run_id`'s journal, if known under lease `token`.
-    pub(super) fn next_ordinal(&self, run_id: &str, token: i64) -> Option<i64> {
-        self.runs.borrow().get(run_id).filter(|run| run.token == token).and_then(|run| run.next_ordinal)
+    /// The key of `run_id` and its journal's next ordinal, if known under lease `token`.
+    pub(super) fn next_ordinal(&self, run_id: &str, token: i64) -> Option<(i64, i64)> {
+        self.runs.borrow().get(run_id).filter(|run| run.token == token).and_then(|run| run.next)
+    }
+
+    /// The key of `run_id` in the file, if known under any lease: it changes only when the run
+    /// is deleted, which forgets it.
+    pub(super) fn run_key(&self, run_id: &str) -> Option<i64> {
+        self.runs.borrow().get(run_id).and_then(|run| run.next).map(|(run_key, _)| run_key)
     }
 
     /// A write of this transaction found the lease of `run_id` unreleased with `token`.
@@ -67,15 +74,16 @@ impl Known {
         let mut runs = self.runs.borrow_mut();
         match runs.get_mut(run_id) {
             Some(run) if run.token == token => {}
-            Some(run) => *run = Run { token, next_ordinal: None },
-            None => insert(&mut runs, run_id, Run { token, next_ordinal: None }),
+            Some(run) => *run = Run { token, next: None },
+            None => insert(&mut runs, run_id, Run { token, next: None }),
         }
     }
 
-    /// A write under lease `token` left `run_id`'s journal with `next` as its next ordinal.
-    pub(super) fn appended(&self, run_id: &str, token: i64, next: i64) {
+    /// A write under lease `token` left the journal of `run_id`, keyed `run_key`, with `next`
+    /// as its next ordinal.
+    pub(super) fn appended(&self, run_id: &str, token: i64, run_key: i64, next: i64) {
         let mut runs = self.runs.borrow_mut();
-        let run = Run { token, next_ordinal: Some(next) };
+        let run = Run { token, next: Some((run_key, next)) };
         match runs.get_mut(run_id) {
             Some(known) => *known = run,
             None => insert(&mut runs, run_id, run),
@@ -123,11 +131,12 @@ mod tests {
         assert!(known.holds("a", 3));
         assert!(!known.holds("a", 2), "another token is not known to hold");
         assert_eq!(known.next_ordinal("a", 3), None, "the fence alone tells no ordinal");
-        known.appended("a", 3, 5);
-        assert_eq!(known.next_ordinal("a", 3), Some(5));
+        known.appended("a", 3, 9, 5);
+        assert_eq!(known.next_ordinal("a", 3), Some((9, 5)));
         assert_eq!(known.next_ordinal("a", 4), None);
+        assert_eq!(known.run_key("a"), Some(9));
         known.fence_held("a", 3);
-        assert_eq!(known.next_ordinal("a", 3), Some(5), "the same token keeps the ordinal");
+        assert_eq!(known.next_ordinal("a", 3), Some((9, 5)), "the same token keeps the ordinal");
         known.fence_held("a", 4);
         assert_eq!(known.next_ordinal("a", 4), None, "a new token forgets it");
 
@@ -139,9 +148,10 @@ mod tests {
         known.begin(None);
         assert!(!known.holds("a", 4), "an unread version forgets too");
 
-        known.appended("b", 1, 0);
+        known.appended("b", 1, 2, 0);
         known.forget("b");
         assert!(!known.holds("b", 1));
+        assert_eq!(known.run_key("b"), None, "a deleted run's key may be handed out again");
     }
 
     /// The map never holds more than `MAX_RUNS` runs: the one past it starts it afresh.

@@ -656,8 +656,8 @@ impl RunStore for SqliteStore {
                     // Refused before the lease is taken: a run too large to store.
                     let prepared = prepared.as_ref().map_err(Clone::clone)?;
                     let lease = leases::acquire(conn, errors, &new.run_id, owner, ttl_ms(ttl))?;
-                    if runs::insert_row(conn, errors, new, prepared)? {
-                        steps::created(conn, &new.run_id, lease.token);
+                    if let Some(run_key) = runs::insert_row(conn, errors, new, prepared)? {
+                        steps::created(conn, &new.run_id, run_key, lease.token);
                         return Ok((lease, Ok(None)));
                     }
                     Ok((lease, read_under_new_lease(conn, errors, &new.run_id)?))

@@ -32,43 +32,46 @@ pub(super) fn insert_run(
     prepared: &PreparedRun,
 ) -> Result<(), StoreError> {
     check_fence(conn, errors, &run.run_id, fence)?;
-    if !insert_row(conn, errors, run, prepared)? {
+    let Some(run_key) = insert_row(conn, errors, run, prepared)? else {
         return Err(StoreError::RunExists(run.run_id.clone()));
-    }
-    steps::created(conn, &run.run_id, fence);
+    };
+    steps::created(conn, &run.run_id, run_key, fence);
     Ok(())
 }
 
-/// Inserts the run's row unless the run exists; whether it did. The caller has checked the
-/// fence (or has just taken the lease in the same transaction).
+/// Inserts the run's row unless the run exists; the key it got in the file, `None` when the
+/// run existed. The caller has checked the fence (or has just taken the lease in the same
+/// transaction).
 pub(super) fn insert_row(
     conn: &Db<'_>,
     errors: Mapper,
     run: &RunRecord,
     (epoch, version): &PreparedRun,
-) -> Result<bool, StoreError> {
-    let inserted = conn
-        .prepared(INSERT_RUN)
+) -> Result<Option<i64>, StoreError> {
+    conn.prepared(INSERT_RUN)
         .and_then(|mut stmt| {
-            stmt.execute(params![
-                run.run_id,
-                run.agent_id,
-                run.status.as_str(),
-                epoch,
-                version,
-                run.state.as_str(),
-                run.created_at_ms,
-                run.updated_at_ms
-            ])
+            stmt.query_row(
+                params![
+                    run.run_id,
+                    run.agent_id,
+                    run.status.as_str(),
+                    epoch,
+                    version,
+                    run.state.as_str(),
+                    run.created_at_ms,
+                    run.updated_at_ms
+                ],
+                |row| row.get(0),
+            )
+            .optional()
         })
-        .map_err(|e| errors.map(e))?;
-    Ok(inserted > 0)
+        .map_err(|e| errors.map(e))
 }
 
-/// Inserts a run's row, unless the run exists.
+/// Inserts a run's row, unless the run exists, and returns its key (no row when it existed).
 pub(super) const INSERT_RUN: &str =
-    "INSERT INTO runs (run_id, agent_id, status, epoch, version, next_ordinal, state, created_at, updated_at)
-     VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6, ?7, ?8) ON CONFLICT (run_id) DO NOTHING";
+    "INSERT INTO runs (run_id, agent_id, status, epoch, version, state, created_at, updated_at)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (run_id) DO NOTHING RETURNING run_key";
 
 /// Replaces the run's row by compare-and-swap on its version, under lease `fence`, in one
 /// statement that checks the fence too; only when it changed nothing do reads tell why.
@@ -213,7 +216,7 @@ pub(super) fn list_runs(conn: &Db<'_>, errors: Mapper, filter: &RunFilter) -> Re
 /// Deletes the run and its journal; its lease row stays so a reused id never reuses a token.
 pub(super) fn delete_run(conn: &Db<'_>, errors: Mapper, run_id: &str) -> Result<bool, StoreError> {
     let deleted = conn
-        .prepared("DELETE FROM steps WHERE run_id = ?1")
+        .prepared("DELETE FROM steps WHERE run_key = (SELECT run_key FROM runs WHERE run_id = ?1)")
         .and_then(|mut stmt| stmt.execute([run_id]))
         .and_then(|_| conn.prepared("DELETE FROM runs WHERE run_id = ?1"))
         .and_then(|mut stmt| stmt.execute([run_id]))

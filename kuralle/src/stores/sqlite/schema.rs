@@ -11,14 +11,15 @@ use crate::store::StoreError;
 /// The kuralle schema version this build reads and writes (kept in table `kuralle_schema`).
 /// 1: runs and steps. 2: leases (one owner per run, fencing tokens). 3: a step's ordinal
 /// follows the journal's last (`runs.next_ordinal` is no longer kept), so an older build, which
-/// would hand out ordinals from that column, refuses the database instead.
-pub(super) const SCHEMA_VERSION: i64 = 3;
+/// would hand out ordinals from that column, refuses the database instead. 4: the journal is
+/// keyed by its run's integer key and holds digest keys as bytes ([`JOURNAL_BY_RUN_KEY`]).
+pub(super) const SCHEMA_VERSION: i64 = 4;
 
 /// Prepared statements a connection keeps: more than the store has.
 pub(super) const STATEMENT_CACHE: usize = 64;
 
 /// `MIGRATIONS[v - 1]` moves a store from version `v` to `v + 1`.
-const MIGRATIONS: [&str; 2] = [LEASES, ORDINALS_FROM_STEPS];
+const MIGRATIONS: [&str; 3] = [LEASES, ORDINALS_FROM_STEPS, JOURNAL_BY_RUN_KEY];
 
 /// The leases table.
 macro_rules! leases_table {
@@ -58,28 +59,43 @@ const REBUILD_LEASES: &str = concat!(
 /// Nothing to change in the tables: the version alone tells older builds to keep out.
 const ORDINALS_FROM_STEPS: &str = "UPDATE kuralle_schema SET version = version WHERE id = 1;";
 
-const SCHEMA: &str = "
-CREATE TABLE kuralle_schema (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    version INTEGER NOT NULL
-);
-CREATE TABLE runs (
-    run_id TEXT PRIMARY KEY NOT NULL,
+/// The runs table, named `$name`.
+///
+/// `run_key` is the run's key inside the file: the journal refers to its run by it. It is an
+/// alias of the rowid, which SQLite keeps through `VACUUM` only when it is declared so. A key
+/// may be handed out again once its run is deleted, and the run's steps are deleted with it.
+macro_rules! runs_table {
+    ($name:literal) => {
+        concat!(
+            "CREATE TABLE ",
+            $name,
+            " (
+    run_key INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL UNIQUE,
     agent_id TEXT NOT NULL,
     status TEXT NOT NULL,
     epoch INTEGER NOT NULL,
     version INTEGER NOT NULL,
-    next_ordinal INTEGER NOT NULL DEFAULT 0, -- unused since version 3
     state TEXT NOT NULL,
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL
 );
-CREATE INDEX runs_by_updated ON runs (updated_at DESC, run_id);
-CREATE INDEX runs_by_status_updated ON runs (status, updated_at DESC, run_id);
-CREATE TABLE steps (
-    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+"
+        )
+    };
+}
+
+/// The journal, named `$name`: a run's steps by its `run_key` and ordinal, and by its key,
+/// which is a blob for a digest (`codec::StoredKey`).
+macro_rules! steps_table {
+    ($name:literal) => {
+        concat!(
+            "CREATE TABLE ",
+            $name,
+            " (
+    run_key INTEGER NOT NULL REFERENCES runs (run_key) ON DELETE CASCADE,
     ordinal INTEGER NOT NULL,
-    key TEXT NOT NULL,
+    key BLOB NOT NULL,
     kind TEXT NOT NULL,
     name TEXT NOT NULL,
     epoch INTEGER NOT NULL,
@@ -88,10 +104,69 @@ CREATE TABLE steps (
     error TEXT,
     started_at INTEGER NOT NULL,
     finished_at INTEGER,
-    PRIMARY KEY (run_id, ordinal),
-    UNIQUE (run_id, key)
+    PRIMARY KEY (run_key, ordinal),
+    UNIQUE (run_key, key)
 );
-";
+"
+        )
+    };
+}
+
+/// The runs' indexes for listing, newest first.
+macro_rules! runs_indexes {
+    () => {
+        "CREATE INDEX runs_by_updated ON runs (updated_at DESC, run_id);
+CREATE INDEX runs_by_status_updated ON runs (status, updated_at DESC, run_id);
+"
+    };
+}
+
+const SCHEMA: &str = concat!(
+    "CREATE TABLE kuralle_schema (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    version INTEGER NOT NULL
+);
+",
+    runs_table!("runs"),
+    runs_indexes!(),
+    steps_table!("steps"),
+);
+
+/// Version 3 to 4: the journal keyed by its run's integer key, its digest keys as bytes.
+///
+/// Until version 3 every journal row, and both of the journal's indexes, held the run's
+/// 36-character text id, and its unique index the key's 64 characters of hex: about 100
+/// bytes an index entry, where an integer and 32 bytes are about 40. At 10,000 runs in flight
+/// that was about a seventh of the writer's CPU a run, and with random (UUID v4) run ids each
+/// run's steps landed on pages scattered across the indexes. The runs table gets its key in
+/// the same copy (it had none that `VACUUM` keeps), in the order the runs were made.
+///
+/// The copy holds the write lock for as long as it takes (it is as long as the journal); a
+/// process that opens the store meanwhile waits up to its busy timeout. The new tables are
+/// made under names of their own and renamed into place with `legacy_alter_table` on, so an
+/// operator's views of `runs` or `steps` read the new tables (see `migrate`).
+const JOURNAL_BY_RUN_KEY: &str = concat!(
+    runs_table!("runs_v4"),
+    "INSERT INTO runs_v4 (run_id, agent_id, status, epoch, version, state, created_at, updated_at)
+     SELECT run_id, agent_id, status, epoch, version, state, created_at, updated_at FROM runs
+     ORDER BY rowid;
+",
+    steps_table!("steps_v4"),
+    // As `codec::StoredKey::of`: SQLite's `length` counts characters, and a key that passes
+    // the `GLOB` is ASCII.
+    "INSERT INTO steps_v4 (run_key, ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at)
+     SELECT r.run_key, s.ordinal,
+            CASE WHEN length(s.key) = 64 AND s.key NOT GLOB '*[^0-9a-f]*' THEN unhex(s.key) ELSE s.key END,
+            s.kind, s.name, s.epoch, s.status, s.result, s.error, s.started_at, s.finished_at
+     FROM steps s JOIN runs_v4 r ON r.run_id = s.run_id
+     ORDER BY r.run_key, s.ordinal;
+DROP TABLE steps;
+DROP TABLE runs;
+ALTER TABLE runs_v4 RENAME TO runs;
+ALTER TABLE steps_v4 RENAME TO steps;
+",
+    runs_indexes!(),
+);
 
 /// Sets the pragmas of the write connection and checks or creates the schema.
 pub(super) fn configure_writer(
@@ -175,34 +250,46 @@ fn check_schema_version(
         SCHEMA_VERSION => Ok(()),
         version if version > SCHEMA_VERSION => Err(newer(version)),
         _ => {
-            conn.execute_batch("BEGIN IMMEDIATE").map_err(fail)?;
-            let migrated = (|| {
-                let mut version = stored_version(conn, fail)?;
-                if version > SCHEMA_VERSION {
-                    return Err(newer(version));
-                }
-                while version < SCHEMA_VERSION {
-                    let step =
-                        usize::try_from(version - 1).ok().and_then(|i| MIGRATIONS.get(i)).ok_or_else(|| {
-                            StoreError::Corrupt(format!(
-                            "the database has kuralle schema version {version}, which this kuralle cannot migrate \
-                             (it supports version {SCHEMA_VERSION})"
-                        ).into())
-                        })?;
-                    conn.execute_batch(step).map_err(fail)?;
-                    version += 1;
-                    tracing::info!(version, "migrated the SQLite store schema");
-                }
-                conn.execute("UPDATE kuralle_schema SET version = ?1 WHERE id = 1", [SCHEMA_VERSION]).map_err(fail)?;
-                Ok(())
-            })();
-            match migrated {
-                Ok(()) => conn.execute_batch("COMMIT").map_err(fail),
-                Err(e) => {
-                    let _ = conn.execute_batch("ROLLBACK");
-                    Err(e)
-                }
-            }
+            // A migration renames its new tables into place: the legacy rename leaves an
+            // operator's views naming `runs` and `steps` as they are, to read the new tables.
+            conn.pragma_update(None, "legacy_alter_table", "ON").map_err(fail)?;
+            let migrated = migrate(conn, fail);
+            let restored = conn.pragma_update(None, "legacy_alter_table", "OFF").map_err(fail);
+            migrated.and(restored)
+        }
+    }
+}
+
+/// Moves the store to [`SCHEMA_VERSION`] in one transaction.
+fn migrate(conn: &Connection, fail: impl Fn(rusqlite::Error) -> StoreError + Copy) -> Result<(), StoreError> {
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(fail)?;
+    let migrated = (|| {
+        let mut version = stored_version(conn, fail)?;
+        if version > SCHEMA_VERSION {
+            return Err(newer(version));
+        }
+        while version < SCHEMA_VERSION {
+            let step = usize::try_from(version - 1).ok().and_then(|i| MIGRATIONS.get(i)).ok_or_else(|| {
+                StoreError::Corrupt(
+                    format!(
+                        "the database has kuralle schema version {version}, which this kuralle cannot migrate \
+                     (it supports version {SCHEMA_VERSION})"
+                    )
+                    .into(),
+                )
+            })?;
+            conn.execute_batch(step).map_err(fail)?;
+            version += 1;
+            tracing::info!(version, "migrated the SQLite store schema");
+        }
+        conn.execute("UPDATE kuralle_schema SET version = ?1 WHERE id = 1", [SCHEMA_VERSION]).map_err(fail)?;
+        Ok(())
+    })();
+    match migrated {
+        Ok(()) => conn.execute_batch("COMMIT").map_err(fail),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
         }
     }
 }
@@ -342,14 +429,14 @@ mod tests {
              );
              INSERT INTO leases VALUES ('run-1', 'gone', 7, 0, 1);
              CREATE VIEW held AS SELECT run_id FROM leases WHERE released = 0;
-             INSERT INTO kuralle_schema (id, version) VALUES (1, 3);",
+             INSERT INTO kuralle_schema (id, version) VALUES (1, 4);",
         )
         .unwrap();
         let errors = Mapper { busy_timeout: Duration::from_secs(1), max_size_bytes: None };
         configure_writer(&conn, &SqliteOptions::default(), errors, None).unwrap();
 
         let version: i64 = conn.query_row("SELECT version FROM kuralle_schema", [], |row| row.get(0)).unwrap();
-        assert_eq!(version, 3, "older builds still open the store");
+        assert_eq!(version, SCHEMA_VERSION, "older builds still open the store");
         let tables: Vec<(String, String)> = conn
             .prepare("SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name LIKE 'leases%'")
             .unwrap()
@@ -366,6 +453,141 @@ mod tests {
         assert_eq!(held, ["run-1"], "the view reads the new table");
         let legacy: i64 = conn.query_row("PRAGMA legacy_alter_table", [], |row| row.get(0)).unwrap();
         assert_eq!(legacy, 0, "the connection is left as it was");
+    }
+
+    /// The tables of schema version 3, as that release made them.
+    const SCHEMA_V3: &str = "
+CREATE TABLE kuralle_schema (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL);
+CREATE TABLE runs (
+    run_id TEXT PRIMARY KEY NOT NULL,
+    agent_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    next_ordinal INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE INDEX runs_by_updated ON runs (updated_at DESC, run_id);
+CREATE INDEX runs_by_status_updated ON runs (status, updated_at DESC, run_id);
+CREATE TABLE steps (
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    ordinal INTEGER NOT NULL,
+    key TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    result TEXT,
+    error TEXT,
+    started_at INTEGER NOT NULL,
+    finished_at INTEGER,
+    PRIMARY KEY (run_id, ordinal),
+    UNIQUE (run_id, key)
+);
+INSERT INTO kuralle_schema (id, version) VALUES (1, 3);
+";
+
+    /// A store of schema version 3 is migrated on open: each run gets a key in the order the
+    /// runs were made, every step keeps its ordinal, its key as written (a digest's hex as
+    /// bytes, any other text as text) and everything else; duplicate keys are still refused,
+    /// across the keys written before and after; ordinals go on; views of the tables read the
+    /// new ones; the listing indexes are back.
+    #[test]
+    fn a_version_3_store_keys_its_journal_by_run_and_keeps_every_step() {
+        use crate::store::{NewStep, StepKind, StepStatus, StoreError};
+        use crate::stores::sqlite::{KEPT, steps};
+
+        let digest = crate::keymap::hex(&[0xab; 32]);
+        let capitals = digest.to_ascii_uppercase();
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(SCHEMA_V3).unwrap();
+        conn.execute_batch(LEASES).unwrap();
+        for (run_id, created) in [("run-b", 1), ("run-a", 2)] {
+            conn.execute(
+                "INSERT INTO runs (run_id, agent_id, status, epoch, version, state, created_at, updated_at)
+                 VALUES (?1, 'agent', 'running', 0, 3, '{}', ?2, ?2)",
+                rusqlite::params![run_id, created],
+            )
+            .unwrap();
+            conn.execute("INSERT INTO leases (run_id, owner, token, expires_at) VALUES (?1, 'me', 1, 0)", [run_id])
+                .unwrap();
+        }
+        let steps_v3 = [
+            ("run-a", 0, digest.as_str(), "finished", Some("\"paid\"")),
+            ("run-a", 1, "k1", "running", None),
+            ("run-a", 2, capitals.as_str(), "failed", None),
+            ("run-b", 0, digest.as_str(), "finished", Some("1")),
+        ];
+        for (run_id, ordinal, key, status, result) in steps_v3 {
+            conn.execute(
+                "INSERT INTO steps (run_id, ordinal, key, kind, name, epoch, status, result, started_at)
+                 VALUES (?1, ?2, ?3, 'tool', 'charge', 0, ?4, ?5, 7)",
+                rusqlite::params![run_id, ordinal, key, status, result],
+            )
+            .unwrap();
+        }
+        conn.execute_batch("CREATE VIEW running AS SELECT run_id FROM runs WHERE status = 'running'").unwrap();
+
+        let errors = Mapper { busy_timeout: Duration::from_secs(1), max_size_bytes: None };
+        configure_writer(&conn, &SqliteOptions::default(), errors, None).unwrap();
+
+        assert_eq!(stored_version(&conn, |e| errors.map(e)).unwrap(), SCHEMA_VERSION);
+        let keyed = super::super::column::<String>(&conn, "SELECT run_id FROM runs ORDER BY run_key");
+        assert_eq!(keyed, ["run-b", "run-a"], "keys in the order the runs were made");
+        let kinds = super::super::column::<String>(&conn, "SELECT typeof(key) FROM steps ORDER BY run_key, ordinal");
+        assert_eq!(kinds, ["blob", "blob", "text", "text"]);
+        let db = Db::keeping(&conn, KEPT);
+        let journal = steps::steps(&db, errors, "run-a").unwrap();
+        let read: Vec<(u64, &str, StepStatus)> =
+            journal.iter().map(|step| (step.ordinal, step.key.as_str(), step.status)).collect();
+        assert_eq!(
+            read,
+            [
+                (0, digest.as_str(), StepStatus::Finished),
+                (1, "k1", StepStatus::Running),
+                (2, capitals.as_str(), StepStatus::Failed)
+            ]
+        );
+        assert_eq!(journal[0].result.as_ref().map(|result| result.as_str()), Some("\"paid\""));
+        assert_eq!((journal[0].name.as_str(), journal[0].started_at_ms), ("charge", 7));
+        assert_eq!(steps::steps(&db, errors, "run-b").unwrap().len(), 1);
+
+        let step =
+            |key: &str| NewStep { key: key.into(), kind: StepKind::Tool, name: "t".into(), epoch: 0, started_at_ms: 0 };
+        for taken in [digest.as_str(), "k1", capitals.as_str()] {
+            assert_eq!(
+                steps::append(&db, errors, "run-a", 1, &[step(taken)], &[0]).unwrap_err(),
+                StoreError::DuplicateKey { run_id: "run-a".into(), key: taken.into() },
+                "a key written before the migration is still taken"
+            );
+        }
+        let fresh = crate::keymap::hex(&[0xcd; 32]);
+        assert_eq!(steps::append(&db, errors, "run-a", 1, &[step(&fresh), step("k2")], &[0, 0]).unwrap(), [3, 4]);
+        assert_eq!(
+            steps::append(&db, errors, "run-a", 1, &[step("k3"), step(&fresh)], &[0, 0]).unwrap_err(),
+            StoreError::DuplicateKey { run_id: "run-a".into(), key: fresh.clone() },
+            "and one written after it"
+        );
+        assert_eq!(steps::steps(&db, errors, "run-a").unwrap()[3].key, fresh);
+
+        let running = super::super::column::<String>(&conn, "SELECT run_id FROM running ORDER BY run_id");
+        assert_eq!(running, ["run-a", "run-b"], "the view reads the new table");
+        let indexes = super::super::column::<String>(
+            &conn,
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'runs_by%' ORDER BY name",
+        );
+        assert_eq!(indexes, ["runs_by_status_updated", "runs_by_updated"]);
+        let leftovers = super::super::column::<String>(
+            &conn,
+            "SELECT name FROM sqlite_master WHERE name LIKE '%v4%' OR name LIKE '%v3%'",
+        );
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        let legacy: i64 = conn.query_row("PRAGMA legacy_alter_table", [], |row| row.get(0)).unwrap();
+        assert_eq!(legacy, 0, "the connection is left as it was");
+        let check: String = conn.query_row("PRAGMA integrity_check", [], |row| row.get(0)).unwrap();
+        assert_eq!(check, "ok");
     }
 
     /// A new store creates the leases table without a rowid at once.

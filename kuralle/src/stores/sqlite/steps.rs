@@ -5,7 +5,7 @@
 
 use rusqlite::params;
 
-use super::codec::{RawStep, to_u64};
+use super::codec::{RawStep, StoredKey, to_u64};
 use super::errors::Mapper;
 use super::prepared::Db;
 use crate::json::JsonText;
@@ -14,11 +14,12 @@ use crate::store::{NewStep, StepRecord, StoreError};
 use super::leases::{check_fence, fence_holds, known_to_hold, stored_token};
 use super::runs::stored_version;
 
-/// Where a write appends: the run's next ordinal, read under a lease token the read found
-/// holding (so only [`next_ordinal`] makes one).
+/// Where a write appends: the run's key in the file and its journal's next ordinal, read under
+/// a lease token the read found holding (so only [`next_ordinal`] makes one).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Next {
     token: i64,
+    run_key: i64,
     ordinal: i64,
 }
 
@@ -28,52 +29,59 @@ pub(super) struct Next {
 /// append (see `known.rs`), and then reads nothing.
 pub(super) fn next_ordinal(conn: &Db<'_>, errors: Mapper, run_id: &str, fence: u64) -> Result<Next, StoreError> {
     let token = stored_token(run_id, fence)?;
-    if let Some(ordinal) = conn.known().and_then(|known| known.next_ordinal(run_id, token)) {
+    if let Some((run_key, ordinal)) = conn.known().and_then(|known| known.next_ordinal(run_id, token)) {
         // As in `leases::known_to_hold`: every test checks what the writer knew.
         if cfg!(debug_assertions)
             && let Ok(read) = read_next(conn, run_id, token)
         {
-            assert_eq!(read, (true, Some(ordinal)), "what the writer knew of run `{run_id}` under lease {token}");
+            assert_eq!(
+                read,
+                (true, Some((run_key, ordinal))),
+                "what the writer knew of run `{run_id}` under lease {token}"
+            );
         }
-        return Ok(Next { token, ordinal });
+        return Ok(Next { token, run_key, ordinal });
     }
-    let (fence_holds, first) = read_next(conn, run_id, token).map_err(|e| errors.map(e))?;
+    let (fence_holds, next) = read_next(conn, run_id, token).map_err(|e| errors.map(e))?;
     if !fence_holds {
         return Err(StoreError::Fenced { run_id: run_id.to_owned(), token: fence });
     }
-    let ordinal = first.ok_or_else(|| StoreError::RunNotFound(run_id.to_owned()))?;
-    Ok(Next { token, ordinal })
+    let (run_key, ordinal) = next.ok_or_else(|| StoreError::RunNotFound(run_id.to_owned()))?;
+    Ok(Next { token, run_key, ordinal })
 }
 
-/// Whether lease `token` of run `run_id` holds, and the run's next ordinal (`None` when the run
-/// does not exist).
-fn read_next(conn: &Db<'_>, run_id: &str, token: i64) -> rusqlite::Result<(bool, Option<i64>)> {
+/// Whether lease `token` of run `run_id` holds, and the run's key and next ordinal (`None` when
+/// the run does not exist).
+fn read_next(conn: &Db<'_>, run_id: &str, token: i64) -> rusqlite::Result<(bool, Option<(i64, i64)>)> {
     // The next ordinal is read from the journal's primary key (one index probe) rather than
     // kept in the run's row: SQLite rewrites a whole row to update one column, so a counter
     // beside the run's state rewrote the state (a session's whole conversation) on every
     // append. The writer's transaction makes the read and the inserts one step.
-    conn.prepared(NEXT_ORDINAL)
-        .and_then(|mut stmt| stmt.query_row(params![run_id, token], |row| Ok((row.get(0)?, row.get(1)?))))
+    conn.prepared(NEXT_ORDINAL).and_then(|mut stmt| {
+        stmt.query_row(params![run_id, token], |row| {
+            let run_key: Option<i64> = row.get(1)?;
+            Ok((row.get(0)?, run_key.map(|key| row.get(2).map(|next| (key, next))).transpose()?))
+        })
+    })
 }
 
-/// A run whose row this transaction has just inserted under lease `fence` has an empty journal
-/// (a run's steps are deleted with it): the writer knows its first append's ordinal, 0.
-pub(super) fn created(conn: &Db<'_>, run_id: &str, fence: u64) {
+/// A run whose row this transaction has just inserted, as `run_key`, under lease `fence` has
+/// an empty journal (a run's steps are deleted with it): the writer knows its first append's
+/// ordinal, 0.
+pub(super) fn created(conn: &Db<'_>, run_id: &str, run_key: i64, fence: u64) {
     if let Ok(token) = stored_token(run_id, fence) {
-        conn.learn(|known| known.appended(run_id, token, 0));
+        conn.learn(|known| known.appended(run_id, token, run_key, 0));
     }
 }
 
-/// Whether the lease holds, and the run's next ordinal (`NULL` when the run does not exist).
-///
-/// The run's row is read only when its journal is empty: a run's steps are deleted with it,
-/// so a journal that holds a step is a run that exists. SQLite's `coalesce` evaluates its
-/// second argument only when the first is `NULL`, so only a run's first append probes the
-/// runs' text key (one in four of the in-flight bench's appends).
+/// Whether the lease holds, the run's key (`NULL` when the run does not exist) and its
+/// journal's next ordinal. The writer reads it only when it does not know them (see
+/// `known.rs`): a run's first write after another connection's commit, or a lease taken back.
 pub(super) const NEXT_ORDINAL: &str = concat!(
     "SELECT ",
     fence_holds!(2),
-    ", coalesce((SELECT max(ordinal) + 1 FROM steps WHERE run_id = ?1), (SELECT 0 FROM runs WHERE run_id = ?1))"
+    ", run_key, coalesce((SELECT max(ordinal) + 1 FROM steps WHERE steps.run_key = k.run_key), 0)
+     FROM (SELECT (SELECT run_key FROM runs WHERE run_id = ?1) AS run_key) AS k"
 );
 
 /// Inserts `steps` at the ordinals from `at` on, the first one finished with `outcome`
@@ -90,7 +98,7 @@ pub(super) fn insert(
     outcome: Option<(&PreparedOutcome, i64)>,
 ) -> Result<Vec<u64>, StoreError> {
     if steps.len() > 1 {
-        check_keys(conn, errors, run_id, steps)?;
+        check_keys(conn, errors, run_id, at.run_key, steps)?;
     }
     let mut insert = conn.prepared(INSERT_STEP).map_err(|e| errors.map(e))?;
     let mut ordinals = Vec::with_capacity(steps.len());
@@ -105,9 +113,9 @@ pub(super) fn insert(
             ),
         };
         let inserted = insert.execute(params![
-            run_id,
+            at.run_key,
             ordinal,
-            step.key,
+            StoredKey::of(&step.key),
             step.kind.as_str(),
             step.name,
             epoch,
@@ -135,21 +143,21 @@ pub(super) fn insert(
             Err(e) => return Err(errors.map(e)),
         }
     }
-    conn.learn(|known| known.appended(run_id, at.token, at.ordinal + ordinals.len() as i64));
+    conn.learn(|known| known.appended(run_id, at.token, at.run_key, at.ordinal + ordinals.len() as i64));
     Ok(ordinals)
 }
 
 /// One journal row.
 pub(super) const INSERT_STEP: &str =
-    "INSERT INTO steps (run_id, ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at)
+    "INSERT INTO steps (run_key, ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
 
 /// `DuplicateKey` for the first of `steps` whose key the journal holds, or an earlier step of
 /// the same write: the step whose insert would have failed first.
-fn check_keys(conn: &Db<'_>, errors: Mapper, run_id: &str, steps: &[NewStep]) -> Result<(), StoreError> {
+fn check_keys(conn: &Db<'_>, errors: Mapper, run_id: &str, run_key: i64, steps: &[NewStep]) -> Result<(), StoreError> {
     let mut journaled = conn.prepared(KEY_TAKEN).map_err(|e| errors.map(e))?;
     let mut taken = |step: &NewStep| -> Result<bool, StoreError> {
-        journaled.query_row(params![run_id, step.key], |row| row.get(0)).map_err(|e| errors.map(e))
+        journaled.query_row(params![run_key, StoredKey::of(&step.key)], |row| row.get(0)).map_err(|e| errors.map(e))
     };
     let duplicate = |step: &NewStep| StoreError::DuplicateKey { run_id: run_id.to_owned(), key: step.key.clone() };
     // The first step is read only when a later one is refused: its own insert comes first, and
@@ -165,8 +173,8 @@ fn check_keys(conn: &Db<'_>, errors: Mapper, run_id: &str, steps: &[NewStep]) ->
     Ok(())
 }
 
-/// Whether run `?1`'s journal holds key `?2`.
-pub(super) const KEY_TAKEN: &str = "SELECT EXISTS (SELECT 1 FROM steps WHERE run_id = ?1 AND key = ?2)";
+/// Whether the journal of the run keyed `?1` holds key `?2`.
+pub(super) const KEY_TAKEN: &str = "SELECT EXISTS (SELECT 1 FROM steps WHERE run_key = ?1 AND key = ?2)";
 
 /// Intents at the next ordinals, under lease `fence`.
 pub(super) fn append(
@@ -201,10 +209,13 @@ pub(super) fn finish(
     let fence_known = known_to_hold(conn, run_id, token);
     // An ordinal beyond SQLite's integers names no step.
     let stored_ordinal = i64::try_from(ordinal).unwrap_or(-1);
+    // The run's key, when the writer knows it; the statement looks it up by the run's id when
+    // it does not.
+    let run_key = conn.known().and_then(|known| known.run_key(run_id));
     let updated = conn
         .prepared(if fence_known { FINISH_STEP_KNOWN_FENCE } else { FINISH_STEP })
         .and_then(|mut stmt| {
-            stmt.execute(params![run_id, token, status, result, error, finished_at_ms, stored_ordinal])
+            stmt.execute(params![run_id, token, status, result, error, finished_at_ms, stored_ordinal, run_key])
         })
         .map_err(|e| errors.map(e))?;
     if updated == 1 {
@@ -225,7 +236,8 @@ pub(super) fn finish(
 macro_rules! finish_step_sql {
     () => {
         "UPDATE steps SET status = ?3, result = ?4, error = ?5, finished_at = ?6
-         WHERE run_id = ?1 AND ordinal = ?7 AND status = 'running'"
+         WHERE run_key = coalesce(?8, (SELECT run_key FROM runs WHERE run_id = ?1))
+           AND ordinal = ?7 AND status = 'running'"
     };
 }
 
@@ -240,7 +252,7 @@ pub(super) fn steps(conn: &Db<'_>, errors: Mapper, run_id: &str) -> Result<Vec<S
     let mut stmt = conn
         .prepared(
             "SELECT ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at
-             FROM steps WHERE run_id = ?1 ORDER BY ordinal",
+             FROM steps WHERE run_key = (SELECT run_key FROM runs WHERE run_id = ?1) ORDER BY ordinal",
         )
         .map_err(|e| errors.map(e))?;
     let rows = stmt
