@@ -113,18 +113,17 @@ pub struct SqliteOptions {
     pub read_connections: usize,
     /// Bytes of database pages the write connection keeps in memory (SQLite's `cache_size`),
     /// rounded down to whole KiB (below a KiB, SQLite keeps its minimum of a few pages; the
-    /// read connections keep SQLite's own 2 MiB each). Default 16 MiB: with thousands of runs
-    /// in flight the journal's index pages no longer fit SQLite's own 2 MiB, and every write
-    /// re-read some from the OS. Lower it to save memory where runs are named by the runtime
-    /// (time-ordered ids, whose writes stay near each other): at 10,000 runs in flight, 8 MiB
-    /// took 0.9 KiB a run off the process's peak at no measured cost, while runs named with
-    /// random ids (UUID v4) then took 5–13% longer (`docs/operations.md`, "SQLite's page
-    /// cache").
+    /// read connections keep SQLite's own 2 MiB each). Default 8 MiB: with thousands of runs
+    /// in flight the pages their writes touch no longer fit SQLite's own 2 MiB, and every write
+    /// re-read some from the OS. At 10,000 runs in flight, 16 MiB measured no faster than 8,
+    /// with runs named by the runtime or at random (UUID v4), and held about 1 KiB a run more
+    /// at the process's peak; 4 MiB cost random ids about a sixth of the wall
+    /// (`docs/operations.md`, "SQLite's page cache").
     pub page_cache_bytes: u64,
 }
 
 /// [`SqliteOptions::page_cache_bytes`]'s default.
-const DEFAULT_PAGE_CACHE_BYTES: u64 = 16 << 20;
+const DEFAULT_PAGE_CACHE_BYTES: u64 = 8 << 20;
 
 impl Default for SqliteOptions {
     fn default() -> Self {

@@ -602,7 +602,7 @@ INSERT INTO kuralle_schema (id, version) VALUES (1, 3);
     }
 
     /// The write connection keeps the page cache the options give, in KiB (SQLite's negative
-    /// `cache_size`): 16 MiB by default, whole KiB, and no more than SQLite's 32-bit count.
+    /// `cache_size`): 8 MiB by default, whole KiB, and no more than SQLite's 32-bit count.
     #[test]
     fn the_writer_keeps_the_page_cache_the_options_give() {
         let errors = Mapper { busy_timeout: Duration::from_secs(1), max_size_bytes: None };
@@ -612,8 +612,8 @@ INSERT INTO kuralle_schema (id, version) VALUES (1, 3);
                 .unwrap();
             conn.query_row("PRAGMA cache_size", [], |row| row.get::<_, i64>(0)).unwrap()
         };
-        assert_eq!(cache_size(SqliteOptions::default().page_cache_bytes), -16384);
-        assert_eq!(cache_size(8 << 20), -8192);
+        assert_eq!(cache_size(SqliteOptions::default().page_cache_bytes), -8192);
+        assert_eq!(cache_size(16 << 20), -16384);
         assert_eq!(cache_size((4 << 20) + 1023), -4096);
         assert_eq!(cache_size(u64::MAX), -i64::from(i32::MAX));
     }
