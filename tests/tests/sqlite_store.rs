@@ -626,3 +626,48 @@ async fn an_outcome_too_large_for_sqlite_fails_the_run() {
     assert_eq!(journaled, [("model", StepStatus::Finished), ("big", StepStatus::Running)]);
     assert_eq!(store.get_run("r").await.unwrap().unwrap().status, RunStatus::Failed);
 }
+
+/// A run's row deleted behind kuralle's back (the `sqlite3` shell does not enforce the
+/// journal's foreign key) leaves its steps behind, and no later run reads them as its own:
+/// a run's key in the file is never handed out again, even the last one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_deleted_behind_the_stores_back_leaves_its_steps_to_no_other_run() {
+    let (_dir, path) = db_path();
+    let store = SqliteStore::open(&path).unwrap();
+    store.create_run(run("run-a", RunStatus::Running, 1), own(&store, "run-a").await).await.unwrap();
+    store.append_steps("run-a", 1, vec![step("secret-of-a"), step("more-of-a")]).await.unwrap();
+    // As the `sqlite3` shell does by default (rusqlite's bundled SQLite enforces foreign keys).
+    let shell = rusqlite::Connection::open(&path).unwrap();
+    shell.pragma_update(None, "foreign_keys", "OFF").unwrap();
+    let deleted = shell.execute("DELETE FROM runs WHERE run_id = 'run-a'", []).unwrap();
+    let left: i64 = shell.query_row("SELECT count(*) FROM steps", [], |row| row.get(0)).unwrap();
+    assert_eq!(left, 2, "the steps are left behind");
+    assert_eq!(deleted, 1);
+
+    store.create_run(run("run-b", RunStatus::Running, 2), own(&store, "run-b").await).await.unwrap();
+    assert_eq!(store.steps("run-b").await.unwrap(), [], "the new run's journal is its own");
+    assert_eq!(store.append_steps("run-b", 1, vec![step("secret-of-a")]).await.unwrap(), [0]);
+    store.finish_step("run-b", 1, 0, StepOutcome::Finished(kuralle::JsonText::from(json!("b"))), 3).await.unwrap();
+    let steps = store.steps("run-b").await.unwrap();
+    assert_eq!(steps.len(), 1);
+    assert_eq!((steps[0].key.as_str(), steps[0].status), ("secret-of-a", StepStatus::Finished));
+    assert_eq!(store.steps("run-a").await.unwrap(), [], "a run that is gone reads no journal");
+
+    // The last run deleted through the store, then another made: its key is new too, and
+    // the writer's knowledge of the deleted run is gone with it.
+    assert!(store.delete_run("run-b").await.unwrap());
+    store.create_run(run("run-c", RunStatus::Running, 4), own(&store, "run-c").await).await.unwrap();
+    assert_eq!(store.append_steps("run-c", 1, vec![step("c")]).await.unwrap(), [0]);
+    store.finish_step("run-c", 1, 0, StepOutcome::Finished(kuralle::JsonText::from(json!("c"))), 5).await.unwrap();
+    let keys: Vec<String> = store.steps("run-c").await.unwrap().into_iter().map(|step| step.key).collect();
+    assert_eq!(keys, ["c"]);
+    let run_keys: Vec<i64> = rusqlite::Connection::open(&path)
+        .unwrap()
+        .prepare("SELECT run_key FROM runs")
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(run_keys, [3], "keys 1 and 2 are not handed out again");
+}

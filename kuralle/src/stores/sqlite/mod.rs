@@ -9,7 +9,7 @@
 //!   table, including the fence check that runs in each write's own transaction.
 //! - `prepared.rs`: the connection those run on, which on the writer keeps the hot statements
 //!   prepared; `known.rs`: what the writer knows of a run between its writes (its lease's
-//!   token, its next ordinal) while no other connection commits.
+//!   token, its key in the file and next ordinal) while no other connection commits.
 //! - `schema.rs`: the schema, its migrations, and the write connection's pragmas.
 //! - `codec.rs`: rows ↔ records; `errors.rs`: SQLite errors → typed store errors.
 //! - Here: the store handle, its options, and the pool of read-only connections (WAL readers

@@ -48,30 +48,31 @@ pub(super) fn insert_row(
     run: &RunRecord,
     (epoch, version): &PreparedRun,
 ) -> Result<Option<i64>, StoreError> {
-    conn.prepared(INSERT_RUN)
+    let inserted = conn
+        .prepared(INSERT_RUN)
         .and_then(|mut stmt| {
-            stmt.query_row(
-                params![
-                    run.run_id,
-                    run.agent_id,
-                    run.status.as_str(),
-                    epoch,
-                    version,
-                    run.state.as_str(),
-                    run.created_at_ms,
-                    run.updated_at_ms
-                ],
-                |row| row.get(0),
-            )
-            .optional()
+            stmt.execute(params![
+                run.run_id,
+                run.agent_id,
+                run.status.as_str(),
+                epoch,
+                version,
+                run.state.as_str(),
+                run.created_at_ms,
+                run.updated_at_ms
+            ])
         })
-        .map_err(|e| errors.map(e))
+        .map_err(|e| errors.map(e))?;
+    // The key is the row's rowid, read from the connection rather than by `RETURNING`, which
+    // made SQLite buffer the row and journal the write for a statement rollback (as in
+    // `leases::ACQUIRE`).
+    Ok((inserted > 0).then(|| conn.last_insert_rowid()))
 }
 
-/// Inserts a run's row, unless the run exists, and returns its key (no row when it existed).
+/// Inserts a run's row, unless the run exists.
 pub(super) const INSERT_RUN: &str =
     "INSERT INTO runs (run_id, agent_id, status, epoch, version, state, created_at, updated_at)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (run_id) DO NOTHING RETURNING run_key";
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (run_id) DO NOTHING";
 
 /// Replaces the run's row by compare-and-swap on its version, under lease `fence`, in one
 /// statement that checks the fence too; only when it changed nothing do reads tell why.

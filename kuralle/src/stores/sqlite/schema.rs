@@ -62,15 +62,17 @@ const ORDINALS_FROM_STEPS: &str = "UPDATE kuralle_schema SET version = version W
 /// The runs table, named `$name`.
 ///
 /// `run_key` is the run's key inside the file: the journal refers to its run by it. It is an
-/// alias of the rowid, which SQLite keeps through `VACUUM` only when it is declared so. A key
-/// may be handed out again once its run is deleted, and the run's steps are deleted with it.
+/// alias of the rowid, which SQLite keeps through `VACUUM` only when it is declared so, and
+/// `AUTOINCREMENT` keeps SQLite from handing a deleted run's key to the next run: a run's row
+/// deleted behind kuralle's back (the `sqlite3` shell does not enforce the journal's foreign
+/// key) leaves its steps, and a new run with its key would have read them as its own.
 macro_rules! runs_table {
     ($name:literal) => {
         concat!(
             "CREATE TABLE ",
             $name,
             " (
-    run_key INTEGER PRIMARY KEY,
+    run_key INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id TEXT NOT NULL UNIQUE,
     agent_id TEXT NOT NULL,
     status TEXT NOT NULL,
@@ -144,7 +146,9 @@ const SCHEMA: &str = concat!(
 /// The copy holds the write lock for as long as it takes (it is as long as the journal); a
 /// process that opens the store meanwhile waits up to its busy timeout. The new tables are
 /// made under names of their own and renamed into place with `legacy_alter_table` on, so an
-/// operator's views of `runs` or `steps` read the new tables (see `migrate`).
+/// operator's views of `runs` or `steps` read the new tables (see `migrate`); an operator's
+/// own triggers and indexes on them go with the old tables. Steps whose run's row is gone
+/// (deleted behind kuralle's back) belong to no run and are not copied.
 const JOURNAL_BY_RUN_KEY: &str = concat!(
     runs_table!("runs_v4"),
     "INSERT INTO runs_v4 (run_id, agent_id, status, epoch, version, state, created_at, updated_at)
@@ -152,11 +156,13 @@ const JOURNAL_BY_RUN_KEY: &str = concat!(
      ORDER BY rowid;
 ",
     steps_table!("steps_v4"),
-    // As `codec::StoredKey::of`: SQLite's `length` counts characters, and a key that passes
-    // the `GLOB` is ASCII.
+    // As `codec::StoredKey::of`: exactly 64 bytes that are the lowercase hex of the bytes they
+    // spell. SQLite's `length`, `GLOB` and `unhex` stop at a NUL in a text, so the length is
+    // the blob's and the hex is spelled back and compared in full.
     "INSERT INTO steps_v4 (run_key, ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at)
      SELECT r.run_key, s.ordinal,
-            CASE WHEN length(s.key) = 64 AND s.key NOT GLOB '*[^0-9a-f]*' THEN unhex(s.key) ELSE s.key END,
+            CASE WHEN length(CAST(s.key AS BLOB)) = 64 AND lower(hex(unhex(s.key))) = s.key
+                 THEN unhex(s.key) ELSE s.key END,
             s.kind, s.name, s.epoch, s.status, s.result, s.error, s.started_at, s.finished_at
      FROM steps s JOIN runs_v4 r ON r.run_id = s.run_id
      ORDER BY r.run_key, s.ordinal;
@@ -196,10 +202,10 @@ pub(super) fn configure_writer(
     conn.pragma_update(None, "synchronous", "FULL").map_err(fail)?;
     // The schema declares the journal's reference to its run, but the writer does not have
     // SQLite enforce it: a run's deletion deletes its steps first (`runs::delete_run`), and
-    // every insert of a step finds its run in the same transaction first
-    // (`steps::next_ordinal`: a step of its journal, or its row when the journal is empty;
-    // `RunNotFound` when it is gone), so the check was a second probe of the runs' index per
-    // journal row: 3% of the writer's instructions at 1,000 runs in flight.
+    // every insert of a step follows its run's key, which the writer read from the run's row
+    // in this transaction or learned at an earlier write since (`steps::next_ordinal`;
+    // `RunNotFound` when the row is gone), so the check was a second probe of the runs' index
+    // per journal row: 3% of the writer's instructions at 1,000 runs in flight.
     conn.pragma_update(None, "foreign_keys", "OFF").map_err(fail)?;
     // A write in a savepoint (or a statement SQLite journals) keeps a sub-journal (the pages
     // it changed first), which spills to a temporary file past 64 KiB unless temporary
@@ -501,30 +507,50 @@ INSERT INTO kuralle_schema (id, version) VALUES (1, 3);
 
         let digest = crate::keymap::hex(&[0xab; 32]);
         let capitals = digest.to_ascii_uppercase();
+        let fs = "f".repeat(64);
+        // SQLite's `length`, `GLOB` and `unhex` stop at a NUL: this key must stay text.
+        let nul = format!("{fs}\0z");
+        let not_hex = "g".repeat(64);
         let conn = Connection::open_in_memory().unwrap();
         conn.execute_batch(SCHEMA_V3).unwrap();
         conn.execute_batch(LEASES).unwrap();
-        for (run_id, created) in [("run-b", 1), ("run-a", 2)] {
+        for (i, run_id) in (0_i64..).zip(["run-b", "run-a"]) {
             conn.execute(
                 "INSERT INTO runs (run_id, agent_id, status, epoch, version, state, created_at, updated_at)
-                 VALUES (?1, 'agent', 'running', 0, 3, '{}', ?2, ?2)",
-                rusqlite::params![run_id, created],
+                 VALUES (?1, ?2, 'running', ?3, ?4, ?5, ?6, ?7)",
+                rusqlite::params![
+                    run_id,
+                    format!("agent-{i}"),
+                    5 + i,
+                    9 + i,
+                    format!("{{\"n\":{i}}}"),
+                    100 + i,
+                    200 + i
+                ],
             )
             .unwrap();
             conn.execute("INSERT INTO leases (run_id, owner, token, expires_at) VALUES (?1, 'me', 1, 0)", [run_id])
                 .unwrap();
         }
-        let steps_v3 = [
-            ("run-a", 0, digest.as_str(), "finished", Some("\"paid\"")),
-            ("run-a", 1, "k1", "running", None),
-            ("run-a", 2, capitals.as_str(), "failed", None),
-            ("run-b", 0, digest.as_str(), "finished", Some("1")),
+        // A step of no run, as a deletion that did not enforce the foreign key leaves one.
+        conn.pragma_update(None, "foreign_keys", "OFF").unwrap();
+        // (run, ordinal, key, status, result, error, finished_at)
+        type Row<'a> = (&'a str, i64, &'a str, &'a str, Option<&'a str>, Option<&'a str>, Option<i64>);
+        let steps_v3: [Row<'_>; 8] = [
+            ("run-a", 0, &digest, "finished", Some("\"paid\""), None, Some(8)),
+            ("run-a", 1, "k1", "running", None, None, None),
+            ("run-a", 2, &capitals, "failed", None, Some("{\"kind\":\"timeout\"}"), Some(9)),
+            ("run-a", 3, &nul, "finished", Some("3"), None, Some(10)),
+            ("run-a", 4, &fs, "finished", Some("4"), None, Some(11)),
+            ("run-a", 5, &not_hex, "running", None, None, None),
+            ("run-b", 0, &digest, "finished", Some("1"), None, Some(12)),
+            ("run-gone", 0, "orphan", "running", None, None, None),
         ];
-        for (run_id, ordinal, key, status, result) in steps_v3 {
+        for (run_id, ordinal, key, status, result, error, finished_at) in steps_v3 {
             conn.execute(
-                "INSERT INTO steps (run_id, ordinal, key, kind, name, epoch, status, result, started_at)
-                 VALUES (?1, ?2, ?3, 'tool', 'charge', 0, ?4, ?5, 7)",
-                rusqlite::params![run_id, ordinal, key, status, result],
+                "INSERT INTO steps (run_id, ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at)
+                 VALUES (?1, ?2, ?3, 'tool', 'charge', 2, ?4, ?5, ?6, 7, ?7)",
+                rusqlite::params![run_id, ordinal, key, status, result, error, finished_at],
             )
             .unwrap();
         }
@@ -536,27 +562,51 @@ INSERT INTO kuralle_schema (id, version) VALUES (1, 3);
         assert_eq!(stored_version(&conn, |e| errors.map(e)).unwrap(), SCHEMA_VERSION);
         let keyed = super::super::column::<String>(&conn, "SELECT run_id FROM runs ORDER BY run_key");
         assert_eq!(keyed, ["run-b", "run-a"], "keys in the order the runs were made");
-        let kinds = super::super::column::<String>(&conn, "SELECT typeof(key) FROM steps ORDER BY run_key, ordinal");
-        assert_eq!(kinds, ["blob", "blob", "text", "text"]);
         let db = Db::keeping(&conn, KEPT);
+        for (i, run_id) in (0_i64..).zip(["run-b", "run-a"]) {
+            let run = crate::stores::sqlite::runs::get_run(&db, errors, run_id).unwrap().unwrap();
+            let read = (run.agent_id, run.epoch, run.version, run.state.as_str().to_owned());
+            assert_eq!(read, (format!("agent-{i}"), 5 + i as u64, 9 + i as u64, format!("{{\"n\":{i}}}")));
+            assert_eq!((run.created_at_ms, run.updated_at_ms), (100 + i, 200 + i));
+        }
+        let kinds = super::super::column::<String>(&conn, "SELECT typeof(key) FROM steps ORDER BY run_key, ordinal");
+        assert_eq!(kinds, ["blob", "blob", "text", "text", "text", "blob", "text"], "run-b's, then run-a's");
+        let orphans = super::super::column::<i64>(&conn, "SELECT count(*) FROM steps WHERE key = 'orphan'");
+        assert_eq!(orphans, [0], "a step of no run is not copied");
+        for run_id in ["run-a", "run-b"] {
+            let read: Vec<_> = steps::steps(&db, errors, run_id)
+                .unwrap()
+                .into_iter()
+                .map(|step| {
+                    assert_eq!(
+                        (step.kind, step.name.as_str(), step.epoch, step.started_at_ms),
+                        (StepKind::Tool, "charge", 2, 7)
+                    );
+                    (
+                        step.ordinal as i64,
+                        step.key,
+                        step.status.as_str(),
+                        step.result.map(|json| json.as_str().to_owned()),
+                        step.error.map(|json| json.as_str().to_owned()),
+                        step.finished_at_ms,
+                    )
+                })
+                .collect();
+            let written: Vec<_> = steps_v3
+                .iter()
+                .filter(|step| step.0 == run_id)
+                .map(|&(_, ordinal, key, status, result, error, finished_at)| {
+                    (ordinal, key.to_owned(), status, result.map(str::to_owned), error.map(str::to_owned), finished_at)
+                })
+                .collect();
+            assert_eq!(read, written, "every step of {run_id} as it was written");
+        }
         let journal = steps::steps(&db, errors, "run-a").unwrap();
-        let read: Vec<(u64, &str, StepStatus)> =
-            journal.iter().map(|step| (step.ordinal, step.key.as_str(), step.status)).collect();
-        assert_eq!(
-            read,
-            [
-                (0, digest.as_str(), StepStatus::Finished),
-                (1, "k1", StepStatus::Running),
-                (2, capitals.as_str(), StepStatus::Failed)
-            ]
-        );
-        assert_eq!(journal[0].result.as_ref().map(|result| result.as_str()), Some("\"paid\""));
-        assert_eq!((journal[0].name.as_str(), journal[0].started_at_ms), ("charge", 7));
-        assert_eq!(steps::steps(&db, errors, "run-b").unwrap().len(), 1);
+        assert_eq!(journal[2].status, StepStatus::Failed);
 
         let step =
             |key: &str| NewStep { key: key.into(), kind: StepKind::Tool, name: "t".into(), epoch: 0, started_at_ms: 0 };
-        for taken in [digest.as_str(), "k1", capitals.as_str()] {
+        for taken in [digest.as_str(), "k1", capitals.as_str(), nul.as_str(), fs.as_str(), not_hex.as_str()] {
             assert_eq!(
                 steps::append(&db, errors, "run-a", 1, &[step(taken)], &[0]).unwrap_err(),
                 StoreError::DuplicateKey { run_id: "run-a".into(), key: taken.into() },
@@ -564,13 +614,13 @@ INSERT INTO kuralle_schema (id, version) VALUES (1, 3);
             );
         }
         let fresh = crate::keymap::hex(&[0xcd; 32]);
-        assert_eq!(steps::append(&db, errors, "run-a", 1, &[step(&fresh), step("k2")], &[0, 0]).unwrap(), [3, 4]);
+        assert_eq!(steps::append(&db, errors, "run-a", 1, &[step(&fresh), step("k2")], &[0, 0]).unwrap(), [6, 7]);
         assert_eq!(
             steps::append(&db, errors, "run-a", 1, &[step("k3"), step(&fresh)], &[0, 0]).unwrap_err(),
             StoreError::DuplicateKey { run_id: "run-a".into(), key: fresh.clone() },
             "and one written after it"
         );
-        assert_eq!(steps::steps(&db, errors, "run-a").unwrap()[3].key, fresh);
+        assert_eq!(steps::steps(&db, errors, "run-a").unwrap()[6].key, fresh);
 
         let running = super::super::column::<String>(&conn, "SELECT run_id FROM running ORDER BY run_id");
         assert_eq!(running, ["run-a", "run-b"], "the view reads the new table");
@@ -588,6 +638,30 @@ INSERT INTO kuralle_schema (id, version) VALUES (1, 3);
         assert_eq!(legacy, 0, "the connection is left as it was");
         let check: String = conn.query_row("PRAGMA integrity_check", [], |row| row.get(0)).unwrap();
         assert_eq!(check, "ok");
+    }
+
+    /// A migration that fails leaves the store as it was: version 3, every row, and the
+    /// connection's `legacy_alter_table` off.
+    #[test]
+    fn a_failed_migration_leaves_the_version_3_store_as_it_was() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(SCHEMA_V3).unwrap();
+        conn.execute_batch(LEASES).unwrap();
+        conn.execute_batch(
+            "INSERT INTO runs (run_id, agent_id, status, epoch, version, state, created_at, updated_at)
+             VALUES ('run-1', 'a', 'running', 0, 0, '{}', 0, 0);
+             INSERT INTO steps (run_id, ordinal, key, kind, name, epoch, status, started_at)
+             VALUES ('run-1', 0, 'k', 'tool', 't', 0, 'running', 0);
+             CREATE TABLE runs_v4 (in_the_way INTEGER);",
+        )
+        .unwrap();
+        let errors = Mapper { busy_timeout: Duration::from_secs(1), max_size_bytes: None };
+        let refused = configure_writer(&conn, &SqliteOptions::default(), errors, None).unwrap_err();
+        assert!(refused.to_string().contains("runs_v4"), "{refused}");
+        assert_eq!(stored_version(&conn, |e| errors.map(e)).unwrap(), 3);
+        assert_eq!(super::super::column::<String>(&conn, "SELECT key FROM steps WHERE run_id = 'run-1'"), ["k"]);
+        let legacy: i64 = conn.query_row("PRAGMA legacy_alter_table", [], |row| row.get(0)).unwrap();
+        assert_eq!(legacy, 0);
     }
 
     /// A new store creates the leases table without a rowid at once.

@@ -3,7 +3,7 @@
 //! it is one, read before the first change where it is several, and not read again while the
 //! writer knows it holds (`known.rs`).
 
-use rusqlite::params;
+use rusqlite::{OptionalExtension, params};
 
 use super::codec::{RawStep, StoredKey, to_u64};
 use super::errors::Mapper;
@@ -212,6 +212,14 @@ pub(super) fn finish(
     // The run's key, when the writer knows it; the statement looks it up by the run's id when
     // it does not.
     let run_key = conn.known().and_then(|known| known.run_key(run_id));
+    // As in `next_ordinal`: every test checks what the writer knew.
+    if cfg!(debug_assertions)
+        && let Some(known) = run_key
+        && let Ok(read) =
+            conn.prepared(RUN_KEY).and_then(|mut stmt| stmt.query_row([run_id], |row| row.get::<_, i64>(0)).optional())
+    {
+        assert_eq!(read, Some(known), "the key the writer knew of run `{run_id}`");
+    }
     let updated = conn
         .prepared(if fence_known { FINISH_STEP_KNOWN_FENCE } else { FINISH_STEP })
         .and_then(|mut stmt| {
@@ -231,6 +239,9 @@ pub(super) fn finish(
         Some(_) => Err(StoreError::StepNotRunning { run_id: run_id.to_owned(), ordinal }),
     }
 }
+
+/// Run `?1`'s key in the file.
+const RUN_KEY: &str = "SELECT run_key FROM runs WHERE run_id = ?1";
 
 /// The update of [`FINISH_STEP`] and [`FINISH_STEP_KNOWN_FENCE`], without the fence.
 macro_rules! finish_step_sql {
@@ -333,9 +344,8 @@ mod tests {
         assert_eq!(stmt.get_status(StatementStatus::RePrepare), 0);
     }
 
-    /// The next ordinal reads the run's row only for an empty journal: a deleted run's journal
-    /// is deleted with it, so its lease (kept, and not released by the deletion) still finds
-    /// no run.
+    /// A deleted run's journal is deleted with it, and the writer forgets its key: its lease
+    /// (kept, and not released by the deletion) still finds no run.
     #[test]
     fn appending_to_a_deleted_run_is_run_not_found() {
         let conn = writer();
