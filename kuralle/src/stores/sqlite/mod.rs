@@ -115,9 +115,9 @@ pub struct SqliteOptions {
     /// rounded down to whole KiB (below a KiB, SQLite keeps its minimum of a few pages; the
     /// read connections keep SQLite's own 2 MiB each). Default 8 MiB: with thousands of runs
     /// in flight the pages their writes touch no longer fit SQLite's own 2 MiB, and every write
-    /// re-read some from the OS. At 10,000 runs in flight, 16 MiB measured no faster than 8,
-    /// with runs named by the runtime or at random (UUID v4), and held about 1 KiB a run more
-    /// at the process's peak; 4 MiB cost random ids about a sixth of the wall
+    /// re-read some from the OS. At 10,000 runs in flight, 16 MiB measured within the noise of
+    /// 8, with runs named by the runtime or at random (UUID v4), and held about 1.3 KiB a run
+    /// more at the process's peak; 4 MiB cost random ids about an eighth of the wall
     /// (`docs/operations.md`, "SQLite's page cache").
     pub page_cache_bytes: u64,
 }
