@@ -151,7 +151,7 @@ mod tests {
         known.appended("b", 1, 2, 0);
         known.forget("b");
         assert!(!known.holds("b", 1));
-        assert_eq!(known.run_key("b"), None, "a deleted run's key may be handed out again");
+        assert_eq!(known.run_key("b"), None, "a deleted run's key is forgotten with it");
     }
 
     /// The map never holds more than `MAX_RUNS` runs: the one past it starts it afresh.

@@ -139,7 +139,7 @@ const SCHEMA: &str = concat!(
 /// Until version 3 every journal row, and both of the journal's indexes, held the run's
 /// 36-character text id, and its unique index the key's 64 characters of hex: about 100
 /// bytes an index entry, where an integer and 32 bytes are about 40. At 10,000 runs in flight
-/// that was about a seventh of the writer's CPU a run, and with random (UUID v4) run ids each
+/// that was a tenth to a fifth of the writer's CPU a run, and with random (UUID v4) run ids each
 /// run's steps landed on pages scattered across the indexes. The runs table gets its key in
 /// the same copy (it had none that `VACUUM` keeps), in the order the runs were made.
 ///
