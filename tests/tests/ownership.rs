@@ -145,6 +145,30 @@ async fn wait_for_lease_waits_for_the_holder_then_runs() {
     holder.await.unwrap();
 }
 
+/// A run its caller names with a turn's input starts as one the runtime names: its lease and
+/// its row in one request (`RunStore::acquire_lease_and_create_run`), so the two take the same
+/// writes. Its next turn finds the run there and goes on with it.
+#[tokio::test(start_paused = true)]
+async fn a_run_its_caller_names_is_created_with_its_lease() {
+    let start = |run_id: Option<&'static str>| async move {
+        let counting = CountingStore::new(Arc::new(MemoryStore::new()));
+        let count = Arc::new(AtomicUsize::new(0));
+        let rt = runtime(Arc::new(counting.clone()), charge(&count, None), pay_then_done());
+        let req = RunRequest::new("pay");
+        let out = rt.run(run_id.map_or(req.clone(), |id| req.run_id(id))).await.unwrap();
+        assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Paid."));
+        (counting.counts().writes, rt, out.run_id, count)
+    };
+    let (by_runtime, ..) = start(None).await;
+    let (by_caller, rt, run_id, count) = start(Some("order-1")).await;
+    assert_eq!(run_id, "order-1");
+    assert_eq!(by_caller, by_runtime, "the caller's id costs no write more");
+
+    let again = rt.run(RunRequest::new("and again?").run_id(run_id)).await.unwrap();
+    assert_eq!((again.status, again.text.as_str()), (RunStatus::Finished, "Already paid."));
+    assert_eq!(count.load(Ordering::SeqCst), 1, "the first turn's charge did not run again");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_holder_that_loses_its_lease_stops_and_journals_nothing_more() {
     let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());

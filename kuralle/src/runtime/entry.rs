@@ -98,7 +98,9 @@ fn leased(
                         // Boxed, as in `turn`: the run's task keeps only what it waits on for long.
                         let claim = Box::pin(rt.claim_instance()).await?;
                         let owner = rt.owner_id();
-                        let (lease, granted) = Box::pin(take_lease(&rt, &owner, &run_id, &mut opening)).await?;
+                        let creating = decision.is_none();
+                        let (lease, granted) =
+                            Box::pin(take_lease(&rt, &owner, &run_id, &mut opening, creating)).await?;
                         decided_at = DecidedAt::granted(&lease, rt.lease_ttl);
                         (lease, granted, claim)
                     }
@@ -142,29 +144,49 @@ fn leased(
 }
 
 /// Takes the run's lease for a turn, with the run read in the same request (one request to
-/// the store, not two), or, for a run id the runtime made ([`Prefetched::New`]), the run
-/// created in it: a new run's lease and row were two writes. What was read or created goes to
-/// `opening.read`.
+/// the store, not two), or created in it: for a run id the runtime made
+/// ([`Prefetched::New`]), and, unless `may_create` is false (a decision is recorded first),
+/// for a run its caller names with a turn's input. A new run's lease and row were two writes.
+/// What was read or created goes to `opening.read`.
 async fn take_lease(
     rt: &Inner,
     owner: &str,
     run_id: &str,
     opening: &mut Opening,
+    may_create: bool,
 ) -> Result<(crate::store::Lease, tokio::time::Instant), RunError> {
     let store = rt.store.as_ref();
-    if matches!(opening.read, Prefetched::New) {
-        let (mut record, state) = new_run(rt, &mut opening.req, run_id)?;
-        let ((lease, there), granted) =
-            lease::acquire_creating(store, owner, for_store(&mut record), rt.lease_ttl).await?;
-        opening.read = match there {
-            None => Prefetched::Created(Box::new((record, state))),
-            // Not this runtime's after all: the turn opens it as any run, with its input back.
-            Some(run) => {
-                opening.req.input = state.turn_input;
-                Prefetched::Read(Some(Box::new(run)))
+    let made_here = matches!(opening.read, Prefetched::New);
+    // A caller's id with a turn's input: most such requests start their run (a
+    // conversation's first turn), and one that finds its run there gets it back read, as the
+    // read below would. A request `new_run` refuses is refused, as before, once the run is
+    // read and found missing.
+    let caller_new = !made_here && may_create && opening.req.input.is_some();
+    if made_here || caller_new {
+        match new_run(rt, &mut opening.req, run_id) {
+            Ok((mut record, state)) => {
+                match lease::acquire_creating(store, owner, for_store(&mut record), rt.lease_ttl).await {
+                    Ok(((lease, there), granted)) => {
+                        opening.read = match there {
+                            None => Prefetched::Created(Box::new((record, state))),
+                            // The run was there: the turn opens it as any run, with its input back.
+                            Some(run) => {
+                                opening.req.input = state.turn_input;
+                                Prefetched::Read(Some(Box::new(run)))
+                            }
+                        };
+                        return Ok((lease, granted));
+                    }
+                    // Held by another owner, and the caller waits for it: the read below polls.
+                    Err(RunError::Busy { .. }) if caller_new && opening.req.wait_for_lease.is_some() => {
+                        opening.req.input = state.turn_input;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
-        };
-        return Ok((lease, granted));
+            Err(e) if made_here => return Err(e),
+            Err(_) => {}
+        }
     }
     let ((lease, run), granted) =
         lease::acquire_reading(store, owner, run_id, rt.lease_ttl, opening.req.wait_for_lease).await?;
