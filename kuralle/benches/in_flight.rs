@@ -93,9 +93,10 @@
 //!
 //! `--caller-ids v7|v4` has the bench name every run itself, with a time-ordered UUID v7 or a
 //! random v4, as a caller with ids of its own would, instead of leaving the id to the runtime
-//! (which makes a v7). `v7` is the baseline for `v4` (before the nineteenth pass a run its
-//! caller named also took one store write more, its lease and then its row): on SQLite the runs' and leases' indexes are keyed by run id (the journal's by the
-//! run's integer key), and random ids scatter each commit's writes over them.
+//! (which makes a v7). `v7` is the baseline for `v4` (before 09dc0e3 a run its caller named
+//! also took one store write more, its lease and then its row): on SQLite the runs' and
+//! leases' indexes are keyed by run id (the journal's by the run's integer key), and random
+//! ids scatter each commit's writes over them.
 //! `--page-cache-kib K` gives SQLite's write connection K KiB of page cache
 //! (`SqliteOptions::page_cache_bytes`) instead of its default.
 //!

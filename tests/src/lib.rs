@@ -495,7 +495,8 @@ impl kuralle::RunStore for FlakyStore {
         self.inner.acquire_lease(run_id, owner, ttl)
     }
     /// The wrapped store's own (SQLite's one job), after the hook: faults set on `acquire_lease`
-    /// or `create_run` do not reach a run whose id the runtime made.
+    /// or `create_run` do not reach a run that starts with it (an id the runtime made, or a
+    /// caller's id with a turn's input).
     fn acquire_lease_and_create_run<'a>(
         &'a self,
         new: kuralle::RunRecord,

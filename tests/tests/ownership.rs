@@ -169,6 +169,40 @@ async fn a_run_its_caller_names_is_created_with_its_lease() {
     assert_eq!(count.load(Ordering::SeqCst), 1, "the first turn's charge did not run again");
 }
 
+/// Where the request that would create a caller's run is refused before the store is asked,
+/// or by the store for its size, the run that is there decides, as it did before such runs
+/// started with the create request: an unknown agent names no agent of a run that has its
+/// own, and a replayed request (its idempotency key seen) is answered with the run's output,
+/// however large its input. For a run that is not there, the refusal stands, and leaves no run and no
+/// lease behind.
+#[tokio::test(start_paused = true)]
+async fn a_callers_run_that_is_there_decides_what_a_new_run_would_refuse() {
+    let store = Arc::new(MemoryStore::new().with_max_value_bytes(4096));
+    let count = Arc::new(AtomicUsize::new(0));
+    let rt = runtime(store.clone(), charge(&count, None), pay_then_done());
+    let first = rt.run(RunRequest::new("pay").run_id("r").idempotency_key("k1")).await.unwrap();
+    assert_eq!((first.status, first.text.as_str()), (RunStatus::Finished, "Paid."));
+
+    let next = rt.run(RunRequest::new("and again?").run_id("r").agent("nobody")).await.unwrap();
+    assert_eq!((next.status, next.text.as_str()), (RunStatus::Finished, "Already paid."), "the run's own agent");
+
+    let large = "x".repeat(8192);
+    let journaled = store.steps("r").await.unwrap().len();
+    let replayed = rt.run(RunRequest::new(large.as_str()).run_id("r").idempotency_key("k1")).await.unwrap();
+    assert_eq!((replayed.status, replayed.text.as_str()), (RunStatus::Finished, "Already paid."), "the run's output");
+    assert_eq!(store.steps("r").await.unwrap().len(), journaled, "no new turn");
+
+    let err = rt.run(RunRequest::new("pay").run_id("s").agent("nobody")).await.unwrap_err();
+    assert!(matches!(err, RunError::UnknownAgent { .. }), "{err:?}");
+    let err = rt.run(RunRequest::new(large.as_str()).run_id("t")).await.unwrap_err();
+    assert!(matches!(err, RunError::Store(kuralle::StoreError::LimitExceeded(_))), "{err:?}");
+    for id in ["s", "t"] {
+        assert!(store.get_run(id).await.unwrap().is_none(), "{id}: no run made");
+        assert_eq!(store.current_lease(id).await.unwrap(), None, "{id}: no lease left");
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_holder_that_loses_its_lease_stops_and_journals_nothing_more() {
     let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());

@@ -325,8 +325,8 @@ async fn the_closing_write_journals_the_last_step_or_nothing() {
 /// A one-call run on PostgreSQL is four statements, each its own request: the lease taken with
 /// the run's row, the model's response with the call's intent, the call's outcome, and the
 /// answer with the run's end and the lease's release. A run of the caller's id with a turn's
-/// input is the same four (it read, then created: six, before the nineteenth pass). Counted in the client's messages on the wire (a proxy between the store
-/// and the server), after a first run of each kind prepared the statements. Nothing else
+/// input is the same four (it read, then created: six, before 09dc0e3). Counted in the
+/// client's messages on the wire (a proxy between the store and the server), after a first run of each kind prepared the statements. Nothing else
 /// talks to the server meanwhile: no instance id (no lock connection), no workers (no
 /// `LISTEN`), and lease renewals fall due a third of the default TTL after the grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

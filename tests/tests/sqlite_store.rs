@@ -552,7 +552,7 @@ async fn a_run_unreadable_under_its_new_lease_gives_the_lease_back() {
 /// intent, the call's outcome, and its answer with the run's end. The answer's model response
 /// is journaled in the write that closes the run, and the lease is given up in it. A run its
 /// caller names and one whose id the runtime makes cost the same (the caller's was five, its
-/// lease and its row two, before the nineteenth pass).
+/// lease and its row two, before 09dc0e3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_call_run_is_four_commits_and_its_answer_lands_with_its_end() {
     use kuralle::testing::{ScriptedModel, Turn};
@@ -562,7 +562,8 @@ async fn a_one_call_run_is_four_commits_and_its_answer_lands_with_its_end() {
     let (_dir, path) = db_path();
     let store = SqliteStore::open(&path).unwrap();
     let call = || Turn::tool_calls([("c1", "charge", r#"{"amount":1}"#)]);
-    let model = ScriptedModel::new([call(), Turn::text("Paid."), call(), Turn::text("Paid.")]);
+    let model =
+        ScriptedModel::new([call(), Turn::text("Paid."), call(), Turn::text("Paid."), call(), Turn::text("Paid.")]);
     let runtime = Runtime::builder()
         .agent(AgentDef::new("shop", "Take payment.").tool(FnTool::new("charge", |_, _| async { Ok(json!("ok")) })))
         .model(model)
@@ -596,6 +597,23 @@ async fn a_one_call_run_is_four_commits_and_its_answer_lands_with_its_end() {
     let run = store.get_run(&out.run_id).await.unwrap().unwrap();
     assert_eq!((run.status, run.agent_id.as_str()), (RunStatus::Finished, "shop"));
     assert_eq!(store.steps(&out.run_id).await.unwrap().len(), 3);
+
+    // The caller's run's next turn finds it there: its lease and the read are one commit, as
+    // they were before a caller's run started with the create request, and the new turn's
+    // start is written to the run's row (five in all); no run key is taken (an insert that
+    // conflicted took one, and rewrote the key counter on the writer).
+    let keys = || {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let seq: i64 =
+            conn.query_row("SELECT seq FROM sqlite_sequence WHERE name = 'runs'", [], |row| row.get(0)).unwrap();
+        seq
+    };
+    let (before, keys_before) = (store.commit_count(), keys());
+    let out = runtime.run(RunRequest::new("pay once more").run_id("r")).await.unwrap();
+    assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Paid."));
+    assert_eq!(store.commit_count() - before, 5);
+    assert_eq!(keys(), keys_before, "no key taken by a run that was there");
+    assert_eq!(store.steps("r").await.unwrap().len(), 6, "the second turn's steps follow the first's");
 }
 
 /// An outcome SQLite refuses (larger than the store takes): its write is queued when the call

@@ -19,7 +19,7 @@ use crate::{
     error::RunError,
     event::{Event, EventSender, RunOutput},
     journal::{Fence, RunWriter},
-    store::RunStatus,
+    store::{RunStatus, StoreError},
 };
 
 /// One turn under the run's lease: taken before anything is read, renewed while the turn
@@ -157,10 +157,10 @@ async fn take_lease(
 ) -> Result<(crate::store::Lease, tokio::time::Instant), RunError> {
     let store = rt.store.as_ref();
     let made_here = matches!(opening.read, Prefetched::New);
-    // A caller's id with a turn's input: most such requests start their run (a
-    // conversation's first turn), and one that finds its run there gets it back read, as the
-    // read below would. A request `new_run` refuses is refused, as before, once the run is
-    // read and found missing.
+    // A caller's id with a turn's input: the request that starts a run, and every later turn
+    // of it (a conversation is one run), which finds the run there and gets it back read, as
+    // the read below would, at the cost of building a record it does not use. A request
+    // `new_run` refuses is refused, as before, once the run is read and found missing.
     let caller_new = !made_here && may_create && opening.req.input.is_some();
     if made_here || caller_new {
         match new_run(rt, &mut opening.req, run_id) {
@@ -178,7 +178,13 @@ async fn take_lease(
                         return Ok((lease, granted));
                     }
                     // Held by another owner, and the caller waits for it: the read below polls.
+                    // Or the new run's state too large to store: whether that matters is for
+                    // the run that may be there to say (a turn in progress, a key seen), as
+                    // before, after the read.
                     Err(RunError::Busy { .. }) if caller_new && opening.req.wait_for_lease.is_some() => {
+                        opening.req.input = state.turn_input;
+                    }
+                    Err(RunError::Store(StoreError::LimitExceeded(_))) if caller_new => {
                         opening.req.input = state.turn_input;
                     }
                     Err(e) => return Err(e),

@@ -69,9 +69,11 @@ pub(crate) async fn acquire_reading(
     attempt(wait, || store.acquire_lease_and_get_run(run_id, owner, ttl)).await
 }
 
-/// [`acquire_reading`] for a run id this process just made: the run created from `new` under
-/// the new lease, in the same request ([`RunStore::acquire_lease_and_create_run`]). Nobody
-/// else holds a lease on an id nobody knew, so there is nothing to wait for.
+/// [`acquire_reading`] for a run that is probably new (an id this process just made, or a
+/// caller's id with a turn's input): the run created from `new` under the new lease, in the
+/// same request ([`RunStore::acquire_lease_and_create_run`]), or read when it is there. It
+/// does not wait: nobody holds a lease on an id nobody knew, and for a caller's id that
+/// another holds, the turn waits with [`acquire_reading`] (see `entry::take_lease`).
 pub(crate) async fn acquire_creating(
     store: &dyn RunStore,
     owner: &str,

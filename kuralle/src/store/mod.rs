@@ -395,9 +395,11 @@ pub trait RunStore: Send + Sync + 'static {
 
     /// [`acquire_lease_and_get_run`](Self::acquire_lease_and_get_run) for `new`'s run id,
     /// creating `new` under the new lease when no such run exists: how a run whose id the
-    /// runtime made starts, one write where the lease and then the row were two. Returns the
-    /// lease and the run that was there (`None`: `new` was created). When the create or the
-    /// read fails, the lease is released again and the error returned.
+    /// runtime made starts, and a turn with input of a run its caller names, one write where the
+    /// lease and then the row were two. Returns the lease and the run that was there (`None`:
+    /// `new` was created), unchanged. Every later turn of a caller's run takes the "there" path,
+    /// so it should cost no more than `acquire_lease_and_get_run`. When the create or the read
+    /// fails, the lease is released again and the error returned.
     ///
     /// The default makes the two calls. A store overrides it when one costs less (SQLite: one
     /// job, one commit).

@@ -638,8 +638,9 @@ impl RunStore for SqliteStore {
         })
     }
 
-    /// One job: the lease taken, then the row inserted unless the run exists (which changes
-    /// nothing, so no savepoint), else the run read, as `acquire_lease_and_get_run` reads it.
+    /// One job: the lease taken, then the row inserted unless the run exists (a read first, so
+    /// an existing run changes nothing and needs no savepoint), else the run read, as
+    /// `acquire_lease_and_get_run` reads it.
     fn acquire_lease_and_create_run<'a>(
         &'a self,
         new: RunRecord,

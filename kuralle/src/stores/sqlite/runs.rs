@@ -69,10 +69,16 @@ pub(super) fn insert_row(
     Ok((inserted > 0).then(|| conn.last_insert_rowid()))
 }
 
-/// Inserts a run's row, unless the run exists.
+/// Inserts a run's row, unless the run exists. Found by a read before the insert, and not by
+/// the insert's conflict alone: an insert that conflicts has already taken the next key, and
+/// `AUTOINCREMENT` then rewrites its counter, a write on the writer for every later turn of a
+/// run its caller names (`acquire_lease_and_create_run`). A query that yields no row takes
+/// none. The conflict clause stays for a row another connection committed meanwhile, which
+/// the writer's transaction cannot see (it holds the write lock, so none can).
 pub(super) const INSERT_RUN: &str =
     "INSERT INTO runs (run_id, agent_id, status, epoch, version, state, created_at, updated_at)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (run_id) DO NOTHING";
+     SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 WHERE NOT EXISTS (SELECT 1 FROM runs WHERE run_id = ?1)
+     ON CONFLICT (run_id) DO NOTHING";
 
 /// Replaces the run's row by compare-and-swap on its version, under lease `fence`, in one
 /// statement that checks the fence too; only when it changed nothing do reads tell why.
