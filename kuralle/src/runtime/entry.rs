@@ -164,6 +164,9 @@ async fn take_lease(
     let caller_new = !made_here && may_create && opening.req.input.is_some();
     if made_here || caller_new {
         match new_run(rt, &mut opening.req, run_id) {
+            Err(e) if made_here => return Err(e),
+            // Refused: the read below finds whether there is a run to take the turn.
+            Err(_) => {}
             Ok((mut record, state)) => {
                 match lease::acquire_creating(store, owner, for_store(&mut record), rt.lease_ttl).await {
                     Ok(((lease, there), granted)) => {
@@ -177,27 +180,30 @@ async fn take_lease(
                         };
                         return Ok((lease, granted));
                     }
-                    // Held by another owner, and the caller waits for it: the read below polls.
-                    // Or the new run's state too large to store: whether that matters is for
-                    // the run that may be there to say (a turn in progress, a key seen), as
-                    // before, after the read.
-                    Err(RunError::Busy { .. }) if caller_new && opening.req.wait_for_lease.is_some() => {
-                        opening.req.input = state.turn_input;
-                    }
-                    Err(RunError::Store(StoreError::LimitExceeded(_))) if caller_new => {
+                    Err(e) if caller_new && left_to_the_read(&e, opening.req.wait_for_lease.is_some()) => {
                         opening.req.input = state.turn_input;
                     }
                     Err(e) => return Err(e),
                 }
             }
-            Err(e) if made_here => return Err(e),
-            Err(_) => {}
         }
     }
     let ((lease, run), granted) =
         lease::acquire_reading(store, owner, run_id, rt.lease_ttl, opening.req.wait_for_lease).await?;
     opening.read = Prefetched::Read(run.map(Box::new));
     Ok((lease, granted))
+}
+
+/// Whether the lease-and-create request's refusal of a caller's new run is left to the read
+/// that [`take_lease`] makes otherwise: a lease another owner holds while the caller waits
+/// (the read polls), or a new run's state too large to store (whether that matters is for the
+/// run that may be there to say: a turn in progress, a key seen).
+fn left_to_the_read(refusal: &RunError, waits: bool) -> bool {
+    match refusal {
+        RunError::Busy { .. } => waits,
+        RunError::Store(StoreError::LimitExceeded(_)) => true,
+        _ => false,
+    }
 }
 
 type TurnResult = Result<RunOutput, RunError>;

@@ -73,8 +73,8 @@ pub(super) fn insert_row(
 /// the insert's conflict alone: an insert that conflicts has already taken the next key, and
 /// `AUTOINCREMENT` then rewrites its counter, a write on the writer for every later turn of a
 /// run its caller names (`acquire_lease_and_create_run`). A query that yields no row takes
-/// none. The conflict clause stays for a row another connection committed meanwhile, which
-/// the writer's transaction cannot see (it holds the write lock, so none can).
+/// none. Under the writer's lock no row can come between that read and the insert; the
+/// conflict clause stays as a guard, so that one never turns into a constraint error.
 pub(super) const INSERT_RUN: &str =
     "INSERT INTO runs (run_id, agent_id, status, epoch, version, state, created_at, updated_at)
      SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 WHERE NOT EXISTS (SELECT 1 FROM runs WHERE run_id = ?1)
