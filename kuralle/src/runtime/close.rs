@@ -1,7 +1,7 @@
 //! Closing a turn: the run's row written with the turn's end, retried under optimistic
 //! concurrency.
 
-use super::state::{RunState, decode_state, output_of};
+use super::state::{RunState, decode_state};
 use crate::{
     approval::Pending,
     clock::now_ms,
@@ -38,6 +38,11 @@ pub(super) struct Closing {
 /// `async` block: an `async fn` keeps its arguments twice (as they came in and as the body's
 /// locals) and these are half a kilobyte. Under a kilobyte, the boxed future is one of the
 /// allocator's small sizes: with 10,000 runs in flight a large one took glibc's arena lock.
+///
+/// The state is serialized there too, and only its text is kept: the write waits for a
+/// commit, and with 10,000 runs in flight every run's close waited in the writer's queue at
+/// once, each holding its transcript and the journal's cache of its steps (about two
+/// kilobytes a run) for nothing. A lost race, which is rare, decodes the text again.
 pub(super) fn close<'a>(
     writer: RunWriter<'a>,
     journal: &'a Journal,
@@ -46,6 +51,7 @@ pub(super) fn close<'a>(
     closing: Closing,
 ) -> impl Future<Output = Result<RunOutput, RunError>> + Send + 'a {
     let Closing { transcript, status, text, usage, pending, value, mut last } = closing;
+    journal.forget_steps();
     // A failed turn's transcript is kept for display; a retry starts the turn again here.
     state.turn_start = (status == RunStatus::Failed).then_some(state.messages.len());
     state.messages = transcript;
@@ -57,17 +63,22 @@ pub(super) fn close<'a>(
     // The record is moved into the store (its state can be a long transcript); only a lost
     // race rebuilds it.
     record.state = JsonText::null();
+    let mut serialized = JsonText::serialize_from(&state).unwrap_or_default();
+    let RunState { output: text, usage, value, .. } = state;
     async move {
         // Whether a close was refused: after one, a store that journals `last` apart from the
         // run (`RunStore::put_run_and_release_after`'s provided two writes) may hold it.
         let mut refused = false;
+        let done = |record: &RunRecord, text: String, value: Option<Box<serde_json::Value>>| RunOutput {
+            run_id: record.run_id.clone(),
+            text,
+            status: record.status,
+            usage,
+            value: value.map(|v| *v),
+        };
         for _ in 0..CLOSE_ATTEMPTS {
             let at_ms = now_ms();
-            let attempt = RunRecord {
-                state: JsonText::serialize_from(&state).unwrap_or_default(),
-                updated_at_ms: at_ms,
-                ..record.clone()
-            };
+            let attempt = RunRecord { state: serialized.clone(), updated_at_ms: at_ms, ..record.clone() };
             // A failed turn's close may be followed by marking the run ended, under the lease.
             let written = if status == RunStatus::Failed {
                 writer.put_run(attempt).await
@@ -77,13 +88,16 @@ pub(super) fn close<'a>(
             match written {
                 Ok(version) => {
                     record.version = version;
-                    return Ok(output_of(&record, &state));
+                    return Ok(done(&record, text, value));
                 }
                 Err(StoreError::VersionConflict { actual, .. }) => {
                     refused = true;
                     let fresh = writer.get_run().await?.ok_or_else(|| RunError::RunNotFound(record.run_id.clone()))?;
                     let keys = decode_state(&fresh)?.inbound_keys;
+                    let ours = RunRecord { state: serialized, ..record.clone() };
+                    let mut state = decode_state(&ours)?;
                     state.inbound_keys = keys;
+                    serialized = JsonText::serialize_from(&state).unwrap_or_default();
                     record.version = actual.max(fresh.version);
                 }
                 // Journaled by the refused attempt: only the run is left to write.
@@ -94,7 +108,7 @@ pub(super) fn close<'a>(
                 Err(e @ StoreError::Unavailable(_)) if status != RunStatus::Failed && !writer.outcome_lost() => {
                     if let Some(version) = landed(writer, &record, at_ms).await? {
                         record.version = version;
-                        return Ok(output_of(&record, &state));
+                        return Ok(done(&record, text, value));
                     }
                     // Not landed: the answer is journaled as the journal journals a step after
                     // an outage (found if an earlier write of it landed), then the run alone, as
@@ -152,7 +166,9 @@ mod tests {
                 [Arc::new(MemoryStore::new()), Arc::new(SqliteStore::in_memory().unwrap())];
             for store in stores {
                 let lease = store.acquire_lease("r", "me", Duration::from_secs(60)).await.unwrap();
-                let state = JsonText::serialize_from(&RunState::default()).unwrap();
+                // Another turn's inbound key, which the retried close must keep.
+                let theirs = RunState { inbound_keys: vec!["k1".into()], ..RunState::default() };
+                let state = JsonText::serialize_from(&theirs).unwrap();
                 store.create_run(RunRecord::new("r", "a").with_state(state), lease.token).await.unwrap();
                 // Another write under the lease since the turn read the run (version 0).
                 let read = store.get_run("r").await.unwrap().unwrap();
@@ -167,7 +183,11 @@ mod tests {
                     finished_at_ms: 7,
                 };
                 let closing = Closing {
-                    transcript: Transcript::default(),
+                    transcript: {
+                        let mut t = Transcript::default();
+                        t.push(crate::Message::User { content: "hi".into() });
+                        t
+                    },
                     status: RunStatus::Finished,
                     text: "done".into(),
                     usage: Usage::default(),
@@ -183,6 +203,11 @@ mod tests {
                 assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "done"));
                 let run = store.get_run("r").await.unwrap().unwrap();
                 assert_eq!((run.status, run.version), (RunStatus::Finished, 2));
+                // The retry wrote the turn's state, decoded again from the refused attempt's
+                // text, with the inbound keys the run had since.
+                let stored = decode_state(&run).unwrap();
+                assert_eq!(stored.messages.to_vec(), [crate::Message::User { content: "hi".into() }]);
+                assert_eq!((stored.output.as_str(), &stored.inbound_keys[..]), ("done", &["k1".to_owned()][..]));
                 let steps = store.steps("r").await.unwrap();
                 let journaled: Vec<_> = steps.iter().map(|s| (s.key.as_str(), s.status)).collect();
                 assert_eq!(journaled, [("m", StepStatus::Finished)], "release at close: {release}");
