@@ -508,12 +508,14 @@ impl RunStore for SqliteStore {
         let FinishedStep { step, outcome, finished_at_ms } = last;
         let max = self.inner.options.max_value_bytes;
         let prepared = prepare_run(&run, max);
-        let epoch = to_i64("step epoch", step.epoch);
+        // Checked before the run's row changes, as the write's other refusals are.
+        let epoch = to_i64("step epoch", step.epoch).map(drop);
         let outcome = prepare_outcome(outcome, max);
         let errors = self.inner.errors;
         let data = (run, prepared, step, epoch, outcome);
         Box::pin(self.write(Writes::Direct, data, move |conn, (run, prepared, step, epoch, outcome)| {
-            let (prepared, epoch) = (prepared.as_ref().map_err(Clone::clone)?, *epoch.as_ref().map_err(Clone::clone)?);
+            epoch.clone()?;
+            let prepared = prepared.as_ref().map_err(Clone::clone)?;
             let outcome = outcome.as_ref().map_err(Clone::clone)?;
             let version = runs::update_run(conn, errors, run, fence, prepared)?;
             let at = steps::next_ordinal(conn, errors, &run.run_id, fence)?;
@@ -522,8 +524,7 @@ impl RunStore for SqliteStore {
                 errors,
                 &run.run_id,
                 at,
-                std::slice::from_ref(step),
-                &[epoch],
+                steps::Rows::new(Some(step), &[]),
                 Some((outcome, finished_at_ms)),
             )?;
             leases::release(conn, errors, &run.run_id, fence)?;
@@ -545,9 +546,8 @@ impl RunStore for SqliteStore {
     fn append_steps<'a>(&'a self, run_id: &'a str, fence: u64, steps: Vec<NewStep>) -> StoreFuture<'a, Vec<u64>> {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
-        let epochs = steps.iter().map(|step| to_i64("step epoch", step.epoch)).collect::<Result<Vec<_>, _>>();
-        Box::pin(self.write(Writes::Direct, (run_id, steps, epochs), move |conn, (run_id, steps, epochs)| {
-            steps::append(conn, errors, run_id, fence, steps, epochs.as_ref().map_err(Clone::clone)?)
+        Box::pin(self.write(Writes::Direct, (run_id, steps), move |conn, (run_id, steps)| {
+            steps::append(conn, errors, run_id, fence, steps)
         }))
     }
 
@@ -579,19 +579,22 @@ impl RunStore for SqliteStore {
         let run_id = run_id.to_owned();
         let errors = self.inner.errors;
         let max = self.inner.options.max_value_bytes;
-        let mut steps = Vec::with_capacity(intents.len() + 1);
-        steps.push(finished);
-        steps.extend(intents);
-        let epochs = steps.iter().map(|step| to_i64("step epoch", step.epoch)).collect::<Result<Vec<_>, _>>();
         let prepared = prepare_outcome(outcome, max);
         // One job, so the response and its calls' intents land together or not at all. The
         // response is inserted finished: it was inserted running and then updated, a second
         // write of the same row.
-        let data = (run_id, steps, epochs, prepared);
-        Box::pin(self.write(Writes::Direct, data, move |conn, (run_id, steps, epochs, prepared)| {
-            let (epochs, outcome) = (epochs.as_ref().map_err(Clone::clone)?, prepared.as_ref().map_err(Clone::clone)?);
+        let data = (run_id, finished, intents, prepared);
+        Box::pin(self.write(Writes::Direct, data, move |conn, (run_id, finished, intents, prepared)| {
+            let outcome = prepared.as_ref().map_err(Clone::clone)?;
             let at = steps::next_ordinal(conn, errors, run_id, fence)?;
-            steps::insert(conn, errors, run_id, at, steps, epochs, Some((outcome, finished_at_ms)))
+            steps::insert(
+                conn,
+                errors,
+                run_id,
+                at,
+                steps::Rows::new(Some(finished), intents),
+                Some((outcome, finished_at_ms)),
+            )
         }))
     }
 
@@ -892,6 +895,36 @@ mod tests {
             assert_eq!(store.finish_step("r", lease.token, 0, finished(1), 3).await.unwrap_err(), released);
             assert_eq!(store.put_run(record("r"), lease.token).await.unwrap_err(), released);
             assert_eq!(store.release_lease(&lease).await.unwrap_err(), released);
+        });
+    }
+
+    /// An epoch beyond SQLite's integers refuses its write with `LimitExceeded` before a row
+    /// changes, wherever its step is in the write: the finished step, or a later intent.
+    #[test]
+    fn an_epoch_beyond_sqlites_integers_refuses_the_whole_write() {
+        let store = SqliteStore::in_memory().unwrap();
+        futures::executor::block_on(async {
+            let lease = created(&store).await;
+            let huge = |mut step: NewStep| {
+                step.epoch = u64::MAX;
+                step
+            };
+            let refused =
+                |e: StoreError| assert!(matches!(&e, StoreError::LimitExceeded(m) if m.contains("step epoch")), "{e}");
+            refused(store.append_steps("r", lease.token, vec![intent("a"), huge(intent("b"))]).await.unwrap_err());
+            let mut first = response(&["a"]);
+            first.finished = huge(first.finished);
+            refused(store.append_finished_with_intents("r", lease.token, first).await.unwrap_err());
+            let mut later = response(&["a", "b"]);
+            later.intents[1] = huge(intent("b"));
+            refused(store.append_finished_with_intents("r", lease.token, later).await.unwrap_err());
+            let last = FinishedStep { step: huge(intent("m")), outcome: finished(1), finished_at_ms: 3 };
+            refused(store.put_run_and_release_after(last, record("r"), lease.token).await.unwrap_err());
+            // Nothing of any of them landed, and the run and its lease are as they were.
+            assert!(store.steps("r").await.unwrap().is_empty());
+            assert_eq!(store.get_run("r").await.unwrap(), Some(record("r")));
+            assert_eq!(store.current_lease("r").await.unwrap(), Some(lease.clone()));
+            assert_eq!(store.append_steps("r", lease.token, vec![intent("a"), intent("b")]).await.unwrap(), [0, 1]);
         });
     }
 

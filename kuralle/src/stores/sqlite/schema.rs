@@ -608,15 +608,15 @@ INSERT INTO kuralle_schema (id, version) VALUES (1, 3);
             |key: &str| NewStep { key: key.into(), kind: StepKind::Tool, name: "t".into(), epoch: 0, started_at_ms: 0 };
         for taken in [digest.as_str(), "k1", capitals.as_str(), nul.as_str(), fs.as_str(), not_hex.as_str()] {
             assert_eq!(
-                steps::append(&db, errors, "run-a", 1, &[step(taken)], &[0]).unwrap_err(),
+                steps::append(&db, errors, "run-a", 1, &[step(taken)]).unwrap_err(),
                 StoreError::DuplicateKey { run_id: "run-a".into(), key: taken.into() },
                 "a key written before the migration is still taken"
             );
         }
         let fresh = crate::keymap::hex(&[0xcd; 32]);
-        assert_eq!(steps::append(&db, errors, "run-a", 1, &[step(&fresh), step("k2")], &[0, 0]).unwrap(), [6, 7]);
+        assert_eq!(steps::append(&db, errors, "run-a", 1, &[step(&fresh), step("k2")]).unwrap(), [6, 7]);
         assert_eq!(
-            steps::append(&db, errors, "run-a", 1, &[step("k3"), step(&fresh)], &[0, 0]).unwrap_err(),
+            steps::append(&db, errors, "run-a", 1, &[step("k3"), step(&fresh)]).unwrap_err(),
             StoreError::DuplicateKey { run_id: "run-a".into(), key: fresh.clone() },
             "and one written after it"
         );

@@ -5,7 +5,7 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::codec::{RawStep, StoredKey, to_u64};
+use super::codec::{RawStep, StoredKey, to_i64, to_u64};
 use super::errors::Mapper;
 use super::prepared::Db;
 use crate::json::JsonText;
@@ -84,25 +84,57 @@ pub(super) const NEXT_ORDINAL: &str = concat!(
      FROM (SELECT (SELECT run_key FROM runs WHERE run_id = ?1) AS run_key) AS k"
 );
 
+/// The rows of one journal write: a finished step first, if any, then intents. Two slices, so
+/// that a response written with its calls' intents is not copied into one vector first, and
+/// the epochs are checked in place, not collected: two allocations of every such write.
+#[derive(Clone, Copy)]
+pub(super) struct Rows<'a> {
+    first: &'a [NewStep],
+    rest: &'a [NewStep],
+}
+
+impl<'a> Rows<'a> {
+    /// `first` (a finished step), then `rest`.
+    pub(super) fn new(first: Option<&'a NewStep>, rest: &'a [NewStep]) -> Self {
+        Self { first: first.map(std::slice::from_ref).unwrap_or_default(), rest }
+    }
+
+    /// Steps in one slice.
+    pub(super) fn of(steps: &'a [NewStep]) -> Self {
+        Self { first: &[], rest: steps }
+    }
+
+    fn len(self) -> usize {
+        self.first.len() + self.rest.len()
+    }
+
+    fn iter(self) -> std::iter::Chain<std::slice::Iter<'a, NewStep>, std::slice::Iter<'a, NewStep>> {
+        self.first.iter().chain(self.rest)
+    }
+}
+
 /// Inserts `steps` at the ordinals from `at` on, the first one finished with `outcome`
 /// when there is one (a response journaled with its calls' intents); returns the ordinals.
 /// Past one step, the keys are checked by reads before the first insert, so that a duplicate
-/// key refuses the write before it changed a row (see `Writes::Direct`).
+/// key refuses the write before it changed a row (see `Writes::Direct`); so are the epochs.
 pub(super) fn insert(
     conn: &Db<'_>,
     errors: Mapper,
     run_id: &str,
     at: Next,
-    steps: &[NewStep],
-    epochs: &[i64],
+    steps: Rows<'_>,
     outcome: Option<(&PreparedOutcome, i64)>,
 ) -> Result<Vec<u64>, StoreError> {
+    for step in steps.iter() {
+        to_i64("step epoch", step.epoch)?;
+    }
     if steps.len() > 1 {
         check_keys(conn, errors, run_id, at.run_key, steps)?;
     }
     let mut insert = conn.prepared(INSERT_STEP).map_err(|e| errors.map(e))?;
     let mut ordinals = Vec::with_capacity(steps.len());
-    for (i, ((ordinal, step), epoch)) in (at.ordinal..).zip(steps).zip(epochs).enumerate() {
+    for (i, (ordinal, step)) in (at.ordinal..).zip(steps.iter()).enumerate() {
+        let epoch = to_i64("step epoch", step.epoch)?;
         let (status, result, error, finished_at) = match outcome.filter(|_| i == 0) {
             None => ("running", None, None, None),
             Some(((status, result, error), finished_at)) => (
@@ -154,7 +186,7 @@ pub(super) const INSERT_STEP: &str =
 
 /// `DuplicateKey` for the first of `steps` whose key the journal holds, or an earlier step of
 /// the same write: the step whose insert would have failed first.
-fn check_keys(conn: &Db<'_>, errors: Mapper, run_id: &str, run_key: i64, steps: &[NewStep]) -> Result<(), StoreError> {
+fn check_keys(conn: &Db<'_>, errors: Mapper, run_id: &str, run_key: i64, steps: Rows<'_>) -> Result<(), StoreError> {
     let mut journaled = conn.prepared(KEY_TAKEN).map_err(|e| errors.map(e))?;
     let mut taken = |step: &NewStep| -> Result<bool, StoreError> {
         journaled.query_row(params![run_key, StoredKey::of(&step.key)], |row| row.get(0)).map_err(|e| errors.map(e))
@@ -163,8 +195,8 @@ fn check_keys(conn: &Db<'_>, errors: Mapper, run_id: &str, run_key: i64, steps: 
     // The first step is read only when a later one is refused: its own insert comes first, and
     // a refused first insert has changed nothing.
     for (i, step) in steps.iter().enumerate().skip(1) {
-        if steps[..i].iter().any(|earlier| earlier.key == step.key) || taken(step)? {
-            return Err(match steps.first() {
+        if steps.iter().take(i).any(|earlier| earlier.key == step.key) || taken(step)? {
+            return Err(match steps.iter().next() {
                 Some(first) if taken(first)? => duplicate(first),
                 _ => duplicate(step),
             });
@@ -183,10 +215,9 @@ pub(super) fn append(
     run_id: &str,
     fence: u64,
     steps: &[NewStep],
-    epochs: &[i64],
 ) -> Result<Vec<u64>, StoreError> {
     let at = next_ordinal(conn, errors, run_id, fence)?;
-    insert(conn, errors, run_id, at, steps, epochs, None)
+    insert(conn, errors, run_id, at, Rows::of(steps), None)
 }
 
 /// A step outcome ready to write: `(status, result JSON, error JSON)`.
@@ -336,7 +367,7 @@ mod tests {
             let run_id = format!("run-{i}");
             leased_run(&conn, &run_id);
             for n in 0..3 {
-                assert_eq!(append(&db, ERRORS, &run_id, 1, &[step(&format!("k{n}"))], &[0]).unwrap(), [n]);
+                assert_eq!(append(&db, ERRORS, &run_id, 1, &[step(&format!("k{n}"))]).unwrap(), [n]);
             }
         }
         let stmt = db.prepared(NEXT_ORDINAL).unwrap();
@@ -351,15 +382,12 @@ mod tests {
         let conn = writer();
         let db = Db::keeping(&conn, KEPT);
         leased_run(&conn, "run-1");
-        assert_eq!(append(&db, ERRORS, "run-1", 1, &[step("a")], &[0]).unwrap(), [0]);
-        assert_eq!(append(&db, ERRORS, "run-1", 1, &[step("b")], &[0]).unwrap(), [1]);
+        assert_eq!(append(&db, ERRORS, "run-1", 1, &[step("a")]).unwrap(), [0]);
+        assert_eq!(append(&db, ERRORS, "run-1", 1, &[step("b")]).unwrap(), [1]);
         assert!(super::super::runs::delete_run(&db, ERRORS, "run-1").unwrap());
+        assert_eq!(append(&db, ERRORS, "run-1", 1, &[step("c")]).unwrap_err(), StoreError::RunNotFound("run-1".into()));
         assert_eq!(
-            append(&db, ERRORS, "run-1", 1, &[step("c")], &[0]).unwrap_err(),
-            StoreError::RunNotFound("run-1".into())
-        );
-        assert_eq!(
-            append(&db, ERRORS, "run-1", 2, &[step("c")], &[0]).unwrap_err(),
+            append(&db, ERRORS, "run-1", 2, &[step("c")]).unwrap_err(),
             StoreError::Fenced { run_id: "run-1".into(), token: 2 },
             "the fence is still checked first"
         );

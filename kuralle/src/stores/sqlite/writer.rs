@@ -327,7 +327,7 @@ mod tests {
             epoch: 0,
             started_at_ms: 0,
         };
-        super::super::steps::append(conn, errors, "r", 1, &[step], &[0])
+        super::super::steps::append(conn, errors, "r", 1, &[step])
     }
 
     /// A transaction or savepoint rolled back takes what the writer learned in it along: an
