@@ -59,6 +59,7 @@ const KEPT: &[&str] = &[
     steps::KEY_TAKEN,
     steps::FINISH_STEP,
     steps::FINISH_STEP_KNOWN_FENCE,
+    runs::RUN_EXISTS,
     runs::INSERT_RUN,
     runs::UPDATE_RUN,
     runs::UPDATE_RUN_KNOWN_FENCE,

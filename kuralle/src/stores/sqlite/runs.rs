@@ -48,6 +48,13 @@ pub(super) fn insert_row(
     run: &RunRecord,
     (epoch, version): &PreparedRun,
 ) -> Result<Option<i64>, StoreError> {
+    let exists = conn
+        .prepared(RUN_EXISTS)
+        .and_then(|mut stmt| stmt.query_row([&run.run_id], |row| row.get::<_, bool>(0)))
+        .map_err(|e| errors.map(e))?;
+    if exists {
+        return Ok(None);
+    }
     let inserted = conn
         .prepared(INSERT_RUN)
         .and_then(|mut stmt| {
@@ -69,15 +76,20 @@ pub(super) fn insert_row(
     Ok((inserted > 0).then(|| conn.last_insert_rowid()))
 }
 
-/// Inserts a run's row, unless the run exists. Found by a read before the insert, and not by
-/// the insert's conflict alone: an insert that conflicts has already taken the next key, and
-/// `AUTOINCREMENT` then rewrites its counter, a write on the writer for every later turn of a
-/// run its caller names (`acquire_lease_and_create_run`). A query that yields no row takes
-/// none. Under the writer's lock no row can come between that read and the insert; the
-/// conflict clause stays as a guard, so that one never turns into a constraint error.
+/// Whether a run of this id exists: read before the insert, which it spares when the run is
+/// there. An insert that conflicts has already taken the next key, and `AUTOINCREMENT` then
+/// rewrites its counter, a write on the writer for every later turn of a run its caller names
+/// (`acquire_lease_and_create_run`).
+pub(super) const RUN_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = ?1)";
+
+/// Inserts a run's row. One row of `VALUES`, not the rows of a query: SQLite gives a statement
+/// that inserts a query's rows a statement journal (it could fail after some of them), and
+/// that copied every page the insert touched into memory, about 29 allocations a run on the
+/// writer. Under the writer's lock no row can come between [`RUN_EXISTS`] and this insert;
+/// the conflict clause stays as a guard, so that one never turns into a constraint error.
 pub(super) const INSERT_RUN: &str =
     "INSERT INTO runs (run_id, agent_id, status, epoch, version, state, created_at, updated_at)
-     SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 WHERE NOT EXISTS (SELECT 1 FROM runs WHERE run_id = ?1)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
      ON CONFLICT (run_id) DO NOTHING";
 
 /// Replaces the run's row by compare-and-swap on its version, under lease `fence`, in one
