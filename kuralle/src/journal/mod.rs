@@ -308,6 +308,7 @@ impl Journal {
     /// 10,000 runs in flight every run's close waited in the writer's queue at once.
     pub(crate) fn forget_steps(&self) {
         let cache = std::mem::take(&mut self.state().by_key);
+        // Freed once the lock is let go.
         drop(cache);
     }
 

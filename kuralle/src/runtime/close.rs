@@ -94,8 +94,10 @@ pub(super) fn close<'a>(
                     refused = true;
                     let fresh = writer.get_run().await?.ok_or_else(|| RunError::RunNotFound(record.run_id.clone()))?;
                     let keys = decode_state(&fresh)?.inbound_keys;
-                    let ours = RunRecord { state: serialized, ..record.clone() };
-                    let mut state = decode_state(&ours)?;
+                    let mut state: RunState = serialized.decode().map_err(|e| {
+                        let e = format!("run `{}`: the turn's own state did not decode: {e}", record.run_id);
+                        RunError::Store(StoreError::Corrupt(e.into()))
+                    })?;
                     state.inbound_keys = keys;
                     serialized = JsonText::serialize_from(&state).unwrap_or_default();
                     record.version = actual.max(fresh.version);
@@ -192,15 +194,23 @@ mod tests {
                     text: "done".into(),
                     usage: Usage::default(),
                     pending: Vec::new(),
-                    value: None,
+                    value: Some(serde_json::json!({"n": 1})),
                     last: Some(last),
+                };
+                // What else a run's state may hold, which the retry must write as it was.
+                let ours = RunState {
+                    turn_input: Some("hi".into()),
+                    instructions: Some("Be terse.".into()),
+                    key_run: Some("original".into()),
+                    limits: Some(Box::new(crate::RunLimits { max_requests: Some(3), ..Default::default() })),
+                    ..RunState::default()
                 };
                 let journal =
                     Journal::open(Arc::clone(&store), Arc::clone(&fence), "r", 0, 100, false, true).await.unwrap();
                 let writer = RunWriter::new(store.as_ref(), &fence);
-                let out =
-                    close(writer, &journal, RunRecord::new("r", "a"), RunState::default(), closing).await.unwrap();
+                let out = close(writer, &journal, RunRecord::new("r", "a"), ours, closing).await.unwrap();
                 assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "done"));
+                assert_eq!(out.value, Some(serde_json::json!({"n": 1})));
                 let run = store.get_run("r").await.unwrap().unwrap();
                 assert_eq!((run.status, run.version), (RunStatus::Finished, 2));
                 // The retry wrote the turn's state, decoded again from the refused attempt's
@@ -208,6 +218,12 @@ mod tests {
                 let stored = decode_state(&run).unwrap();
                 assert_eq!(stored.messages.to_vec(), [crate::Message::User { content: "hi".into() }]);
                 assert_eq!((stored.output.as_str(), &stored.inbound_keys[..]), ("done", &["k1".to_owned()][..]));
+                assert_eq!(stored.value.as_deref(), Some(&serde_json::json!({"n": 1})));
+                assert_eq!(
+                    (stored.turn_input.as_deref(), stored.instructions.as_deref(), stored.key_run.as_deref()),
+                    (Some("hi"), Some("Be terse."), Some("original"))
+                );
+                assert_eq!(stored.limits.and_then(|l| l.max_requests), Some(3));
                 let steps = store.steps("r").await.unwrap();
                 let journaled: Vec<_> = steps.iter().map(|s| (s.key.as_str(), s.status)).collect();
                 assert_eq!(journaled, [("m", StepStatus::Finished)], "release at close: {release}");

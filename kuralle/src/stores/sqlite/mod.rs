@@ -38,7 +38,7 @@ use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
 
 use self::checkpoint::Checkpointer;
-use self::codec::{prepare_run, to_i64};
+use self::codec::prepare_run;
 use self::errors::Mapper;
 use self::prepared::Db;
 use self::schema::configure_writer;
@@ -509,25 +509,18 @@ impl RunStore for SqliteStore {
         let FinishedStep { step, outcome, finished_at_ms } = last;
         let max = self.inner.options.max_value_bytes;
         let prepared = prepare_run(&run, max);
-        // Checked before the run's row changes, as the write's other refusals are.
-        let epoch = to_i64("step epoch", step.epoch).map(drop);
         let outcome = prepare_outcome(outcome, max);
         let errors = self.inner.errors;
-        let data = (run, prepared, step, epoch, outcome);
-        Box::pin(self.write(Writes::Direct, data, move |conn, (run, prepared, step, epoch, outcome)| {
-            epoch.clone()?;
+        let data = (run, prepared, step, outcome);
+        Box::pin(self.write(Writes::Direct, data, move |conn, (run, prepared, step, outcome)| {
             let prepared = prepared.as_ref().map_err(Clone::clone)?;
+            // Before the run's row changes, as the write's other refusals are.
+            let rows = steps::Rows::new(Some(step), &[]);
+            rows.check_epochs()?;
             let outcome = outcome.as_ref().map_err(Clone::clone)?;
             let version = runs::update_run(conn, errors, run, fence, prepared)?;
             let at = steps::next_ordinal(conn, errors, &run.run_id, fence)?;
-            steps::insert(
-                conn,
-                errors,
-                &run.run_id,
-                at,
-                steps::Rows::new(Some(step), &[]),
-                Some((outcome, finished_at_ms)),
-            )?;
+            steps::insert(conn, errors, &run.run_id, at, rows, Some((outcome, finished_at_ms)))?;
             leases::release(conn, errors, &run.run_id, fence)?;
             Ok((version, true))
         }))
@@ -586,16 +579,11 @@ impl RunStore for SqliteStore {
         // write of the same row.
         let data = (run_id, finished, intents, prepared);
         Box::pin(self.write(Writes::Direct, data, move |conn, (run_id, finished, intents, prepared)| {
+            let rows = steps::Rows::new(Some(finished), intents);
+            rows.check_epochs()?;
             let outcome = prepared.as_ref().map_err(Clone::clone)?;
             let at = steps::next_ordinal(conn, errors, run_id, fence)?;
-            steps::insert(
-                conn,
-                errors,
-                run_id,
-                at,
-                steps::Rows::new(Some(finished), intents),
-                Some((outcome, finished_at_ms)),
-            )
+            steps::insert(conn, errors, run_id, at, rows, Some((outcome, finished_at_ms)))
         }))
     }
 
@@ -900,7 +888,8 @@ mod tests {
     }
 
     /// An epoch beyond SQLite's integers refuses its write with `LimitExceeded` before a row
-    /// changes, wherever its step is in the write: the finished step, or a later intent.
+    /// changes, wherever its step is in the write (the finished step, or a later intent), and
+    /// before the fence is checked.
     #[test]
     fn an_epoch_beyond_sqlites_integers_refuses_the_whole_write() {
         let store = SqliteStore::in_memory().unwrap();
@@ -921,11 +910,36 @@ mod tests {
             refused(store.append_finished_with_intents("r", lease.token, later).await.unwrap_err());
             let last = FinishedStep { step: huge(intent("m")), outcome: finished(1), finished_at_ms: 3 };
             refused(store.put_run_and_release_after(last, record("r"), lease.token).await.unwrap_err());
+            // Before the fence, as PostgreSQL answers too.
+            let stale = lease.token + 1;
+            refused(store.append_steps("r", stale, vec![huge(intent("a"))]).await.unwrap_err());
+            let mut fenced = response(&["a"]);
+            fenced.intents[0] = huge(intent("a"));
+            refused(store.append_finished_with_intents("r", stale, fenced).await.unwrap_err());
             // Nothing of any of them landed, and the run and its lease are as they were.
             assert!(store.steps("r").await.unwrap().is_empty());
             assert_eq!(store.get_run("r").await.unwrap(), Some(record("r")));
             assert_eq!(store.current_lease("r").await.unwrap(), Some(lease.clone()));
             assert_eq!(store.append_steps("r", lease.token, vec![intent("a"), intent("b")]).await.unwrap(), [0, 1]);
+        });
+    }
+
+    /// A response whose calls' intents repeat its own key, or each other's, is refused with
+    /// `DuplicateKey` for the key whose insert would have failed first, and writes nothing.
+    #[test]
+    fn a_write_that_repeats_a_key_of_its_own_writes_nothing() {
+        let store = SqliteStore::in_memory().unwrap();
+        futures::executor::block_on(async {
+            let lease = created(&store).await;
+            let duplicate = |key: &str| StoreError::DuplicateKey { run_id: "r".into(), key: key.into() };
+            let write = |keys: &[&str]| store.append_finished_with_intents("r", lease.token, response(keys));
+            assert_eq!(write(&["m"]).await.unwrap_err(), duplicate("m"));
+            assert_eq!(write(&["a", "b", "a"]).await.unwrap_err(), duplicate("a"));
+            assert!(store.steps("r").await.unwrap().is_empty());
+            assert_eq!(write(&["a"]).await.unwrap(), [0, 1]);
+            // Now journaled, the response's own key refuses the next write at its first insert.
+            assert_eq!(write(&["b"]).await.unwrap_err(), duplicate("m"));
+            assert_eq!(store.steps("r").await.unwrap().len(), 2);
         });
     }
 

@@ -13,10 +13,10 @@ use super::known::Known;
 ///
 /// rusqlite's statement cache finds a statement by its SQL text: at every use it trims the
 /// text, hashes it, allocates an `Arc<str>` for its key and relinks its LRU list twice. The
-/// writer makes about 21 such lookups a run, and at 1,000 runs in flight they were 8% of the
+/// writer made about 21 such lookups a run, and at 1,000 runs in flight they were 8% of the
 /// writer thread's instructions, on the one thread every write waits for. The writer's hot
 /// statements are few and known in advance, so it keeps them in slots of its own, found by a
-/// scan of a dozen lengths; every other statement, and every statement of a read connection,
+/// scan of under twenty lengths; every other statement, and every statement of a read connection,
 /// goes through rusqlite's cache as before.
 pub(super) struct Db<'c> {
     conn: &'c Connection,

@@ -84,9 +84,10 @@ pub(super) const RUN_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM runs WHERE run
 
 /// Inserts a run's row. One row of `VALUES`, not the rows of a query: SQLite gives a statement
 /// that inserts a query's rows a statement journal (it could fail after some of them), and
-/// that copied every page the insert touched into memory, about 29 allocations a run on the
-/// writer. Under the writer's lock no row can come between [`RUN_EXISTS`] and this insert;
-/// the conflict clause stays as a guard, so that one never turns into a constraint error.
+/// that copied every page the insert touched into memory: 29 of the about 38 allocations a run
+/// it cost the writer (heaptrack, 10,000 runs in flight). Under the writer's lock no row can
+/// come between [`RUN_EXISTS`] and this insert; the conflict clause stays as a guard, so that
+/// one never turns into a constraint error.
 pub(super) const INSERT_RUN: &str =
     "INSERT INTO runs (run_id, agent_id, status, epoch, version, state, created_at, updated_at)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)

@@ -111,12 +111,19 @@ impl<'a> Rows<'a> {
     fn iter(self) -> std::iter::Chain<std::slice::Iter<'a, NewStep>, std::slice::Iter<'a, NewStep>> {
         self.first.iter().chain(self.rest)
     }
+
+    /// `LimitExceeded` for a step whose epoch is beyond SQLite's integers. The writes check it
+    /// first, as when the epochs were collected before the job was queued, and `insert` again
+    /// before its first row.
+    pub(super) fn check_epochs(self) -> Result<(), StoreError> {
+        self.iter().try_for_each(|step| to_i64("step epoch", step.epoch).map(drop))
+    }
 }
 
 /// Inserts `steps` at the ordinals from `at` on, the first one finished with `outcome`
 /// when there is one (a response journaled with its calls' intents); returns the ordinals.
-/// Past one step, the keys are checked by reads before the first insert, so that a duplicate
-/// key refuses the write before it changed a row (see `Writes::Direct`); so are the epochs.
+/// Every step's epoch is checked before the first insert, and past one step so are the keys,
+/// by reads, so that neither refuses the write after it changed a row (see `Writes::Direct`).
 pub(super) fn insert(
     conn: &Db<'_>,
     errors: Mapper,
@@ -125,15 +132,14 @@ pub(super) fn insert(
     steps: Rows<'_>,
     outcome: Option<(&PreparedOutcome, i64)>,
 ) -> Result<Vec<u64>, StoreError> {
-    for step in steps.iter() {
-        to_i64("step epoch", step.epoch)?;
-    }
+    steps.check_epochs()?;
     if steps.len() > 1 {
         check_keys(conn, errors, run_id, at.run_key, steps)?;
     }
     let mut insert = conn.prepared(INSERT_STEP).map_err(|e| errors.map(e))?;
     let mut ordinals = Vec::with_capacity(steps.len());
     for (i, (ordinal, step)) in (at.ordinal..).zip(steps.iter()).enumerate() {
+        // Cannot fail: checked above, before any row.
         let epoch = to_i64("step epoch", step.epoch)?;
         let (status, result, error, finished_at) = match outcome.filter(|_| i == 0) {
             None => ("running", None, None, None),
@@ -216,8 +222,10 @@ pub(super) fn append(
     fence: u64,
     steps: &[NewStep],
 ) -> Result<Vec<u64>, StoreError> {
+    let steps = Rows::of(steps);
+    steps.check_epochs()?;
     let at = next_ordinal(conn, errors, run_id, fence)?;
-    insert(conn, errors, run_id, at, Rows::of(steps), None)
+    insert(conn, errors, run_id, at, steps, None)
 }
 
 /// A step outcome ready to write: `(status, result JSON, error JSON)`.
