@@ -258,6 +258,20 @@ pub struct FlakyStore {
     before_create: Arc<std::sync::Mutex<Option<CreateHook>>>,
     finish_delay: Arc<std::sync::Mutex<Duration>>,
     park_finishes: Arc<AtomicBool>,
+    held_closes: Arc<HeldCloses>,
+}
+
+/// Closing writes held back: see [`FlakyStore::hold_closes`].
+struct HeldCloses {
+    on: AtomicBool,
+    waiting: AtomicUsize,
+    gate: tokio::sync::Semaphore,
+}
+
+impl Default for HeldCloses {
+    fn default() -> Self {
+        Self { on: AtomicBool::new(false), waiting: AtomicUsize::new(0), gate: tokio::sync::Semaphore::new(0) }
+    }
 }
 
 /// What [`FlakyStore::after_next_list`] runs: it gets the wrapped store.
@@ -286,7 +300,26 @@ impl FlakyStore {
             before_create: Arc::default(),
             finish_delay: Arc::default(),
             park_finishes: Arc::default(),
+            held_closes: Arc::default(),
         }
+    }
+
+    /// Holds every closing write with the turn's last response (`put_run_and_release_after`)
+    /// back until [`release_closes`](Self::release_closes): runs closing at once, waiting on
+    /// their store, as on a busy writer.
+    pub fn hold_closes(&self) {
+        self.held_closes.on.store(true, Ordering::SeqCst);
+    }
+
+    /// How many closing writes wait behind [`hold_closes`](Self::hold_closes).
+    pub fn closes_waiting(&self) -> usize {
+        self.held_closes.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Lets every held closing write, and every later one, go on.
+    pub fn release_closes(&self) {
+        self.held_closes.on.store(false, Ordering::SeqCst);
+        self.held_closes.gate.close();
     }
 
     /// Says (or stops saying) that a `finish_step` goes on without being polled again, as
@@ -402,6 +435,13 @@ impl kuralle::RunStore for FlakyStore {
     ) -> kuralle::StoreFuture<'_, (u64, bool)> {
         let lose = self.lose_closes.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
         Box::pin(async move {
+            let held = &self.held_closes;
+            if held.on.load(Ordering::SeqCst) {
+                held.waiting.fetch_add(1, Ordering::SeqCst);
+                // Closed, never granted: the gate opens for everyone at once.
+                let _ = held.gate.acquire().await;
+                held.waiting.fetch_sub(1, Ordering::SeqCst);
+            }
             if lose {
                 self.inner.put_run_and_release_after(last, run, fence).await?;
                 return Err(kuralle::StoreError::Unavailable(

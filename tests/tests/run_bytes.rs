@@ -1,7 +1,8 @@
-//! The bytes a run in flight holds at its first model call, counted by this test binary's
-//! global allocator: a guard for what the in-flight bench measures (`docs/performance.md`,
-//! "Where a start's time goes"). With 10,000 runs started at once, every byte a start keeps
-//! is fresh heap the start burst pays for in page faults and arena growth.
+//! The bytes a run in flight holds at its first model call, and while its closing write
+//! waits, counted by this test binary's global allocator: guards for what the in-flight bench
+//! measures (`docs/performance.md`, "Where a start's time goes" and "Twentieth pass"). With
+//! 10,000 runs started at once, every byte a start keeps is fresh heap the start burst pays for
+//! in page faults and arena growth.
 
 use std::sync::{
     Arc,
@@ -9,8 +10,24 @@ use std::sync::{
 };
 
 use futures::{StreamExt, stream::BoxStream};
-use kuralle::{AgentDef, Model, ModelError, ModelEvent, ModelRequest, RunHandle, RunRequest, Runtime, tool};
+use kuralle::{
+    AgentDef, FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, RunHandle, RunRequest, Runtime,
+    ToolCallRequest, Usage, stores::MemoryStore, tool,
+};
+use kuralle_tests::FlakyStore;
 use tokio::sync::Notify;
+
+/// The heap count is the whole process's: the tests of this binary take turns, each on a
+/// runtime of its own that is gone, its runs freed, before the next counts.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs `test` on a Tokio runtime of two workers, alone in this binary; the runtime, and
+/// every run left on it, is dropped before the next test starts.
+fn alone<F: Future<Output = ()>>(test: impl FnOnce() -> F) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
+    runtime.expect("a Tokio runtime").block_on(test());
+}
 
 #[global_allocator]
 static HEAP: heap_count::Counting = heap_count::Counting;
@@ -45,6 +62,34 @@ impl Model for Silent {
     }
 }
 
+/// A model that answers at once, as the in-flight bench's does after its latency: three
+/// one-call turns, then a text answer, chosen by the assistant messages in the transcript. It
+/// keeps no request (`ScriptedModel` keeps them all, and so every run's transcript).
+struct Counted;
+
+impl Model for Counted {
+    fn name(&self) -> &str {
+        "counted"
+    }
+
+    fn stream(&self, request: ModelRequest) -> BoxStream<'static, Result<ModelEvent, ModelError>> {
+        let turn = request.messages.iter().filter(|m| matches!(m, Message::Assistant { .. })).count();
+        let usage = Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() };
+        let events = if turn < 3 {
+            let call = ToolCallRequest {
+                call_id: format!("call_{turn}"),
+                name: "inc".to_owned(),
+                arguments: format!(r#"{{"x":{turn}}}"#),
+            };
+            vec![ModelEvent::ToolCall(call), ModelEvent::Finish { reason: FinishReason::ToolCalls, usage }]
+        } else {
+            let done = ModelEvent::TextDelta { delta: "done".to_owned() };
+            vec![done, ModelEvent::Finish { reason: FinishReason::Stop, usage }]
+        };
+        futures::stream::iter(events.into_iter().map(Ok)).boxed()
+    }
+}
+
 /// Bytes a run may hold at its first model call, its handle's own allocations included (its
 /// input is allocated before counting). In this test's debug build a run held 7,905 bytes
 /// before the eighth pass (8ed8229, f90c6bf) and 5,747–5,824 after it: the memory store's 16
@@ -53,8 +98,12 @@ impl Model for Silent {
 /// stream included.
 const MAX_BYTES_AT_FIRST_CALL: usize = 6_000;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_holds_little_heap_at_its_first_model_call() {
+#[test]
+fn a_run_holds_little_heap_at_its_first_model_call() {
+    alone(first_model_call);
+}
+
+async fn first_model_call() {
     // Enough that the store's tables' growth is a few bytes a run.
     const RUNS: usize = 2_000;
     let all = Arc::new(Notify::new());
@@ -86,4 +135,55 @@ async fn a_run_holds_little_heap_at_its_first_model_call() {
     for handle in &handles {
         handle.interrupt();
     }
+}
+
+/// Bytes a run may hold while its closing write waits, with what the memory store keeps of it
+/// (its row and its journal of seven steps) and the task that awaits it. In this test's debug
+/// build a run held 11,102–11,133 bytes there while the close kept its state decoded (the
+/// transcript, and the journal's cache of its steps), and 8,544–8,576 since it keeps only the
+/// state's text (a0dd959): at 10,000 runs in flight on SQLite, every run's close waited in the
+/// writer's queue at once.
+const MAX_BYTES_WHILE_CLOSING: usize = 9_500;
+
+#[test]
+fn a_closing_run_holds_its_states_text_not_its_transcript() {
+    alone(closing);
+}
+
+async fn closing() {
+    const RUNS: usize = 2_000;
+    let store = FlakyStore::new(Arc::new(MemoryStore::new()));
+    store.hold_closes();
+    let runtime = Runtime::builder()
+        .agent(AgentDef::new("bench", "Count.").tool(Inc).max_steps(8))
+        .model(Counted)
+        .store_arc(Arc::new(store.clone()))
+        .build()
+        .expect("build the runtime");
+    let mut runs = Vec::with_capacity(RUNS);
+    let mut inputs: Vec<RunRequest> = (0..RUNS).map(|i| RunRequest::new(format!("run {i}"))).collect();
+    let before = heap_count::live();
+    for request in inputs.drain(..) {
+        // Awaited, as a service awaits its runs: their events are not kept for a listener.
+        runs.push(tokio::spawn(std::future::IntoFuture::into_future(runtime.run(request))));
+    }
+    let waited = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while store.closes_waiting() < RUNS {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let per_run = (heap_count::live() - before) / RUNS;
+    store.release_closes();
+    waited.expect("every run reached its close within a minute");
+    drop(inputs);
+    for run in runs {
+        let out = run.await.expect("the run's task").expect("the run");
+        assert_eq!(out.text, "done");
+    }
+    println!("a run holds {per_run} bytes while its close waits");
+    assert!(
+        per_run <= MAX_BYTES_WHILE_CLOSING,
+        "a run holds {per_run} bytes while its close waits, more than {MAX_BYTES_WHILE_CLOSING}"
+    );
 }
