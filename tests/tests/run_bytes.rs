@@ -90,6 +90,19 @@ impl Model for Counted {
     }
 }
 
+/// Starts `runs` runs (inputs "run 0", "run 1", ...) and hands each handle to `keep`; returns
+/// what `keep` gave back, the heap count before the first start, and the inputs' emptied
+/// vector. What the runs hold is counted alone: their inputs and the vector kept are made
+/// before counting, and the inputs' buffer is freed by the caller only after it has counted.
+fn start<T>(runtime: &Runtime, runs: usize, keep: impl FnMut(RunHandle) -> T) -> (Vec<T>, usize, Vec<RunRequest>) {
+    let mut kept = Vec::with_capacity(runs);
+    let mut inputs: Vec<RunRequest> = (0..runs).map(|i| RunRequest::new(format!("run {i}"))).collect();
+    let before = heap_count::live();
+    // Drained, not consumed: the vector's buffer is freed only after counting.
+    kept.extend(inputs.drain(..).map(|request| runtime.run(request)).map(keep));
+    (kept, before, inputs)
+}
+
 /// Bytes a run may hold at its first model call, its handle's own allocations included (its
 /// input is allocated before counting). In this test's debug build a run held 7,905 bytes
 /// before the eighth pass (8ed8229, f90c6bf) and 5,747–5,824 after it: the memory store's 16
@@ -113,14 +126,8 @@ async fn first_model_call() {
         .model(model)
         .build()
         .expect("build the runtime");
-    // Held as a service holds them; their vector is made before counting.
-    let mut handles: Vec<RunHandle> = Vec::with_capacity(RUNS);
-    let mut inputs: Vec<RunRequest> = (0..RUNS).map(|i| RunRequest::new(format!("run {i}"))).collect();
-    let before = heap_count::live();
-    // Drained, not consumed: the vector's buffer is freed only after counting.
-    for request in inputs.drain(..) {
-        handles.push(runtime.run(request));
-    }
+    // Held as a service holds them.
+    let (handles, before, inputs) = start(&runtime, RUNS, |handle| handle);
     // Bounded: a run that failed before its model call would otherwise leave this waiting.
     tokio::time::timeout(std::time::Duration::from_secs(60), all.notified())
         .await
@@ -160,13 +167,9 @@ async fn closing() {
         .store_arc(Arc::new(store.clone()))
         .build()
         .expect("build the runtime");
-    let mut runs = Vec::with_capacity(RUNS);
-    let mut inputs: Vec<RunRequest> = (0..RUNS).map(|i| RunRequest::new(format!("run {i}"))).collect();
-    let before = heap_count::live();
-    for request in inputs.drain(..) {
-        // Awaited, as a service awaits its runs: their events are not kept for a listener.
-        runs.push(tokio::spawn(std::future::IntoFuture::into_future(runtime.run(request))));
-    }
+    // Awaited, as a service awaits its runs: their events are not kept for a listener.
+    let (runs, before, inputs) =
+        start(&runtime, RUNS, |handle| tokio::spawn(std::future::IntoFuture::into_future(handle)));
     let waited = tokio::time::timeout(std::time::Duration::from_secs(60), async {
         while store.closes_waiting() < RUNS {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;

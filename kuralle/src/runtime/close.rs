@@ -1,7 +1,7 @@
 //! Closing a turn: the run's row written with the turn's end, retried under optimistic
 //! concurrency.
 
-use super::state::{RunState, decode_state};
+use super::state::{RunState, decode_state, output};
 use crate::{
     approval::Pending,
     clock::now_ms,
@@ -69,13 +69,6 @@ pub(super) fn close<'a>(
         // Whether a close was refused: after one, a store that journals `last` apart from the
         // run (`RunStore::put_run_and_release_after`'s provided two writes) may hold it.
         let mut refused = false;
-        let done = |record: &RunRecord, text: String, value: Option<Box<serde_json::Value>>| RunOutput {
-            run_id: record.run_id.clone(),
-            text,
-            status: record.status,
-            usage,
-            value: value.map(|v| *v),
-        };
         for _ in 0..CLOSE_ATTEMPTS {
             let at_ms = now_ms();
             let attempt = RunRecord { state: serialized.clone(), updated_at_ms: at_ms, ..record.clone() };
@@ -88,7 +81,7 @@ pub(super) fn close<'a>(
             match written {
                 Ok(version) => {
                     record.version = version;
-                    return Ok(done(&record, text, value));
+                    return Ok(output(&record, text, usage, value.map(|v| *v)));
                 }
                 Err(StoreError::VersionConflict { actual, .. }) => {
                     refused = true;
@@ -110,7 +103,7 @@ pub(super) fn close<'a>(
                 Err(e @ StoreError::Unavailable(_)) if status != RunStatus::Failed && !writer.outcome_lost() => {
                     if let Some(version) = landed(writer, &record, at_ms).await? {
                         record.version = version;
-                        return Ok(done(&record, text, value));
+                        return Ok(output(&record, text, usage, value.map(|v| *v)));
                     }
                     // Not landed: the answer is journaled as the journal journals a step after
                     // an outage (found if an earlier write of it landed), then the run alone, as

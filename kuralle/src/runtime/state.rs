@@ -61,13 +61,13 @@ pub(super) fn decode_state(record: &RunRecord) -> Result<RunState, RunError> {
 }
 
 pub(super) fn output_of(record: &RunRecord, state: &RunState) -> RunOutput {
-    RunOutput {
-        run_id: record.run_id.clone(),
-        text: state.output.clone(),
-        status: record.status,
-        usage: state.usage,
-        value: state.value.as_deref().cloned(),
-    }
+    output(record, state.output.clone(), state.usage, state.value.as_deref().cloned())
+}
+
+/// The run's output from its record and the parts of its state that make it: a closing turn
+/// keeps these and lets the rest of its state go.
+pub(super) fn output(record: &RunRecord, text: String, usage: Usage, value: Option<serde_json::Value>) -> RunOutput {
+    RunOutput { run_id: record.run_id.clone(), text, status: record.status, usage, value }
 }
 
 /// The user inputs of a run's turns, in order, from its stored record: the user messages of
