@@ -236,8 +236,8 @@ impl Model for Latent {
             let usage = Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() };
             if turn < CALLS {
                 yield Ok::<_, ModelError>(ModelEvent::ToolCall(ToolCallRequest {
-                    call_id: format!("call_{turn}"),
-                    name: "inc".to_owned(),
+                    call_id: format!("call_{turn}").into(),
+                    name: "inc".into(),
                     arguments: format!(r#"{{"x":{turn}}}"#),
                 }));
                 marks.answered[run].store(marks.now(), Ordering::Relaxed);

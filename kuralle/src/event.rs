@@ -4,6 +4,7 @@
 use flume::TrySendError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use smol_str::SmolStr;
 
 use crate::{
     approval::PendingApproval,
@@ -17,9 +18,9 @@ use crate::{
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchCall {
     /// The model's id for the call.
-    pub call_id: String,
+    pub call_id: SmolStr,
     /// Tool name.
-    pub name: String,
+    pub name: SmolStr,
 }
 
 /// One thing that happened in a run, in order.
@@ -58,18 +59,18 @@ pub enum Event {
     /// string when it was not valid JSON.
     ToolCall {
         /// The model's id for the call.
-        call_id: String,
+        call_id: SmolStr,
         /// Tool name.
-        name: String,
+        name: SmolStr,
         /// Arguments.
         args: Value,
     },
     /// A progress value from a streaming tool, emitted as it happens.
     ToolProgress {
         /// The model's id for the call.
-        call_id: String,
+        call_id: SmolStr,
         /// Tool name.
-        name: String,
+        name: SmolStr,
         /// The yielded value.
         value: Value,
     },
@@ -77,9 +78,9 @@ pub enum Event {
     /// the model receives.
     ToolResult {
         /// The model's id for the call.
-        call_id: String,
+        call_id: SmolStr,
         /// Tool name.
-        name: String,
+        name: SmolStr,
         /// The result or error object.
         result: Value,
         /// Whether the call failed.

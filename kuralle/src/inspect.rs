@@ -196,7 +196,7 @@ pub fn step_calls(run_id: &str, steps: &[StepRecord]) -> HashMap<u64, StepCall> 
                     let approval = approval_key(run_id, epoch, &effect, &req.name, &args);
                     for k in [effect.as_str(), approval.as_str()] {
                         if let Some(&ordinal) = by_key.get(&(epoch, k)) {
-                            calls.insert(ordinal, StepCall { call_id: req.call_id.clone(), args: args.clone() });
+                            calls.insert(ordinal, StepCall { call_id: req.call_id.to_string(), args: args.clone() });
                         }
                     }
                 }

@@ -224,7 +224,7 @@ pub use kuralle_macros::agent;
 pub use kuralle_macros::tool;
 pub use limits::{Amount, Limit, Pricing, RunLimits};
 pub use model::{
-    FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, Origin, OutputMode, OutputSpec, Part,
+    FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, Origin, OutputMode, OutputSpec, Part, SmolStr,
     ToolCallRequest, ToolChoice, Usage,
 };
 pub use output::{AgentOutput, DEFAULT_OUTPUT_RETRIES, OUTPUT_TOOL_NAME, OutputError, check_schema};

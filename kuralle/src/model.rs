@@ -10,6 +10,18 @@ use std::sync::Arc;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+/// The string of a transcript's short names: call ids, tool names, a turn's provider and model.
+/// Up to 23 bytes are kept inline and longer ones shared, so a clone never copies: a call id
+/// goes into the tool's message, its events and its journal entries without an allocation.
+///
+/// ```
+/// use kuralle::{SmolStr, ToolCallRequest};
+/// let call = ToolCallRequest { call_id: "call_1".into(), name: "weather".into(), arguments: "{}".into() };
+/// assert_eq!(call.name, "weather");
+/// let id: SmolStr = call.call_id.clone();
+/// assert!(!id.is_heap_allocated());
+/// ```
+pub use smol_str::SmolStr;
 
 pub use output::{OutputMode, OutputSpec, ToolChoice};
 #[cfg(any(feature = "openai", feature = "anthropic", feature = "gemini"))]
@@ -76,9 +88,9 @@ impl std::ops::AddAssign for Usage {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolCallRequest {
     /// The model's id for the call; its result is sent back under this id.
-    pub call_id: String,
+    pub call_id: SmolStr,
     /// The tool name the model used.
-    pub name: String,
+    pub name: SmolStr,
     /// Raw argument text.
     pub arguments: String,
 }
@@ -136,9 +148,9 @@ pub enum Message {
     /// One tool call's result as the model sees it (possibly truncated, or an error object).
     Tool {
         /// The id of the call this answers.
-        call_id: String,
+        call_id: SmolStr,
         /// Tool name.
-        name: String,
+        name: SmolStr,
         /// The result value.
         content: Value,
     },
@@ -185,7 +197,7 @@ mod wire {
     use serde::Deserialize;
     use serde_json::Value;
 
-    use super::{Message, Origin, Part, ToolCallRequest};
+    use super::{Message, Origin, Part, SmolStr, ToolCallRequest};
 
     #[derive(Deserialize)]
     #[serde(tag = "role", rename_all = "snake_case")]
@@ -204,8 +216,8 @@ mod wire {
             tool_calls: Vec<ToolCallRequest>,
         },
         Tool {
-            call_id: String,
-            name: String,
+            call_id: SmolStr,
+            name: SmolStr,
             content: Value,
         },
     }

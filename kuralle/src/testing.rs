@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::stream::{self, BoxStream, StreamExt};
 
 use crate::{
-    model::{FinishReason, Model, ModelError, ModelEvent, ModelRequest, Part, ToolCallRequest, Usage},
+    model::{FinishReason, Model, ModelError, ModelEvent, ModelRequest, Part, SmolStr, ToolCallRequest, Usage},
     transcript::Transcript,
 };
 
@@ -38,8 +38,8 @@ impl Turn {
     pub fn tool_calls<I, A, B, C>(calls: I) -> Self
     where
         I: IntoIterator<Item = (A, B, C)>,
-        A: Into<String>,
-        B: Into<String>,
+        A: Into<SmolStr>,
+        B: Into<SmolStr>,
         C: Into<String>,
     {
         let calls = calls

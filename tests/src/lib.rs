@@ -600,7 +600,7 @@ pub fn tool_results(events: &[kuralle::Event]) -> Vec<(String, Value, bool)> {
         .iter()
         .filter_map(|e| match e {
             kuralle::Event::ToolResult { call_id, result, is_error, .. } => {
-                Some((call_id.clone(), result.clone(), *is_error))
+                Some((call_id.to_string(), result.clone(), *is_error))
             }
             _ => None,
         })

@@ -329,7 +329,7 @@ async fn parallel_calls_arrive_whole_without_ids_and_stop_means_tool_calls() {
 
     // The same response parsed again gives the same ids.
     let again = collect(&model, request).await;
-    let again: Vec<String> = calls_of(&again).into_iter().map(|(c, _, _)| c.call_id).collect();
+    let again: Vec<String> = calls_of(&again).into_iter().map(|(c, _, _)| c.call_id.into()).collect();
     assert_eq!(again, [first.call_id.clone(), second.call_id.clone()]);
 
     let body = &server.requests()[0].body;
@@ -536,7 +536,7 @@ async fn run_agent(server: &Server) -> (kuralle::RunOutput, Vec<String>, Vec<Str
     let mut event_ids = Vec::new();
     while let Some(event) = handle.next().await {
         if let kuralle::Event::ToolCall { call_id, .. } = event {
-            event_ids.push(call_id);
+            event_ids.push(call_id.to_string());
         }
     }
     let out = handle.await.unwrap();
@@ -562,7 +562,7 @@ async fn the_follow_up_carries_every_part_back_and_one_content_of_results() {
     request.tools = vec![lookup_spec()].into();
     let direct: Vec<String> = calls_of(&collect(&client(&again).build().unwrap(), request).await)
         .into_iter()
-        .map(|(c, _, _)| c.call_id)
+        .map(|(c, _, _)| c.call_id.into())
         .collect();
     assert_eq!(direct, tool_ids);
     // And a second run of the whole agent sees the same ids.

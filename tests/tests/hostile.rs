@@ -38,7 +38,7 @@ fn tool_messages(model: &ScriptedModel, n: usize) -> Vec<(String, Value)> {
         .messages
         .iter()
         .filter_map(|m| match m {
-            Message::Tool { call_id, content, .. } => Some((call_id.clone(), content.clone())),
+            Message::Tool { call_id, content, .. } => Some((call_id.to_string(), content.clone())),
             _ => None,
         })
         .collect()
@@ -234,7 +234,7 @@ async fn duplicate_call_ids_get_one_result_each_under_distinct_ids() {
         .messages
         .iter()
         .flat_map(|m| match m {
-            m @ Message::Assistant { .. } => m.tool_calls().map(|c| c.call_id.clone()).collect(),
+            m @ Message::Assistant { .. } => m.tool_calls().map(|c| c.call_id.to_string()).collect(),
             _ => Vec::new(),
         })
         .collect();

@@ -77,8 +77,8 @@ impl Model for Counted {
         let usage = Usage { input_tokens: 10, output_tokens: 5, ..Usage::default() };
         let events = if turn < 3 {
             let call = ToolCallRequest {
-                call_id: format!("call_{turn}"),
-                name: "inc".to_owned(),
+                call_id: format!("call_{turn}").into(),
+                name: "inc".into(),
                 arguments: format!(r#"{{"x":{turn}}}"#),
             };
             vec![ModelEvent::ToolCall(call), ModelEvent::Finish { reason: FinishReason::ToolCalls, usage }]

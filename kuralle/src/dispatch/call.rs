@@ -151,8 +151,8 @@ async fn execute(
                 ToolEvent::Progress(value) if top_level => {
                     // Dropped when the consumer lags: see `EventSender`.
                     sink.progress(Event::ToolProgress {
-                        call_id: ids.0.call_id().to_owned(),
-                        name: ids.1.name().to_owned(),
+                        call_id: ids.0.call_id().into(),
+                        name: ids.1.name().into(),
                         value,
                     });
                 }

@@ -83,8 +83,11 @@ impl Scope {
             let message = format!("the arguments must be a JSON object, not {}", crate::input::text::kind(&args));
             return (Err(ToolError::invalid_input(name, message)), false);
         }
-        let req =
-            ToolCallRequest { call_id: format!("nested:{callsite}"), name: name.to_owned(), arguments: String::new() };
+        let req = ToolCallRequest {
+            call_id: format!("nested:{callsite}").into(),
+            name: name.into(),
+            arguments: String::new(),
+        };
         let Planned { head, check } = Planned::new(req, callsite, RawArgs::from_value(args), Ok(tool));
         match plan::plan(turn, &head, check) {
             Plan::Done(result, replayed) => (result, replayed),

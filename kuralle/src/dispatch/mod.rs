@@ -17,6 +17,7 @@ mod stragglers;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::{Value, json};
+use smol_str::SmolStr;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use stragglers::Stragglers;
@@ -74,8 +75,8 @@ impl TurnCtx {
 /// A tool call's outcome as dispatch reports it.
 #[derive(Debug, Clone)]
 pub(crate) struct CallOutcome {
-    pub(crate) call_id: String,
-    pub(crate) name: String,
+    pub(crate) call_id: SmolStr,
+    pub(crate) name: SmolStr,
     /// The call's raw argument text, given back (not copied) so the run can put the call in
     /// the transcript without having cloned every request before dispatch.
     pub(crate) arguments: String,
@@ -215,7 +216,7 @@ pub(crate) async fn call_standalone(
     let name = call.name.clone();
     let journal = Journal::standalone(run_id)
         .await
-        .map_err(|e| ToolError::failed(&name, format!("the call journal could not open: {e}")))?;
+        .map_err(|e| ToolError::failed(name.as_str(), format!("the call journal could not open: {e}")))?;
     let turn = Arc::new(TurnCtx {
         journal,
         tools: tools.clone(),
@@ -234,12 +235,12 @@ pub(crate) async fn call_standalone(
     });
     let done = dispatch(&turn, vec![call], 0)
         .await
-        .map_err(|e| ToolError::failed(&name, format!("the call journal failed: {e}")))?;
+        .map_err(|e| ToolError::failed(name.as_str(), format!("the call journal failed: {e}")))?;
     if let Some(outcome) = done.outcomes.into_iter().next() {
         return outcome.result;
     }
     Err(ToolError::Denied {
-        tool: name,
+        tool: name.into(),
         by: "kuralle".to_owned(),
         reason: Some("this tool needs a human's approval, which a standalone call cannot collect".to_owned()),
     })

@@ -109,7 +109,7 @@ pub(super) fn parse(turn: &TurnCtx, calls: Vec<ToolCallRequest>, first_callsite:
         .enumerate()
         .map(|(i, mut req)| {
             let tool = match turn.tools.get(&req.name) {
-                None => Err(ToolError::UnknownTool { tool: req.name.clone(), available: turn.tools.names() }),
+                None => Err(ToolError::UnknownTool { tool: req.name.to_string(), available: turn.tools.names() }),
                 Some(tool) => Ok(Arc::clone(tool)),
             };
             let args = RawArgs::new(std::mem::take(&mut req.arguments));
@@ -222,7 +222,7 @@ pub(crate) fn plan(turn: &TurnCtx, p: &Head, check: Check) -> Plan {
             _ => {
                 let request = PendingApproval {
                     request_id: RequestId::for_decision_key(&decision_key),
-                    call_id: p.req.call_id.clone(),
+                    call_id: p.req.call_id.to_string(),
                     name: tool.name().to_owned(),
                     args: args.clone(),
                 };

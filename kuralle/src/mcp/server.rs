@@ -234,7 +234,8 @@ impl McpServer {
         let run_id = format!("mcp-{}", crate::store::new_run_id());
         let _active = McpRequest::new(cx.peer.clone(), cx.meta.clone(), Arc::clone(&self.log_level)).enter(&run_id);
         let arguments = Value::Object(request.arguments.unwrap_or_default()).to_string();
-        let call = ToolCallRequest { call_id: format!("mcp:{}", cx.id), name: request.name.to_string(), arguments };
+        let call =
+            ToolCallRequest { call_id: format!("mcp:{}", cx.id).into(), name: request.name.as_ref().into(), arguments };
 
         let (events, progress) = crate::event::EventSender::channel(crate::runtime::DEFAULT_EVENT_BUFFER);
         let token = cx.meta.get_progress_token();

@@ -2,6 +2,7 @@
 //! returned it, and the [`Origin`] that says which provider may be sent them back.
 
 use serde::{Deserialize, Serialize};
+use smol_str::SmolStr;
 
 use super::ToolCallRequest;
 
@@ -118,14 +119,14 @@ impl Part {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Origin {
     /// The wire that produced the turn ([`Model::provider`](crate::Model::provider)).
-    pub provider: String,
+    pub provider: SmolStr,
     /// The model id ([`Model::name`](crate::Model::name)).
-    pub model: String,
+    pub model: SmolStr,
 }
 
 impl Origin {
     /// An origin.
-    pub fn new(provider: impl Into<String>, model: impl Into<String>) -> Self {
+    pub fn new(provider: impl Into<SmolStr>, model: impl Into<SmolStr>) -> Self {
         Self { provider: provider.into(), model: model.into() }
     }
 

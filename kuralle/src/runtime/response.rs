@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use crate::{
     input::text::{MAX_TOOL_ARGS_BYTES, oversized_marker, oversized_marker_parts},
-    model::{FinishReason, Origin, Part, ToolCallRequest, Usage, legacy_parts},
+    model::{FinishReason, Origin, Part, SmolStr, ToolCallRequest, Usage, legacy_parts},
 };
 
 /// A journaled model response. Journals written before parts existed hold `text` and
@@ -187,16 +187,16 @@ pub(super) fn dedupe_call_ids(calls: &mut [ToolCallRequest]) {
     // call is reached below.
     for (index, call) in calls.iter_mut().enumerate() {
         if call.call_id.is_empty() {
-            call.call_id = format!("call_{index}");
+            call.call_id = format!("call_{index}").into();
         }
     }
     if calls.len() < 2 {
         // The common response of one call repeats nothing: no sets to build every step.
         return;
     }
-    let mut seen: HashSet<String> = HashSet::with_capacity(calls.len());
+    let mut seen: HashSet<SmolStr> = HashSet::with_capacity(calls.len());
     // The next `n` to try, per repeated id.
-    let mut next: HashMap<String, u64> = HashMap::new();
+    let mut next: HashMap<SmolStr, u64> = HashMap::new();
     for call in calls.iter_mut() {
         if !seen.contains(&call.call_id) {
             seen.insert(call.call_id.clone());
@@ -205,7 +205,7 @@ pub(super) fn dedupe_call_ids(calls: &mut [ToolCallRequest]) {
         let original = std::mem::take(&mut call.call_id);
         let n = next.entry(original.clone()).or_insert(2);
         let renamed = loop {
-            let id = format!("{original}~{n}");
+            let id = SmolStr::from(format!("{original}~{n}"));
             *n += 1;
             if !seen.contains(&id) {
                 break id;
@@ -309,16 +309,17 @@ mod tests {
 
     /// The search from 2 for every repeated id, as it was written before it was made linear.
     fn dedupe_from_two(calls: &mut [ToolCallRequest]) {
-        let mut seen: HashSet<String> = HashSet::new();
+        let mut seen: HashSet<SmolStr> = HashSet::new();
         for (index, call) in calls.iter_mut().enumerate() {
             if call.call_id.is_empty() {
-                call.call_id = format!("call_{index}");
+                call.call_id = format!("call_{index}").into();
             }
             if seen.insert(call.call_id.clone()) {
                 continue;
             }
             let original = call.call_id.clone();
-            let renamed = (2u64..).map(|n| format!("{original}~{n}")).find(|id| !seen.contains(id)).unwrap();
+            let renamed: SmolStr =
+                (2u64..).map(|n| format!("{original}~{n}").into()).find(|id| !seen.contains(id)).unwrap();
             seen.insert(renamed.clone());
             call.call_id = renamed;
         }

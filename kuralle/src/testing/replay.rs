@@ -282,7 +282,7 @@ impl Replay {
             .collect();
         for part in &previous.response.parts {
             let Part::ToolCall { call, .. } = part else { continue };
-            let Some(recorded) = previous.results.get(&call.call_id) else { continue };
+            let Some(recorded) = previous.results.get(call.call_id.as_str()) else { continue };
             let sent = sent.get(call.call_id.as_str()).map(|s| {
                 let mut s = (*s).clone();
                 self.redact.result(&call.name, &mut s);
@@ -294,8 +294,8 @@ impl Replay {
             if !same {
                 out.push(Divergence::ToolResult {
                     request: index,
-                    call_id: call.call_id.clone(),
-                    name: call.name.clone(),
+                    call_id: call.call_id.to_string(),
+                    name: call.name.to_string(),
                     recorded: recorded.clone(),
                     sent,
                 });

@@ -341,7 +341,11 @@ impl Assembler {
                 };
                 let input = object_or_empty(&arguments);
                 self.called_tools = true;
-                out.push(ModelEvent::ToolCall(ToolCallRequest { call_id: id.clone(), name: name.clone(), arguments }));
+                out.push(ModelEvent::ToolCall(ToolCallRequest {
+                    call_id: id.as_str().into(),
+                    name: name.as_str().into(),
+                    arguments,
+                }));
                 json!({"type": "tool_use", "id": id, "name": name, "input": input})
             }
             Block::Other { mut raw, json } => {

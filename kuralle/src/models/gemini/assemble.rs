@@ -245,7 +245,7 @@ impl Assembler {
         let provider_id = call.id.filter(|id| !id.is_empty());
         let call_id = provider_id.clone().unwrap_or_else(|| derived_id(self.turn, index, &name, &arguments));
         self.calls += 1;
-        let request = ToolCallRequest { call_id, name, arguments };
+        let request = ToolCallRequest { call_id: call_id.into(), name: name.into(), arguments };
         if signature.is_none() && provider_id.is_none() {
             self.text.clear();
             out.push(ModelEvent::ToolCall(request));
@@ -400,7 +400,7 @@ mod tests {
                 .unwrap()
                 .into_iter()
                 .filter_map(|e| match e {
-                    ModelEvent::ToolCall(c) => Some(c.call_id),
+                    ModelEvent::ToolCall(c) => Some(c.call_id.to_string()),
                     _ => None,
                 })
                 .collect()

@@ -302,8 +302,8 @@ impl Assembler {
             }
             self.emitted_calls = true;
             let request = ToolCallRequest {
-                call_id: call.id.unwrap_or_else(|| format!("call_{index}")),
-                name: call.name,
+                call_id: call.id.unwrap_or_else(|| format!("call_{index}")).into(),
+                name: call.name.into(),
                 arguments: call.arguments,
             };
             out.push(match call.signature {
@@ -403,7 +403,7 @@ mod properties {
 
             let events = assemble_events(data.iter().map(String::as_str)).unwrap();
             let got_calls: Vec<(String, String, String)> = events.iter().filter_map(|e| match e {
-                ModelEvent::ToolCall(c) => Some((c.call_id.clone(), c.name.clone(), c.arguments.clone())),
+                ModelEvent::ToolCall(c) => Some((c.call_id.to_string(), c.name.to_string(), c.arguments.clone())),
                 _ => None,
             }).collect();
             let want: Vec<(String, String, String)> =

@@ -482,7 +482,7 @@ impl Assembler {
                 // The runtime names a call without a call id itself; the item id is the
                 // best stand-in when only that arrived.
                 let call_id = call_id.or_else(|| id.clone()).unwrap_or_default();
-                let call = ToolCallRequest { call_id, name, arguments };
+                let call = ToolCallRequest { call_id: call_id.into(), name: name.into(), arguments };
                 Ok(Some(match id {
                     Some(id) => ModelEvent::Part { part: Part::ToolCall { call, signature: None, id: Some(id) } },
                     None => ModelEvent::ToolCall(call),
@@ -764,7 +764,7 @@ mod tests {
                             data.push(json!({"type": "response.function_call_arguments.delta", "item_id": id,
                                 "output_index": i, "delta": p}).to_string());
                         }
-                        want.push(Part::ToolCall { call: ToolCallRequest { call_id: format!("call_{i}"), name: name.clone(),
+                        want.push(Part::ToolCall { call: ToolCallRequest { call_id: format!("call_{i}").into(), name: name.as_str().into(),
                             arguments: pieces.concat() }, signature: None, id: Some(id.clone()) });
                         (json!({"type": "function_call", "id": id, "call_id": format!("call_{i}"), "name": name, "arguments": ""}),
                          json!({"type": "function_call", "id": id, "call_id": format!("call_{i}"), "name": name, "arguments": pieces.concat()}))
