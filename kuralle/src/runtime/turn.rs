@@ -5,7 +5,6 @@ use std::sync::{Arc, Mutex};
 
 use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::{
     Inner,
@@ -47,25 +46,31 @@ pub(super) fn turn<'a>(
     held: &'a Held,
 ) -> impl Future<Output = Result<RunOutput, RunError>> + Send + 'a {
     async move {
-        let fence = held.fence();
-        let writer = RunWriter::new(rt.store.as_ref(), fence);
-        // Boxed here and below: a future is as large as its largest await, and a run spends its
-        // life waiting on the model, so what only briefly runs (opening, dispatching, closing)
-        // is kept off the run's task, which 10,000 runs in flight hold at once.
         let hand_back = opening.req.hand_back;
-        let read = std::mem::replace(&mut opening.read, Prefetched::Unread);
-        let opened = Box::pin(open(rt, &mut opening.req, writer, read)).await?;
-        drop(opening);
-        let (record, state, created) = match opened {
-            Opened::Done(out) => return Box::pin(replayed(events, run_id, *out)).await,
-            // Kept boxed: each layer of the turn's future would otherwise hold its own copy.
-            Opened::Turn { record, state, created } => (record, state, created),
+        // In a block of its own: a local keeps its slot in this future to the end of its scope,
+        // even once moved or copied, and the writer, the fence and the open's outcome (56
+        // bytes) sat beside `drive` in every run's task for the run's whole life.
+        let (record, state, created) = {
+            let writer = RunWriter::new(rt.store.as_ref(), held.fence());
+            // Boxed here and below: a future is as large as its largest await, and a run spends
+            // its life waiting on the model, so what only briefly runs (opening, dispatching,
+            // closing) is kept off the run's task, which 10,000 runs in flight hold at once.
+            let read = std::mem::replace(&mut opening.read, Prefetched::Unread);
+            let opened = Box::pin(open(rt, &mut opening.req, writer, read)).await?;
+            drop(opening);
+            match opened {
+                Opened::Done(out) => return Box::pin(replayed(events, run_id, *out)).await,
+                // Kept boxed: each layer of the turn's future would otherwise hold its own copy.
+                Opened::Turn { record, state, created } => (record, state, created),
+            }
         };
         // Chained, not awaited into a local: a local that receives an await's output has its
         // slot in this future during that await too, and the turn's result (168 bytes) then sat
         // beside `drive` in every run's task for the run's whole life. Chained, it lives only
-        // in the second stage, which takes the first's place.
+        // in the second stage, which takes the first's place. It captures the store and the
+        // lease, two references, and makes its writer when it runs.
         let marked = move |mut result: Result<RunOutput, RunError>| async move {
+            let fence = held.fence();
             // An outcome sent while the turn went on may have failed after the turn's own error
             // (a model outage, say): the lost outcome is what the run must report.
             if result.is_err()
@@ -78,7 +83,7 @@ pub(super) fn turn<'a>(
                 && ends_the_run(e)
                 && !fence.is_lost()
             {
-                Box::pin(mark_ended(writer, ended_status(e))).await;
+                Box::pin(mark_ended(RunWriter::new(rt.store.as_ref(), fence), ended_status(e))).await;
             }
             result
         };
@@ -151,17 +156,13 @@ fn drive<'a>(
         let limits = Box::new(limits::of_run(agent, &state));
         limits::priced(limits.max_cost_usd.is_some(), &agent.id, model.as_ref(), &rt.pricing)?;
         let span = crate::trace::agent_span(run_id, &agent.id, model.as_ref());
-        let started = std::time::Instant::now();
         // The steps are instrumented themselves, not through a block that opens the journal and
         // then awaits them: that block's captures and its `Arc<TurnCtx>` were one more layer of
         // every run's task through the model's whole latency (the run's future is 88 bytes
         // smaller without it; with Tokio's 128-byte alignment, a task of 1,408 bytes, not 1,536).
         let ctx_parts = CtxParts { created, interrupt, held, limits };
-        let result = steps(rt, run_id, agent, model.as_ref(), record, state, events, ctx_parts, fence, hand_back)
-            .instrument(span.clone())
-            .await;
-        crate::trace::agent_done(&span, &result, started);
-        result
+        let steps = steps(rt, run_id, agent, model.as_ref(), record, state, events, ctx_parts, fence, hand_back);
+        crate::trace::AgentTurn::new(steps, span).await
     }
 }
 
