@@ -36,13 +36,16 @@ use crate::{
 /// Everything dispatch needs from the turn it runs in.
 pub(crate) struct TurnCtx {
     pub(crate) journal: Journal,
-    pub(crate) tools: ToolSet,
+    /// The agent's tools, shared by its turns (a copy was a vector and an increment of every
+    /// tool's count, each turn).
+    pub(crate) tools: Arc<ToolSet>,
     pub(crate) events: EventSender,
     pub(crate) interrupt: CancellationToken,
     pub(crate) max_concurrency: usize,
     pub(crate) max_result_bytes: usize,
-    /// The agent's approval policy, checked in [`plan`] before anything else can answer a call.
-    pub(crate) policy: Policy,
+    /// The agent's approval policy, checked in [`plan`] before anything else can answer a call;
+    /// shared by its turns, as the tools are.
+    pub(crate) policy: Arc<Policy>,
     /// A store failure inside a nested effect: it ends the run after the current batch.
     /// Boxed: a run error is about a hundred bytes, and a turn's context lives as long as it.
     pub(crate) fatal: Mutex<Option<Box<RunError>>>,
@@ -219,13 +222,13 @@ pub(crate) async fn call_standalone(
         .map_err(|e| ToolError::failed(name.as_str(), format!("the call journal could not open: {e}")))?;
     let turn = Arc::new(TurnCtx {
         journal,
-        tools: tools.clone(),
+        tools: Arc::new(tools.clone()),
         events,
         interrupt,
         max_concurrency: 1,
         max_result_bytes: crate::stores::DEFAULT_MAX_VALUE_BYTES,
         // The same policy as the agent's model calls: no path to a tool skips it.
-        policy: policy.clone(),
+        policy: Arc::new(policy.clone()),
         fatal: Mutex::new(None),
         // No lease to outlive: a call cut off here is answered at once, as in a run.
         stragglers: Arc::default(),

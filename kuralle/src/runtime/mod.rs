@@ -286,10 +286,8 @@ impl Decision {
 
 pub(crate) struct Inner {
     pub(crate) agents: Vec<AgentDef>,
-    /// Per agent (same order as `agents`): the specs of the tools its model is offered, built
-    /// once here instead of per turn (each holds its JSON schema: a turn built and dropped
-    /// about 1 KiB of them per tool).
-    pub(crate) specs: Vec<Arc<[crate::tool::ToolSpec]>>,
+    /// Per agent (same order as `agents`): what each of its turns shares.
+    pub(crate) per_agent: Vec<PerAgent>,
     pub(crate) model: Option<Arc<dyn Model>>,
     pub(crate) store: Arc<dyn RunStore>,
     pub(crate) max_journal_entries: u64,
@@ -308,12 +306,31 @@ pub(crate) struct Inner {
     pub(crate) pricing: std::collections::HashMap<String, Pricing>,
 }
 
+/// What every turn of one agent shares, built once when the runtime is: the specs of the tools
+/// its model is offered (each holds its JSON schema: a turn built and dropped about 1 KiB of
+/// them per tool), the tools themselves (its output tool among them) and its policy. A turn's
+/// own copies of the last two were 80 bytes of its context, and the tools a vector, with
+/// every tool's count incremented and decremented on the two cores.
+#[derive(Clone)]
+pub(crate) struct PerAgent {
+    pub(crate) specs: Arc<[crate::tool::ToolSpec]>,
+    pub(crate) tools: Arc<crate::ToolSet>,
+    pub(crate) policy: Arc<crate::Policy>,
+}
+
+impl PerAgent {
+    fn of(agent: &AgentDef) -> Self {
+        let tools = output::tools(agent);
+        Self { specs: tools.specs().into(), tools: Arc::new(tools), policy: Arc::new(agent.policy.clone()) }
+    }
+}
+
 impl Inner {
-    /// The tool specs offered to `agent`'s model (one of `agents`).
-    pub(crate) fn specs_of(&self, agent: &AgentDef) -> Arc<[crate::tool::ToolSpec]> {
+    /// What the turns of `agent` share (built now when it is not one of `agents`).
+    pub(crate) fn per_agent(&self, agent: &AgentDef) -> PerAgent {
         match self.agents.iter().position(|a| std::ptr::eq(a, agent)) {
-            Some(i) => Arc::clone(&self.specs[i]),
-            None => output::tools(agent).specs().into(),
+            Some(i) => self.per_agent[i].clone(),
+            None => PerAgent::of(agent),
         }
     }
 
@@ -858,11 +875,11 @@ impl RuntimeBuilder {
         let renewals = renewals::Renewals::new(Arc::clone(&store), lease_ttl);
         let instance =
             self.instance_id.map(|id| instance::Instance::new(id, Arc::clone(&store), Arc::clone(&renewals)));
-        let specs = self.agents.iter().map(|a| output::tools(a).specs().into()).collect();
+        let per_agent = self.agents.iter().map(PerAgent::of).collect();
         Ok(Runtime {
             inner: Arc::new(Inner {
                 agents: self.agents,
-                specs,
+                per_agent,
                 model: self.model,
                 renewals,
                 instance,

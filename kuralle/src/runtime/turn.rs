@@ -28,7 +28,6 @@ use crate::{
     limits::Budget,
     model::{FinishReason, Message, Model, ModelRequest, Origin, Part, ToolCallRequest, Usage},
     store::{RunRecord, RunStatus, StoreError},
-    tool::ToolSpec,
     truncate::truncate_owned,
 };
 
@@ -205,14 +204,15 @@ fn steps<'a>(
             created,
         ))
         .await?;
+        let super::PerAgent { specs, tools, policy } = rt.per_agent(agent);
         let ctx = &Arc::new(TurnCtx {
             journal,
-            tools: super::output::tools(agent),
+            tools,
             events: events.clone(),
             interrupt,
             max_concurrency: agent.max_tool_concurrency,
             max_result_bytes: rt.max_value_bytes,
-            policy: agent.policy.clone(),
+            policy,
             fatal: Mutex::new(None),
             // Calls cut off but still running are the lease's to wait for: see `Held::release`.
             stragglers: Arc::clone(held.stragglers()),
@@ -232,7 +232,6 @@ fn steps<'a>(
         if let Some(input) = &state.turn_input {
             transcript.push(Message::User { content: input.clone() });
         }
-        let specs: Arc<[ToolSpec]> = rt.specs_of(agent);
         let mut typed = agent.output.as_ref().map(Typed::new);
         // A fork may run with other instructions than its agent's.
         let instructions = state.instructions.as_ref().unwrap_or(&agent.instructions);
