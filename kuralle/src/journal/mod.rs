@@ -65,8 +65,10 @@ const FIRST_STEPS: usize = 7;
 struct State {
     by_key: std::collections::HashMap<CompactKey, Cached, foldhash::fast::RandomState>,
     len: u64,
-    /// A finished step not yet written: journaled with the next intents (one commit).
-    deferred: Option<Deferred>,
+    /// A finished step not yet written: journaled with the next intents (one commit). Boxed:
+    /// a turn's context holds the state for the run's whole life, and the futures that write
+    /// it held it again while the write waited (80 bytes in each).
+    deferred: Option<Box<Deferred>>,
     /// What the run has spent, as journaled: run limits are checked against it.
     spent: Spent,
 }
@@ -278,7 +280,7 @@ impl Journal {
     ) -> Result<(), RunError> {
         self.flush().await?;
         self.reserve(1)?;
-        let deferred = Deferred { key, kind, name: name.to_owned(), value, started_at_ms: now_ms() };
+        let deferred = Box::new(Deferred { key, kind, name: name.to_owned(), value, started_at_ms: now_ms() });
         let mut st = self.state();
         st.spent.count(kind);
         st.deferred = Some(deferred);
@@ -332,43 +334,52 @@ impl Journal {
     /// Writes intents for `(key, kind, name)` in order, in one append (preceded by a deferred
     /// finished step, if any, in the same commit); returns the intents' ordinals. Borrowed:
     /// the store gets its own copies, and the cache keeps a key's digest, not its text.
-    pub(crate) async fn begin(&self, intents: &[Intent<'_>]) -> Result<Vec<u64>, RunError> {
-        let deferred = self.state().deferred.take();
-        if intents.is_empty() && deferred.is_none() {
-            // Nothing to write, but what was sent must have committed: a flush promises the
-            // turn's steps are journaled.
-            self.fence.written().await?;
-            return Ok(Vec::new());
-        }
-        let n = intents.len() as u64;
-        self.reserve(n)?;
-        let mut ordinals = match self.append(deferred.as_ref(), intents, Retrying::new()).await {
-            Ok(o) => o,
-            Err(e) => {
-                self.state().len -= n + u64::from(deferred.is_some());
-                return Err(e.into());
+    ///
+    /// Not an `async fn`: its future is part of the one every run of a wave of answers holds
+    /// while its intents commit, and an async fn keeps each argument twice.
+    #[allow(clippy::manual_async_fn)] // on purpose: see above
+    pub(crate) fn begin<'a>(
+        &'a self,
+        intents: &'a [Intent<'_>],
+    ) -> impl Future<Output = Result<Vec<u64>, RunError>> + Send + 'a {
+        async move {
+            let deferred = self.state().deferred.take();
+            if intents.is_empty() && deferred.is_none() {
+                // Nothing to write, but what was sent must have committed: a flush promises the
+                // turn's steps are journaled.
+                self.fence.written().await?;
+                return Ok(Vec::new());
             }
-        };
-        let mut st = self.state();
-        if st.by_key.capacity() == 0 {
-            // Room for a short run's steps at once: a map grown from empty was allocated,
-            // rehashed and freed twice in a run of seven steps, and the frees were among the
-            // allocator's most contended at 10,000 runs in flight. Made here, with the first
-            // step, not when the journal opens: every run started at once touched it before
-            // its first model call.
-            st.by_key.reserve(FIRST_STEPS);
+            let n = intents.len() as u64;
+            self.reserve(n)?;
+            let mut ordinals = match self.append(deferred.as_deref(), intents, Retrying::new()).await {
+                Ok(o) => o,
+                Err(e) => {
+                    self.state().len -= n + u64::from(deferred.is_some());
+                    return Err(e.into());
+                }
+            };
+            let mut st = self.state();
+            if st.by_key.capacity() == 0 {
+                // Room for a short run's steps at once: a map grown from empty was allocated,
+                // rehashed and freed twice in a run of seven steps, and the frees were among the
+                // allocator's most contended at 10,000 runs in flight. Made here, with the first
+                // step, not when the journal opens: every run started at once touched it before
+                // its first model call.
+                st.by_key.reserve(FIRST_STEPS);
+            }
+            if let Some(d) = deferred {
+                ordinals.remove(0);
+                // This turn never reads a finished model response again (its callsite is behind
+                // it): the cache notes only that it finished.
+                st.by_key.insert(CompactKey::from_owned(d.key), Cached::Finished(None));
+            }
+            for (&(key, kind, _), ordinal) in intents.iter().zip(&ordinals) {
+                st.spent.count(kind);
+                st.by_key.insert(CompactKey::of(key), Cached::Running(*ordinal));
+            }
+            Ok(ordinals)
         }
-        if let Some(d) = deferred {
-            ordinals.remove(0);
-            // This turn never reads a finished model response again (its callsite is behind
-            // it): the cache notes only that it finished.
-            st.by_key.insert(CompactKey::from_owned(d.key), Cached::Finished(None));
-        }
-        for (&(key, kind, _), ordinal) in intents.iter().zip(&ordinals) {
-            st.spent.count(kind);
-            st.by_key.insert(CompactKey::of(key), Cached::Running(*ordinal));
-        }
-        Ok(ordinals)
     }
 
     /// Appends the intents (after the deferred finished step, if any) in one write. A store
@@ -378,51 +389,57 @@ impl Journal {
     /// broke): under our fence nobody else appends, so the ordinals are read back and the calls
     /// run now. Ending the turn instead would leave their intents `Running` for the next turn,
     /// which must then report an `at_most_once` call that never started as indeterminate.
-    async fn append(
-        &self,
-        deferred: Option<&Deferred>,
-        intents: &[Intent<'_>],
+    ///
+    /// Not an `async fn`, as [`begin`](Self::begin), whose future holds this one.
+    #[allow(clippy::manual_async_fn)] // on purpose: see above
+    fn append<'a>(
+        &'a self,
+        deferred: Option<&'a Deferred>,
+        intents: &'a [Intent<'_>],
         mut retrying: Retrying,
-    ) -> Result<Vec<u64>, StoreError> {
-        let started_at_ms = now_ms();
-        let step = |key: &str, kind: StepKind, name: &str, started_at_ms: i64| NewStep {
-            key: key.to_owned(),
-            kind,
-            name: name.to_owned(),
-            epoch: self.epoch,
-            started_at_ms,
-        };
-        loop {
-            let new: Vec<NewStep> =
-                intents.iter().map(|(key, kind, name)| step(key, *kind, name, started_at_ms)).collect();
-            let writer = self.writer();
-            let appended = match deferred {
-                None => writer.append_steps(new).await,
-                Some(d) => {
-                    let done = step(&d.key, d.kind, &d.name, d.started_at_ms);
-                    // The store shares the text (a reference count); this turn never reads a
-                    // finished model response again (its callsite is behind it), so the cache
-                    // keeps none and the deferred copy is dropped by the caller.
-                    let outcome = StepOutcome::Finished(d.value.clone());
-                    let write = FinishedWithIntents { finished: done, outcome, finished_at_ms: now_ms(), intents: new };
-                    writer.append_finished_with_intents(write).await
-                }
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send + 'a {
+        async move {
+            let started_at_ms = now_ms();
+            let step = |key: &str, kind: StepKind, name: &str, started_at_ms: i64| NewStep {
+                key: key.to_owned(),
+                kind,
+                name: name.to_owned(),
+                epoch: self.epoch,
+                started_at_ms,
             };
-            match appended {
-                Ok(ordinals) => return Ok(ordinals),
-                // Both boxed: after an outage only, and in this future they would size the one
-                // every run of a wave of answers holds while its intents commit.
-                Err(e @ StoreError::DuplicateKey { .. }) if retrying.retried() => {
-                    return Box::pin(self.appended_before(deferred, intents)).await?.ok_or(e);
-                }
-                // Only a lost connection can hide a committed append; a full disk refused it.
-                // An outcome the turn lost fails every write alike: not this append's to retry.
-                Err(e @ StoreError::Unavailable(_)) if !self.fence.is_lost() && !self.fence.outcome_lost() => {
-                    if !Box::pin(retrying.again(&self.fence, "journaling the calls' intents", &e)).await {
-                        return Err(e);
+            loop {
+                let new: Vec<NewStep> =
+                    intents.iter().map(|(key, kind, name)| step(key, *kind, name, started_at_ms)).collect();
+                let writer = self.writer();
+                let appended = match deferred {
+                    None => writer.append_steps(new).await,
+                    Some(d) => {
+                        let done = step(&d.key, d.kind, &d.name, d.started_at_ms);
+                        // The store shares the text (a reference count); this turn never reads a
+                        // finished model response again (its callsite is behind it), so the cache
+                        // keeps none and the deferred copy is dropped by the caller.
+                        let outcome = StepOutcome::Finished(d.value.clone());
+                        let write =
+                            FinishedWithIntents { finished: done, outcome, finished_at_ms: now_ms(), intents: new };
+                        writer.append_finished_with_intents(write).await
                     }
+                };
+                match appended {
+                    Ok(ordinals) => return Ok(ordinals),
+                    // Both boxed: after an outage only, and in this future they would size the one
+                    // every run of a wave of answers holds while its intents commit.
+                    Err(e @ StoreError::DuplicateKey { .. }) if retrying.retried() => {
+                        return Box::pin(self.appended_before(deferred, intents)).await?.ok_or(e);
+                    }
+                    // Only a lost connection can hide a committed append; a full disk refused it.
+                    // An outcome the turn lost fails every write alike: not this append's to retry.
+                    Err(e @ StoreError::Unavailable(_)) if !self.fence.is_lost() && !self.fence.outcome_lost() => {
+                        if !Box::pin(retrying.again(&self.fence, "journaling the calls' intents", &e)).await {
+                            return Err(e);
+                        }
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
             }
         }
     }

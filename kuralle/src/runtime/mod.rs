@@ -311,11 +311,10 @@ pub(crate) struct Inner {
 /// them per tool), the tools themselves (its output tool among them) and its policy. A turn's
 /// own copies of the last two were 80 bytes of its context, and the tools a vector, with
 /// every tool's count incremented and decremented on the two cores.
-#[derive(Clone)]
 pub(crate) struct PerAgent {
-    pub(crate) specs: Arc<[crate::tool::ToolSpec]>,
-    pub(crate) tools: Arc<crate::ToolSet>,
-    pub(crate) policy: Arc<crate::Policy>,
+    specs: Arc<[crate::tool::ToolSpec]>,
+    tools: Arc<crate::ToolSet>,
+    policy: Arc<crate::Policy>,
 }
 
 impl PerAgent {
@@ -325,13 +324,26 @@ impl PerAgent {
     }
 }
 
+// One getter each, not one value of all three: a turn that took them apart kept a drop flag
+// for each part in every run's task.
 impl Inner {
-    /// What the turns of `agent` share (built now when it is not one of `agents`).
-    pub(crate) fn per_agent(&self, agent: &AgentDef) -> PerAgent {
-        match self.agents.iter().position(|a| std::ptr::eq(a, agent)) {
-            Some(i) => self.per_agent[i].clone(),
-            None => PerAgent::of(agent),
-        }
+    fn per_agent(&self, agent: &AgentDef) -> Option<&PerAgent> {
+        self.agents.iter().position(|a| std::ptr::eq(a, agent)).map(|i| &self.per_agent[i])
+    }
+
+    /// The tool specs offered to `agent`'s model (built now when it is not one of `agents`).
+    pub(crate) fn specs_of(&self, agent: &AgentDef) -> Arc<[crate::tool::ToolSpec]> {
+        self.per_agent(agent).map_or_else(|| output::tools(agent).specs().into(), |p| Arc::clone(&p.specs))
+    }
+
+    /// `agent`'s tools, its output tool among them.
+    pub(crate) fn tools_of(&self, agent: &AgentDef) -> Arc<crate::ToolSet> {
+        self.per_agent(agent).map_or_else(|| Arc::new(output::tools(agent)), |p| Arc::clone(&p.tools))
+    }
+
+    /// `agent`'s approval policy.
+    pub(crate) fn policy_of(&self, agent: &AgentDef) -> Arc<crate::Policy> {
+        self.per_agent(agent).map_or_else(|| Arc::new(agent.policy.clone()), |p| Arc::clone(&p.policy))
     }
 
     /// A fresh lease owner id: `"<instance id>/<uuid>"`, or `"<process uuid>/<uuid>"`.

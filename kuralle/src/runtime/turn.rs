@@ -204,15 +204,14 @@ fn steps<'a>(
             created,
         ))
         .await?;
-        let super::PerAgent { specs, tools, policy } = rt.per_agent(agent);
         let ctx = &Arc::new(TurnCtx {
             journal,
-            tools,
+            tools: rt.tools_of(agent),
             events: events.clone(),
             interrupt,
             max_concurrency: agent.max_tool_concurrency,
             max_result_bytes: rt.max_value_bytes,
-            policy,
+            policy: rt.policy_of(agent),
             fatal: Mutex::new(None),
             // Calls cut off but still running are the lease's to wait for: see `Held::release`.
             stragglers: Arc::clone(held.stragglers()),
@@ -232,6 +231,7 @@ fn steps<'a>(
         if let Some(input) = &state.turn_input {
             transcript.push(Message::User { content: input.clone() });
         }
+        let specs = rt.specs_of(agent);
         let mut typed = agent.output.as_ref().map(Typed::new);
         // A fork may run with other instructions than its agent's.
         let instructions = state.instructions.as_ref().unwrap_or(&agent.instructions);
