@@ -359,10 +359,15 @@ fn steps<'a>(
         // One commit for the response and the run's end (`RunStore::put_run_and_release_after`).
         let last = ctx.journal.take_deferred();
         let closing = Closing { transcript, status, text, usage, pending, value: value.map(|v| *v), last };
-        let out =
-            Box::pin(close(RunWriter::new(rt.store.as_ref(), fence), &ctx.journal, *record, *state, closing)).await?;
-        events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
-        Ok(out)
+        // The output (168 bytes) is held while `Done` is sent: in the boxed future, not in this
+        // one, whose every byte is in every run's task through the model's whole latency.
+        let writer = RunWriter::new(rt.store.as_ref(), fence);
+        Box::pin(async move {
+            let out = close(writer, &ctx.journal, *record, *state, closing).await?;
+            events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
+            Ok(out)
+        })
+        .await
     }
 }
 

@@ -6,9 +6,15 @@
 //! step, read back when the step ends. Outside a runtime (a client used on its own) there is
 //! no scope and the reports go nowhere.
 
-use std::{cell::RefCell, future::Future, time::Instant};
+use std::{
+    cell::RefCell,
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll},
+    time::Instant,
+};
 
-use tracing::{Instrument, Span, field::Empty};
+use tracing::{Span, field::Empty};
 
 use super::{content, metrics, model_error_type, operation_name, provider_name, run_error_type};
 use crate::{
@@ -24,9 +30,24 @@ tokio::task_local! {
 #[derive(Debug, Default)]
 pub(crate) struct Reported {
     replayed: bool,
+    /// Boxed, and made at the first report: the scope holds this through the model's whole
+    /// latency in every run's task (88 bytes inline), and only a provider client that reaches
+    /// a server reports anything.
+    wire: Option<Box<WireReport>>,
+}
+
+/// What a provider client reported of the response and the server.
+#[derive(Debug, Default)]
+struct WireReport {
     response_model: Option<String>,
     response_id: Option<String>,
     server: Option<(String, u16)>,
+}
+
+impl Reported {
+    fn wire(&mut self) -> &mut WireReport {
+        self.wire.get_or_insert_with(Box::default)
+    }
 }
 
 /// Whether the journal answered the step: marks the current span and the step's scope.
@@ -38,13 +59,18 @@ pub(crate) fn replayed(replayed: bool) {
 /// The model that answered and the response's id, as the wire reported them. The first
 /// report of a response counts (Gemini repeats them on every chunk).
 pub(crate) fn report_response(model: Option<&str>, id: Option<&str>) {
+    let (model, id) = (model.filter(|m| !m.is_empty()), id.filter(|i| !i.is_empty()));
+    if model.is_none() && id.is_none() {
+        return;
+    }
     let _ = REPORTED.try_with(|r| {
         let mut r = r.borrow_mut();
+        let r = r.wire();
         if r.response_model.is_none() {
-            r.response_model = model.filter(|m| !m.is_empty()).map(str::to_owned);
+            r.response_model = model.map(str::to_owned);
         }
         if r.response_id.is_none() {
-            r.response_id = id.filter(|i| !i.is_empty()).map(str::to_owned);
+            r.response_id = id.map(str::to_owned);
         }
     });
 }
@@ -53,7 +79,7 @@ pub(crate) fn report_response(model: Option<&str>, id: Option<&str>) {
 /// `server.address` and `server.port`.
 pub(crate) fn report_endpoint(url: &str) {
     let Some(server) = host_and_port(url) else { return };
-    let _ = REPORTED.try_with(|r| r.borrow_mut().server = Some(server));
+    let _ = REPORTED.try_with(|r| r.borrow_mut().wire().server = Some(server));
 }
 
 /// `https://api.openai.com/v1` → `("api.openai.com", 443)`; `http://[::1]:8080/x` →
@@ -87,12 +113,13 @@ pub(crate) type Answered<'a> = (&'a [Part], &'a FinishReason, Usage);
 pub(crate) struct ChatSpan<'m> {
     span: Span,
     started: Instant,
-    /// Borrowed from the model for the step: every step of every run in flight holds its
-    /// span, and owned copies were two allocations per step.
-    wire: &'m str,
-    model: &'m str,
-    /// With content capture on, the tools' secrets to hide from it.
-    capture: Option<crate::Redactions>,
+    /// Borrowed for the step, its wire and name read from it when the step ends: every step
+    /// of every run in flight holds its span, and owned copies of the two were two
+    /// allocations per step (the two borrowed strings, 16 bytes more of each run's task).
+    model: &'m dyn Model,
+    /// With content capture on, the tools' secrets to hide from it. Boxed: capture is rare,
+    /// and its 32 bytes were in every run's task.
+    capture: Option<Box<crate::Redactions>>,
 }
 
 impl<'m> ChatSpan<'m> {
@@ -142,23 +169,61 @@ impl<'m> ChatSpan<'m> {
             }
             span.record("gen_ai.input.messages", tracing::field::display(content::input(&request.messages, redact)));
         }
-        Self { span, started: Instant::now(), wire, model: model.name(), capture: capture.cloned() }
+        Self { span, started: Instant::now(), model, capture: capture.cloned().map(Box::new) }
     }
 
     /// Runs the step inside the span; returns its output and what the provider client
     /// reported, for [`done`](Self::done). The report is handed back rather than kept in the
     /// span: every run in flight holds its span through the model's whole latency, while the
     /// report is still empty (88 bytes of each run's task).
-    pub(crate) async fn run<T>(&self, step: impl Future<Output = T>) -> (T, Reported) {
-        let span = self.span.clone();
+    pub(crate) async fn run<F: Future + ?Sized>(&self, step: Pin<Box<F>>) -> (F::Output, Reported) {
         REPORTED
             .scope(RefCell::default(), async move {
-                let out = step.instrument(span).await;
+                let out = InSpan { span: &self.span, step: Some(step) }.await;
                 (out, REPORTED.with(RefCell::take))
             })
             .await
     }
+}
 
+/// A boxed step polled, and dropped, inside a span it borrows. `Instrumented` owns its span,
+/// and the clone of the chat span it took was 40 bytes of every run's task through the
+/// model's whole latency.
+struct InSpan<'s, F: ?Sized> {
+    span: &'s Span,
+    /// `None` once it finished (it is dropped then, in the span).
+    step: Option<Pin<Box<F>>>,
+}
+
+impl<F: Future + ?Sized> Future for InSpan<'_, F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        let _entered = this.span.enter();
+        let Some(step) = this.step.as_mut() else {
+            // Polled again after it finished: an executor's bug, answered as Tokio's own
+            // futures answer it.
+            panic!("a model step was polled after it finished");
+        };
+        let out = std::task::ready!(step.as_mut().poll(cx));
+        this.step = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<F: ?Sized> Drop for InSpan<'_, F> {
+    fn drop(&mut self) {
+        // A step cut off (an interrupt, a timeout) is dropped inside its span, as
+        // `Instrumented` drops what it wraps.
+        if let Some(step) = self.step.take() {
+            let _entered = self.span.enter();
+            drop(step);
+        }
+    }
+}
+
+impl ChatSpan<'_> {
     /// Records how the step ended: its response (`Ok(Some(..))`), an interrupt (`Ok(None)`)
     /// or an error. A replayed step is marked, with its finish reason, and carries no fresh
     /// timing, usage or metrics: nothing was asked of the model.
@@ -166,11 +231,13 @@ impl<'m> ChatSpan<'m> {
         let span = &self.span;
         let replayed = reported.replayed;
         let fresh = !replayed;
-        let provider = provider_name(self.wire);
-        let operation = operation_name(self.wire);
-        let server = reported.server.as_ref();
+        let wire = self.model.provider();
+        let provider = provider_name(wire);
+        let operation = operation_name(wire);
+        let report = reported.wire.as_deref();
+        let server = report.and_then(|w| w.server.as_ref());
         // Built only for a request actually sent: a replayed step records no metric.
-        let labels = fresh.then(|| metrics::Labels::new(operation, provider, self.model, server));
+        let labels = fresh.then(|| metrics::Labels::new(operation, provider, self.model.name(), server));
         match &result {
             Ok(Some((parts, finish, usage))) => {
                 span.record("outcome", "ok");
@@ -202,10 +269,10 @@ impl<'m> ChatSpan<'m> {
                 span.record("error.type", error_type.as_str());
             }
         }
-        if let Some(model) = &reported.response_model {
+        if let Some(model) = report.and_then(|w| w.response_model.as_ref()) {
             span.record("gen_ai.response.model", model.as_str());
         }
-        if let Some(id) = &reported.response_id {
+        if let Some(id) = report.and_then(|w| w.response_id.as_ref()) {
             span.record("gen_ai.response.id", id.as_str());
         }
         if let Some((host, port)) = server {
