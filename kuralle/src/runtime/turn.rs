@@ -66,7 +66,7 @@ pub(super) fn turn<'a>(
         // Chained, not awaited into a local: a local that receives an await's output has its
         // slot in this future during that await too, and the turn's result (168 bytes) then sat
         // beside `drive` in every run's task for the run's whole life. Chained, it lives only
-        // in the second stage, which takes the first's place. It captures the store and the
+        // in the second stage, which takes the first's place. It captures the runtime and the
         // lease, two references, and makes its writer when it runs.
         let marked = move |mut result: Result<RunOutput, RunError>| async move {
             let fence = held.fence();
@@ -132,7 +132,11 @@ pub(super) async fn mark_ended(writer: RunWriter<'_>, status: RunStatus) {
 }
 
 /// Runs the turn of an opened run.
-#[allow(clippy::manual_async_fn, clippy::too_many_arguments)] // on purpose: see `turn`
+///
+/// Not `async` at all: what it does before the steps never waits, and as an async block it was
+/// one more layer of every run's task through the model's whole latency, its arguments kept
+/// there after they were moved on (80 bytes). An error before the steps is a ready future.
+#[allow(clippy::too_many_arguments)] // on purpose: see `turn`
 fn drive<'a>(
     rt: &'a Arc<Inner>,
     record: Box<RunRecord>,
@@ -143,26 +147,31 @@ fn drive<'a>(
     held: &'a Held,
     hand_back: bool,
 ) -> impl Future<Output = Result<RunOutput, RunError>> + Send + 'a {
-    async move {
-        let fence = held.fence();
-        let run_id = fence.run_id();
+    use futures::future::Either;
+    let fence = held.fence();
+    let run_id = fence.run_id();
+    let prepared = (|| {
         let agent = agent(rt, Some(&record.agent_id))?;
         let model: Arc<dyn Model> = match (&agent.model, &rt.model) {
             (Some(m), _) | (None, Some(m)) => Arc::clone(m),
             (None, None) => return Err(RunError::Config(format!("agent `{}` has no model", agent.id))),
         };
-        // Boxed: moved into the turn's budget at once, but the future would keep its bytes.
+        // Boxed: moved into the turn's budget at once, and the steps' future keeps a pointer.
         let limits = Box::new(limits::of_run(agent, &state));
         limits::priced(limits.max_cost_usd.is_some(), &agent.id, model.as_ref(), &rt.pricing)?;
-        let span = crate::trace::agent_span(run_id, &agent.id, model.as_ref());
-        // The steps are instrumented themselves, not through a block that opens the journal and
-        // then awaits them: that block's captures and its `Arc<TurnCtx>` were one more layer of
-        // every run's task through the model's whole latency (the run's future is 88 bytes
-        // smaller without it; with Tokio's 128-byte alignment, a task of 1,408 bytes, not 1,536).
-        let ctx_parts = CtxParts { created, interrupt, held, limits };
-        let steps = steps(rt, run_id, agent, model.as_ref(), record, state, events, ctx_parts, fence, hand_back);
-        crate::trace::AgentTurn::new(steps, span).await
-    }
+        Ok((agent, model, limits))
+    })();
+    let (agent, model, limits) = match prepared {
+        Ok(prepared) => prepared,
+        Err(e) => return Either::Left(std::future::ready(Err(e))),
+    };
+    let span = crate::trace::agent_span(run_id, &agent.id, model.as_ref());
+    // The steps are instrumented themselves, not through a block that opens the journal and
+    // then awaits them: that block's captures and its `Arc<TurnCtx>` were one more layer of
+    // every run's task through the model's whole latency.
+    let ctx_parts = CtxParts { created, interrupt, held, limits };
+    let steps = steps(rt, run_id, agent, model, record, state, events, ctx_parts, fence, hand_back);
+    Either::Right(crate::trace::AgentTurn::new(steps, span))
 }
 
 /// What the turn's steps need, beside the run, to open its journal and build its context
@@ -181,7 +190,8 @@ fn steps<'a>(
     rt: &'a Arc<Inner>,
     run_id: &'a str,
     agent: &'a AgentDef,
-    model: &'a dyn Model,
+    // Owned: `drive`, which looked it up, returns this future without waiting on it.
+    model: Arc<dyn Model>,
     record: Box<RunRecord>,
     state: Box<RunState>,
     events: &'a EventSender,
@@ -223,7 +233,6 @@ fn steps<'a>(
             },
             budget: Budget::new(limits, record.created_at_ms),
         });
-        let interrupt = &ctx.interrupt;
 
         // Shared with every request (never copied per step): a step costs the same at step 5,000
         // as at step 1.
@@ -255,7 +264,7 @@ fn steps<'a>(
             // this task: spend the task's cooperative budget so a long run still yields its
             // thread to others now and then.
             tokio::task::coop::consume_budget().await;
-            if interrupt.is_cancelled() {
+            if ctx.interrupt.is_cancelled() {
                 status = RunStatus::Interrupted;
                 break;
             }
@@ -271,13 +280,13 @@ fn steps<'a>(
                 let chat = crate::trace::ChatSpan::start(
                     run_id,
                     callsite,
-                    model,
+                    &*model,
                     &request,
                     rt.capture_content.then_some(&ctx.redact),
                 );
                 // Boxed: `ChatSpan::run` and its task-local scope would each hold the step's
                 // future again (about 5 KiB of every run's task while it waits on the model).
-                (chat, Box::pin(model_step(rt, ctx, model, request, callsite)))
+                (chat, Box::pin(model_step(rt, ctx, &*model, request, callsite)))
             };
             // Scoped, as the request above: the step's result and response end here, before
             // the awaits below, instead of taking room in the future beside the model's wait.
