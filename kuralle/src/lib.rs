@@ -224,9 +224,12 @@ pub use kuralle_macros::agent;
 pub use kuralle_macros::tool;
 pub use limits::{Amount, Limit, Pricing, RunLimits};
 pub use model::{
-    FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, Origin, OutputMode, OutputSpec, Part, SmolStr,
+    FinishReason, Message, Model, ModelError, ModelEvent, ModelRequest, Origin, OutputMode, OutputSpec, Part,
     ToolCallRequest, ToolChoice, Usage,
 };
+// Inline, so that its page says what kuralle uses it for (smol_str's own docs follow).
+#[doc(inline)]
+pub use model::SmolStr;
 pub use output::{AgentOutput, DEFAULT_OUTPUT_RETRIES, OUTPUT_TOOL_NAME, OutputError, check_schema};
 pub use policy::{Policy, Verdict};
 pub use redact::{REDACTED, Redaction, Redactions, Secret};

@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 /// The string of a transcript's short names: call ids, tool names, a turn's provider and model.
 /// Up to 23 bytes are kept inline and longer ones shared, so a clone never copies: a call id
-/// goes into the tool's message, its events and its journal entries without an allocation.
+/// goes into the tool's message and its events without an allocation. Ids a provider makes are
+/// often longer (OpenAI's and Anthropic's are about 30 bytes): those are shared, one
+/// allocation each, however often the transcript and events repeat them.
 ///
 /// ```
 /// use kuralle::{SmolStr, ToolCallRequest};

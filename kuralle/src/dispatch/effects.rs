@@ -84,7 +84,7 @@ impl Scope {
             return (Err(ToolError::invalid_input(name, message)), false);
         }
         let req = ToolCallRequest {
-            call_id: format!("nested:{callsite}").into(),
+            call_id: smol_str::format_smolstr!("nested:{callsite}"),
             name: name.into(),
             arguments: String::new(),
         };

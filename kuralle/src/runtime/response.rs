@@ -187,7 +187,7 @@ pub(super) fn dedupe_call_ids(calls: &mut [ToolCallRequest]) {
     // call is reached below.
     for (index, call) in calls.iter_mut().enumerate() {
         if call.call_id.is_empty() {
-            call.call_id = format!("call_{index}").into();
+            call.call_id = smol_str::format_smolstr!("call_{index}");
         }
     }
     if calls.len() < 2 {
@@ -205,7 +205,7 @@ pub(super) fn dedupe_call_ids(calls: &mut [ToolCallRequest]) {
         let original = std::mem::take(&mut call.call_id);
         let n = next.entry(original.clone()).or_insert(2);
         let renamed = loop {
-            let id = SmolStr::from(format!("{original}~{n}"));
+            let id = smol_str::format_smolstr!("{original}~{n}");
             *n += 1;
             if !seen.contains(&id) {
                 break id;

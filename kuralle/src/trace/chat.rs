@@ -31,8 +31,8 @@ tokio::task_local! {
 pub(crate) struct Reported {
     replayed: bool,
     /// Boxed, and made at the first report: the scope holds this through the model's whole
-    /// latency in every run's task (88 bytes inline), and only a provider client that reaches
-    /// a server reports anything.
+    /// latency in every run's task (88 bytes inline, 8 boxed), and only a provider client
+    /// that reaches a server reports anything.
     wire: Option<Box<WireReport>>,
 }
 
@@ -175,7 +175,7 @@ impl<'m> ChatSpan<'m> {
     /// Runs the step inside the span; returns its output and what the provider client
     /// reported, for [`done`](Self::done). The report is handed back rather than kept in the
     /// span: every run in flight holds its span through the model's whole latency, while the
-    /// report is still empty (88 bytes of each run's task).
+    /// report is still empty.
     pub(crate) async fn run<F: Future + ?Sized>(&self, step: Pin<Box<F>>) -> (F::Output, Reported) {
         REPORTED
             .scope(RefCell::default(), async move {
@@ -308,7 +308,71 @@ fn record_usage(span: &Span, usage: &Usage) {
 
 #[cfg(test)]
 mod tests {
-    use super::host_and_port;
+    use std::{
+        future::Future,
+        pin::Pin,
+        sync::{Arc, Mutex},
+        task::{Context, Poll},
+    };
+
+    use tracing::Span;
+    use tracing_subscriber::prelude::*;
+
+    use super::{InSpan, host_and_port};
+
+    /// The span current now, by name.
+    fn current() -> String {
+        Span::current().metadata().map_or("none", |m| m.name()).to_owned()
+    }
+
+    /// Pending once, then ready; notes the current span each time it is polled and when it
+    /// is dropped.
+    struct Noting {
+        seen: Arc<Mutex<Vec<String>>>,
+        polled: bool,
+    }
+
+    impl Future for Noting {
+        type Output = ();
+
+        fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+            self.seen.lock().unwrap().push(format!("poll in {}", current()));
+            if std::mem::replace(&mut self.polled, true) { Poll::Ready(()) } else { Poll::Pending }
+        }
+    }
+
+    impl Drop for Noting {
+        fn drop(&mut self) {
+            self.seen.lock().unwrap().push(format!("drop in {}", current()));
+        }
+    }
+
+    /// What `Instrumented` did for a step, `InSpan` does with the span it borrows: the step is
+    /// polled inside it, and dropped inside it whether it finished or was cut off.
+    #[test]
+    fn a_step_is_polled_and_dropped_inside_its_span() {
+        let _default = tracing_subscriber::registry().set_default();
+        let span = tracing::info_span!("chat");
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        for finishes in [false, true] {
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let mut step =
+                InSpan { span: &span, step: Some(Box::pin(Noting { seen: Arc::clone(&seen), polled: false })) };
+            assert!(Pin::new(&mut step).poll(&mut cx).is_pending());
+            if finishes {
+                assert!(Pin::new(&mut step).poll(&mut cx).is_ready());
+                assert_eq!(*seen.lock().unwrap(), ["poll in chat", "poll in chat", "drop in chat"]);
+            }
+            drop(step);
+            let want: &[&str] = if finishes {
+                &["poll in chat", "poll in chat", "drop in chat"]
+            } else {
+                &["poll in chat", "drop in chat"]
+            };
+            assert_eq!(*seen.lock().unwrap(), want);
+            assert_eq!(current(), "none", "the span is left after each poll and the drop");
+        }
+    }
 
     #[test]
     fn server_address_and_port_come_from_the_url() {
