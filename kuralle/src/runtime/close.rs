@@ -1,7 +1,7 @@
 //! Closing a turn: the run's row written with the turn's end, retried under optimistic
 //! concurrency.
 
-use super::state::{RunState, decode_state, output};
+use super::state::{RunState, decode_state, decode_state_text, output};
 use crate::{
     approval::Pending,
     clock::now_ms,
@@ -87,10 +87,7 @@ pub(super) fn close<'a>(
                     refused = true;
                     let fresh = writer.get_run().await?.ok_or_else(|| RunError::RunNotFound(record.run_id.clone()))?;
                     let keys = decode_state(&fresh)?.inbound_keys;
-                    let mut state: RunState = serialized.decode().map_err(|e| {
-                        let e = format!("run `{}`: the turn's own state did not decode: {e}", record.run_id);
-                        RunError::Store(StoreError::Corrupt(e.into()))
-                    })?;
+                    let mut state = decode_state_text(&record.run_id, &serialized)?;
                     state.inbound_keys = keys;
                     serialized = JsonText::serialize_from(&state).unwrap_or_default();
                     record.version = actual.max(fresh.version);

@@ -55,9 +55,13 @@ pub(super) struct RunState {
 }
 
 pub(super) fn decode_state(record: &RunRecord) -> Result<RunState, RunError> {
-    record.state.decode().map_err(|e| {
-        RunError::Store(StoreError::Corrupt(format!("run `{}` has unreadable state: {e}", record.run_id).into()))
-    })
+    decode_state_text(&record.run_id, &record.state)
+}
+
+/// [`decode_state`] of a state's text held apart from its record (a closing turn's).
+pub(super) fn decode_state_text(run_id: &str, text: &crate::JsonText) -> Result<RunState, RunError> {
+    text.decode()
+        .map_err(|e| RunError::Store(StoreError::Corrupt(format!("run `{run_id}` has unreadable state: {e}").into())))
 }
 
 pub(super) fn output_of(record: &RunRecord, state: &RunState) -> RunOutput {
