@@ -138,42 +138,52 @@ pub(crate) fn error_value(e: &ToolError) -> Value {
 
 /// Runs one model response's calls; returns their outcomes in source order. Callsites
 /// `first_callsite..first_callsite + calls.len()` belong to these calls, in source order.
-pub(crate) async fn dispatch(
-    turn: &Arc<TurnCtx>,
+///
+/// Not an `async fn`: the calls are planned when it is called (the caller awaits it at once),
+/// so its future keeps only the planned calls, and not its arguments twice as an async fn's
+/// does. Every run of a wave of answers holds it while its intents commit, inside the turn's
+/// boxed answer, which this keeps within glibc's per-thread cache.
+#[allow(clippy::manual_async_fn)] // on purpose: see above
+pub(crate) fn dispatch<'a>(
+    turn: &'a Arc<TurnCtx>,
     calls: Vec<ToolCallRequest>,
     first_callsite: u64,
-) -> Result<Dispatched, RunError> {
-    let planned = plan::parse(turn, calls, first_callsite);
-    let total = planned.len();
-    let mut done = Dispatched::default();
-    let mut rest = planned.into_iter();
-    while rest.len() > 0 {
-        // A planned call is a few hundred bytes, so a batch is cut with its size known instead
-        // of grown call by call; the last one (every call, when they share one batch) is
-        // collected from the whole remaining iterator, which keeps the planned calls' buffer.
-        let size = batch_len(rest.as_slice());
-        let calls: Vec<plan::Planned> =
-            if size == rest.len() { std::mem::take(&mut rest).collect() } else { rest.by_ref().take(size).collect() };
-        let (outcomes, pending) = batch::run(turn, calls).await?;
-        // Outcomes are moved once: the first batch's are the answer (all of it, for a lone
-        // batch), later ones join them in a buffer sized once for every call.
-        if done.outcomes.capacity() == 0 {
-            done.outcomes = outcomes;
-        } else {
-            done.outcomes.reserve(total - done.outcomes.len());
-            done.outcomes.extend(outcomes);
+) -> impl Future<Output = Result<Dispatched, RunError>> + Send + 'a {
+    let mut rest = plan::parse(turn, calls, first_callsite).into_iter();
+    async move {
+        let total = rest.len();
+        let mut done = Dispatched::default();
+        while rest.len() > 0 {
+            // A planned call is a few hundred bytes, so a batch is cut with its size known instead
+            // of grown call by call; the last one (every call, when they share one batch) is
+            // collected from the whole remaining iterator, which keeps the planned calls' buffer.
+            let size = batch_len(rest.as_slice());
+            let calls: Vec<plan::Planned> = if size == rest.len() {
+                std::mem::take(&mut rest).collect()
+            } else {
+                rest.by_ref().take(size).collect()
+            };
+            let (outcomes, pending) = batch::run(turn, calls).await?;
+            // Outcomes are moved once: the first batch's are the answer (all of it, for a lone
+            // batch), later ones join them in a buffer sized once for every call.
+            if done.outcomes.capacity() == 0 {
+                done.outcomes = outcomes;
+            } else {
+                done.outcomes.reserve(total - done.outcomes.len());
+                done.outcomes.extend(outcomes);
+            }
+            if let Some(e) = turn.take_fatal() {
+                return Err(e);
+            }
+            if !pending.is_empty() {
+                // Later calls may depend on the pending one: nothing after it runs until the
+                // decision arrives and the turn resumes.
+                done.pending = pending;
+                break;
+            }
         }
-        if let Some(e) = turn.take_fatal() {
-            return Err(e);
-        }
-        if !pending.is_empty() {
-            // Later calls may depend on the pending one: nothing after it runs until the
-            // decision arrives and the turn resumes.
-            done.pending = pending;
-            break;
-        }
+        Ok(done)
     }
-    Ok(done)
 }
 
 /// How many calls the next batch takes: a parallel-safe call joins the parallel-safe calls

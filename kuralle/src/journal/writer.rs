@@ -61,29 +61,41 @@ impl<'a> RunWriter<'a> {
     /// same write when the fence's holder allows it and the store can, after `last` (the
     /// turn's model response still to journal, if any), in the same write where the store can
     /// ([`RunStore::put_run_and_release_after`]).
-    pub(crate) async fn put_run_closing(
-        &self,
+    ///
+    /// Not an `async fn`, whose future keeps the row and the step twice (see
+    /// `runtime/turn.rs`, `turn`): it is the largest part of a run's close, which every run
+    /// makes, and its box is kept within glibc's per-thread cache (requests up to 1,032
+    /// bytes), whose misses take the arena's lock.
+    #[allow(clippy::manual_async_fn)] // on purpose: see above
+    pub(crate) fn put_run_closing(
+        self,
         record: RunRecord,
         last: Option<FinishedStep>,
-    ) -> Result<u64, StoreError> {
-        // Before the lease's renewals may stop (below): an outcome in flight may take a while.
-        self.fence.written().await?;
-        if !self.fence.may_release_at_close() {
-            if let Some(last) = last {
-                self.append_finished_with_intents(last.into()).await?;
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a {
+        async move {
+            // Before the lease's renewals may stop (below): an outcome in flight may take a while.
+            self.fence.written().await?;
+            if !self.fence.may_release_at_close() {
+                // Boxed: only a turn whose cut-off calls still run takes this path.
+                return Box::pin(async move {
+                    if let Some(last) = last {
+                        self.append_finished_with_intents(last.into()).await?;
+                    }
+                    self.put_run(record).await
+                })
+                .await;
             }
-            return self.put_run(record).await;
+            let token = self.fence.token();
+            let written = match last {
+                Some(last) => self.store.put_run_and_release_after(last, record, token).await,
+                None => self.store.put_run_and_release(record, token).await,
+            };
+            let (version, released) = self.fence.watch(written)?;
+            if released {
+                self.fence.mark_released();
+            }
+            Ok(version)
         }
-        let token = self.fence.token();
-        let written = match last {
-            Some(last) => self.store.put_run_and_release_after(last, record, token).await,
-            None => self.store.put_run_and_release(record, token).await,
-        };
-        let (version, released) = self.fence.watch(written)?;
-        if released {
-            self.fence.mark_released();
-        }
-        Ok(version)
     }
 
     /// After a closing write that landed though an outage answered it: notes the lease given

@@ -106,7 +106,8 @@ pub(super) fn close<'a>(
                     // an outage (found if an earlier write of it landed), then the run alone, as
                     // when the two were separate writes.
                     match last.take() {
-                        Some(last) => journal.journal_after_doubt(last).await?,
+                        // Boxed: only a close an outage left in doubt awaits it.
+                        Some(last) => Box::pin(journal.journal_after_doubt(last)).await?,
                         None => return Err(e.into()),
                     }
                 }

@@ -30,6 +30,15 @@ pub(super) enum Opened {
     Done(Box<RunOutput>),
 }
 
+impl Opened {
+    /// The turn of a run its lease request created ([`Prefetched::Created`]): nothing to read
+    /// or write, so the turn takes it without `open`'s future.
+    pub(super) fn created(created: Box<(RunRecord, RunState)>) -> Self {
+        let (record, state) = *created;
+        Self::Turn { record: Box::new(record), state: Box::new(state), created: true }
+    }
+}
+
 pub(super) fn agent<'a>(rt: &'a Inner, id: Option<&str>) -> Result<&'a AgentDef, RunError> {
     match id {
         None => Ok(&rt.agents[0]),
@@ -83,10 +92,7 @@ pub(super) async fn open(
         Prefetched::Read(run) => run.map(|run| *run),
         // `New` is replaced when the lease is taken; read as any run should it not be.
         Prefetched::Unread | Prefetched::New => writer.get_run().await?,
-        Prefetched::Created(created) => {
-            let (record, state) = *created;
-            return Ok(Opened::Turn { record: Box::new(record), state: Box::new(state), created: true });
-        }
+        Prefetched::Created(created) => return Ok(Opened::created(created)),
     };
     let Some(mut record) = read else {
         let (mut record, state) = new_run(rt, req, run_id)?;

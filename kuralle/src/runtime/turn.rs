@@ -54,8 +54,13 @@ pub(super) fn turn<'a>(
             // Boxed here and below: a future is as large as its largest await, and a run spends
             // its life waiting on the model, so what only briefly runs (opening, dispatching,
             // closing) is kept off the run's task, which 10,000 runs in flight hold at once.
-            let read = std::mem::replace(&mut opening.read, Prefetched::Unread);
-            let opened = Box::pin(open(rt, &mut opening.req, writer, read)).await?;
+            let opened = match std::mem::replace(&mut opening.read, Prefetched::Unread) {
+                // Most runs: created with their lease, nothing to await. `open`'s future is
+                // 1,240 bytes, past glibc's per-thread cache (requests up to 1,032 bytes), so
+                // its box took the arena's lock twice in every run started.
+                Prefetched::Created(created) => Opened::created(created),
+                read => Box::pin(open(rt, &mut opening.req, writer, read)).await?,
+            };
             drop(opening);
             match opened {
                 Opened::Done(out) => return Box::pin(replayed(events, run_id, *out)).await,
@@ -370,12 +375,16 @@ fn steps<'a>(
         let closing = Closing { transcript, status, text, usage, pending, value: value.map(|v| *v), last };
         // The output (168 bytes) is held while `Done` is sent: in the boxed future, not in this
         // one, whose every byte is in every run's task through the model's whole latency.
-        let writer = RunWriter::new(rt.store.as_ref(), fence);
-        Box::pin(async move {
-            let out = close(writer, &ctx.journal, *record, *state, closing).await?;
+        // Chained, not awaited inside one block: there the closing's fields (288 bytes), or
+        // the close itself once moved into its await, kept a second slot beside the close,
+        // and the box (1,592 bytes) was past glibc's per-thread cache (requests up to 1,032
+        // bytes), whose misses take the arena's lock, in every run's close.
+        let closed = close(RunWriter::new(rt.store.as_ref(), fence), &ctx.journal, *record, *state, closing);
+        Box::pin(closed.then(move |out| async move {
+            let out = out?;
             events.send(Event::Done { run_id: run_id.to_owned(), usage: out.usage }).await;
             Ok(out)
-        })
+        }))
         .await
     }
 }
@@ -436,10 +445,14 @@ fn answered<'a>(
             *ends.status = RunStatus::Finished;
             return Ok(Next::Stop);
         }
-        let calls = take_calls(&mut answer.parts);
-        let n = calls.len() as u64;
-        let dispatched = dispatch::dispatch(ctx, calls, *callsite).await?;
-        *callsite += n;
+        // The calls go straight into `dispatch`, and the callsites are counted before it: a
+        // local for either kept a slot in this future beside dispatch's, and 1,080 bytes made
+        // its box too large for glibc's per-thread cache (requests up to 1,032 bytes), so it
+        // took the arena's lock twice a turn. An error ends the turn, so the count's order
+        // does not matter.
+        let first = *callsite;
+        *callsite += answer.parts.iter().filter(|p| matches!(p, Part::ToolCall { .. })).count() as u64;
+        let dispatched = dispatch::dispatch(ctx, take_calls(&mut answer.parts), first).await?;
         if !dispatched.pending.is_empty() {
             // The turn resumes from its start once decided: everything before the pending
             // calls replays from the journal, so only the decision is missing. (The transcript
