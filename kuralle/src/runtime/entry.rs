@@ -284,14 +284,15 @@ mod tests {
     /// Every run in flight is one such future on the heap, for as long as it waits on its
     /// model: 10,000 runs hold 10,000 of them. It was 5.2 KiB (an async fn stores its
     /// arguments twice, and a local once borrowed keeps its bytes while later awaits run),
-    /// then 2.4 KiB, 1,600, 1,272, 1,168 and 1,000 bytes, and is 904: results held across an
-    /// await, the lease borrowed for a log line, the model's last event, the answer's parts,
+    /// then 2.4 KiB, 1,600, 1,272, 1,168, 1,000 and 904 bytes, and is 896: results held across
+    /// an await, the lease borrowed for a log line, the model's last event, the answer's parts,
     /// the open's writer and outcome, copies of the turn's and the step's spans, the provider's
     /// report, the turn's output and a layer that only prepared the steps kept slots beside the
-    /// model's wait (the last 8 bytes are the tag of `run_leased`'s `then`). Tokio allocates a
-    /// task in steps of 128 bytes (its cell is cache-line aligned, about 96 bytes of it Tokio's
-    /// own): 904 bytes make a task of 1,024 (heaptrack's count), 1,000 one of 1,152, 1,168 one
-    /// of 1,280. The bound leaves room for an 8-byte tag around the future in Tokio's cell.
+    /// model's wait (the last 8 bytes are the tag of `run_leased`'s `then`).
+    /// Tokio allocates a task in steps of 128 bytes (its cell is cache-line aligned, about 96
+    /// bytes of it Tokio's own): 896 and 904 bytes make a task of 1,024 (heaptrack's count),
+    /// 1,000 one of 1,152, 1,168 one of 1,280. The bound leaves room for an 8-byte tag around
+    /// the future in Tokio's cell.
     #[test]
     fn a_runs_task_stays_small() {
         let runtime =
