@@ -143,7 +143,6 @@ pub(crate) fn error_value(e: &ToolError) -> Value {
 /// so its future keeps only the planned calls, and not its arguments twice as an async fn's
 /// does. Every run of a wave of answers holds it while its intents commit, inside the turn's
 /// boxed answer, which this keeps within glibc's per-thread cache.
-#[allow(clippy::manual_async_fn)] // on purpose: see above
 pub(crate) fn dispatch<'a>(
     turn: &'a Arc<TurnCtx>,
     calls: Vec<ToolCallRequest>,

@@ -288,7 +288,8 @@ mod tests {
     /// an await, the lease borrowed for a log line, the model's last event, the answer's parts,
     /// the open's writer and outcome, copies of the turn's and the step's spans, the provider's
     /// report, the turn's output and a layer that only prepared the steps kept slots beside the
-    /// model's wait (the last 8 bytes are the tag of `run_leased`'s `then`).
+    /// model's wait (the last 8 bytes are the tag of `run_leased`'s `then`); 8 more went with
+    /// the changes that keep a turn's open and close within glibc's per-thread cache.
     /// Tokio allocates a task in steps of 128 bytes (its cell is cache-line aligned, about 96
     /// bytes of it Tokio's own): 896 and 904 bytes make a task of 1,024 (heaptrack's count),
     /// 1,000 one of 1,152, 1,168 one of 1,280. The bound leaves room for an 8-byte tag around

@@ -20,9 +20,9 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 /// Run ids to what is known of them. foldhash, not the standard SipHash-1-3: the writer hashes
-/// a run id for every write it makes (SipHash was about 1.5% of the writer thread's samples at
-/// 10,000 runs in flight), and the seed is still random per map, so a caller naming its runs
-/// cannot aim them at one bucket.
+/// a run id for every write it makes (SipHash was 3.16M of the writer thread's 228M
+/// instructions at 1,000 runs in flight, foldhash is 0.83M), and it is still seeded per map
+/// from process randomness, as the journal's and `MemoryStore`'s maps are (`keymap`).
 type Runs = HashMap<Box<str>, Run, foldhash::fast::RandomState>;
 
 /// Runs remembered at most; past it the writer forgets them all and learns again. An entry is
