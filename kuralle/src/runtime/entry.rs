@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use futures::FutureExt;
+use futures::{FutureExt, future::Either};
 
 use tokio_util::sync::CancellationToken;
 
@@ -68,7 +68,11 @@ pub(super) fn run_leased(
 }
 
 /// The run's turn once its request is boxed ([`run_leased`]).
-#[allow(clippy::manual_async_fn)] // on purpose: an async fn stores each argument twice
+///
+/// One layer, not an async block awaiting another that borrows its run id: the turn hands the
+/// run id, the runtime and the events back with its result, and the ending that tells the
+/// events of an error takes them from there. The outer block's locals and the inner one's
+/// borrows of them (80 and 32 bytes) were in every run's task for the run's whole life.
 fn leased(
     rt: Arc<Inner>,
     mut opening: Box<Opening>,
@@ -77,14 +81,16 @@ fn leased(
     decision: Option<Box<Decision>>,
     claimed: Option<Box<(crate::store::Lease, tokio::time::Instant, Claim)>>,
 ) -> impl Future<Output = Result<RunOutput, RunError>> + Send + 'static {
+    // Moved, not copied: nothing reads the request's id again. A caller's id is a string
+    // made on the caller's thread, and a copy freed its original when the turn opened, into
+    // the caller's arena (see `run_leased`); now it lives as long as the run.
+    let run_id = opening.req.run_id.take().unwrap_or_else(crate::store::new_run_id);
+    // The turn's `invoke_agent` span opens in `drive`, once the run's agent is known: its
+    // OpenTelemetry name is fixed when the span starts (see `trace::agent_span`).
     async move {
-        // Moved, not copied: nothing reads the request's id again. A caller's id is a string
-        // made on the caller's thread, and a copy freed its original when the turn opened, into
-        // the caller's arena (see `run_leased`); now it lives as long as the run.
-        let run_id = opening.req.run_id.take().unwrap_or_else(crate::store::new_run_id);
-        // The turn's `invoke_agent` span opens in `drive`, once the run's agent is known: its
-        // OpenTelemetry name is fixed when the span starts (see `trace::agent_span`).
-        let result = async {
+        // A labelled block, not an inner async block: an awaited result bound to a local, or
+        // a local an inner block borrows, keeps its slot beside the turn in every run's task.
+        let result = 'turn: {
             // A lease granted here says the store's time; a claimed one was granted earlier.
             let mut decided_at = DecidedAt::process();
             // In a block of its own: the lease is borrowed (for the log line), and a local once
@@ -94,13 +100,20 @@ fn leased(
                 let (lease, granted, claim) = match claimed {
                     Some(claimed) => *claimed,
                     None => {
-                        // No lease under the instance's id without the proof that this process holds it.
-                        // Boxed, as in `turn`: the run's task keeps only what it waits on for long.
-                        let claim = Box::pin(rt.claim_instance()).await?;
+                        // No lease under the instance's id without the proof that this process
+                        // holds it. Boxed, as in `turn`: the run's task keeps only what it waits
+                        // on for long.
+                        let claim = match Box::pin(rt.claim_instance()).await {
+                            Ok(claim) => claim,
+                            Err(e) => break 'turn Err(e),
+                        };
                         let owner = rt.owner_id();
                         let creating = decision.is_none();
                         let (lease, granted) =
-                            Box::pin(take_lease(&rt, &owner, &run_id, &mut opening, creating)).await?;
+                            match Box::pin(take_lease(&rt, &owner, &run_id, &mut opening, creating)).await {
+                                Ok(taken) => taken,
+                                Err(e) => break 'turn Err(e),
+                            };
                         decided_at = DecidedAt::granted(&lease, rt.lease_ttl);
                         (lease, granted, claim)
                     }
@@ -131,16 +144,16 @@ fn leased(
             let result = fence.settle(result);
             Box::pin(held.release()).await;
             result
-        }
-        .await;
-        // Boxed, and only for the rare endings: each result this future holds across an await
-        // is a slot of every run's task for the run's whole life (two were 336 bytes of each).
-        // Sorted by value, not by reference: a result once borrowed keeps its slot.
-        match Ending::of(result) {
-            Ending::Quiet(result) => result,
-            Ending::Told(result) => Box::pin(told(&rt, &run_id, &events, result)).await,
-        }
+        };
+        (result, rt, run_id, events)
     }
+    // Boxed, and only for the rare endings: each result this future holds across an await
+    // is a slot of every run's task for the run's whole life (two were 336 bytes of each).
+    // Sorted by value, not by reference: a result once borrowed keeps its slot.
+    .then(|(result, rt, run_id, events)| match Ending::of(result) {
+        Ending::Quiet(result) => Either::Left(std::future::ready(result)),
+        Ending::Told(result) => Either::Right(Box::pin(async move { told(&rt, &run_id, &events, result).await })),
+    })
 }
 
 /// Takes the run's lease for a turn, with the run read in the same request (one request to
@@ -284,16 +297,16 @@ mod tests {
     /// Every run in flight is one such future on the heap, for as long as it waits on its
     /// model: 10,000 runs hold 10,000 of them. It was 5.2 KiB (an async fn stores its
     /// arguments twice, and a local once borrowed keeps its bytes while later awaits run),
-    /// then 2.4 KiB, 1,600, 1,272, 1,168, 1,000 and 904 bytes, and is 896: results held across
-    /// an await, the lease borrowed for a log line, the model's last event, the answer's parts,
-    /// the open's writer and outcome, copies of the turn's and the step's spans, the provider's
-    /// report, the turn's output and a layer that only prepared the steps kept slots beside the
-    /// model's wait (the last 8 bytes are the tag of `run_leased`'s `then`); 8 more went with
-    /// the changes that keep a turn's open and close within glibc's per-thread cache.
-    /// Tokio allocates a task in steps of 128 bytes (its cell is cache-line aligned, about 96
-    /// bytes of it Tokio's own): 896 and 904 bytes make a task of 1,024 (heaptrack's count),
-    /// 1,000 one of 1,152, 1,168 one of 1,280. The bound leaves room for an 8-byte tag around
-    /// the future in Tokio's cell.
+    /// then 2.4 KiB, 1,600, 1,272, 1,168, 1,000, 904 and 896 bytes, and is 760: results held
+    /// across an await, the lease borrowed for a log line, the model's last event, the answer's
+    /// parts, the open's writer and outcome, copies of the turn's and the step's spans, the
+    /// provider's report, the turn's output, a layer that only prepared the steps, a layer
+    /// that only kept the run id for the ending, and the open's request kept slots beside the
+    /// model's wait (the last 8 bytes are the tag of `run_leased`'s `then`). Tokio allocates a
+    /// task in steps of 128 bytes (its cell is cache-line aligned, about 100 bytes of it
+    /// Tokio's own): 760 bytes make a task of 896 (heaptrack's count), 896 and 904 one of
+    /// 1,024, 1,000 one of 1,152, 1,168 one of 1,280. The bound leaves room for an 8-byte tag
+    /// around the future in Tokio's cell.
     #[test]
     fn a_runs_task_stays_small() {
         let runtime =
@@ -301,6 +314,6 @@ mod tests {
         let (events, _receiver) = EventSender::channel(1);
         let task = run(Arc::clone(&runtime.inner), RunRequest::new("hi"), events, CancellationToken::new(), None);
         let size = std::mem::size_of_val(&task);
-        assert!(size <= 920, "a run's task is {size} bytes");
+        assert!(size <= 776, "a run's task is {size} bytes");
     }
 }

@@ -31,11 +31,12 @@ use crate::{
     truncate::truncate_owned,
 };
 
-/// An `async` block, not an `async fn`, here and in [`drive`] and [`steps`]: an async fn's
-/// future stores each argument twice (as it came in and as the body's local), and these
-/// futures are layers of every run's task, waiting on the model. The request comes by value,
-/// and is dropped once the run is open: only whether to hand the run back is read after that.
-#[allow(clippy::manual_async_fn)] // on purpose: see above
+/// Not an `async fn`, here and in [`drive`] and [`steps`]: an async fn's future stores each
+/// argument twice (as it came in and as the body's local), and these futures are layers of
+/// every run's task, waiting on the model. Not an async block either: the open is chained to
+/// the steps, so that what only the open needs (the request, which is dropped once the run is
+/// open) and the locals that carried its outcome keep no slot beside them (an async block
+/// here was 64 bytes more of every run's task).
 pub(super) fn turn<'a>(
     rt: &'a Arc<Inner>,
     mut opening: Box<Opening>,
@@ -44,55 +45,54 @@ pub(super) fn turn<'a>(
     interrupt: CancellationToken,
     held: &'a Held,
 ) -> impl Future<Output = Result<RunOutput, RunError>> + Send + 'a {
-    async move {
-        let hand_back = opening.req.hand_back;
-        // In a block of its own: a local keeps its slot in this future to the end of its scope,
-        // even once moved or copied, and the writer, the fence and the open's outcome (56
-        // bytes) sat beside `drive` in every run's task for the run's whole life.
-        let (record, state, created) = {
-            let writer = RunWriter::new(rt.store.as_ref(), held.fence());
-            // Boxed here and below: a future is as large as its largest await, and a run spends
-            // its life waiting on the model, so what only briefly runs (opening, dispatching,
-            // closing) is kept off the run's task, which 10,000 runs in flight hold at once.
-            let opened = match std::mem::replace(&mut opening.read, Prefetched::Unread) {
-                // Most runs: created with their lease, nothing to await. `open`'s future is
-                // 1,240 bytes, past glibc's per-thread cache (requests up to 1,032 bytes), so
-                // its box took the arena's lock twice in every run started.
-                Prefetched::Created(created) => Opened::created(created),
-                read => Box::pin(open(rt, &mut opening.req, writer, read)).await?,
-            };
+    use futures::future::Either;
+    let hand_back = opening.req.hand_back;
+    let opened = match std::mem::replace(&mut opening.read, Prefetched::Unread) {
+        // Most runs: created with their lease, nothing to await. `open`'s future would take a
+        // box of its own (glibc's arena lock, for one past its per-thread cache), for nothing.
+        Prefetched::Created(created) => {
             drop(opening);
-            match opened {
-                Opened::Done(out) => return Box::pin(replayed(events, run_id, *out)).await,
-                // Kept boxed: each layer of the turn's future would otherwise hold its own copy.
-                Opened::Turn { record, state, created } => (record, state, created),
-            }
-        };
-        // Chained, not awaited into a local: a local that receives an await's output has its
-        // slot in this future during that await too, and the turn's result (168 bytes) then sat
-        // beside `drive` in every run's task for the run's whole life. Chained, it lives only
-        // in the second stage, which takes the first's place. It captures the runtime and the
-        // lease, two references, and makes its writer when it runs.
-        let marked = move |mut result: Result<RunOutput, RunError>| async move {
-            let fence = held.fence();
-            // An outcome sent while the turn went on may have failed after the turn's own error
-            // (a model outage, say): the lost outcome is what the run must report.
-            if result.is_err()
-                && !fence.is_lost()
-                && let Err(e) = fence.written().await
-            {
-                result = Err(e.into());
-            }
-            if let Err(e) = &result
-                && ends_the_run(e)
-                && !fence.is_lost()
-            {
-                Box::pin(mark_ended(RunWriter::new(rt.store.as_ref(), fence), ended_status(e))).await;
-            }
-            result
-        };
-        drive(rt, record, state, created, events, interrupt, held, hand_back).then(marked).await
-    }
+            Either::Left(std::future::ready(Ok(Opened::created(created))))
+        }
+        // Boxed: a future is as large as its largest await, and a run spends its life waiting
+        // on the model, so what only briefly runs (opening, dispatching, closing) is kept off
+        // the run's task, which 10,000 runs in flight hold at once. The request goes with it.
+        read => Either::Right(Box::pin(async move {
+            let writer = RunWriter::new(rt.store.as_ref(), held.fence());
+            open(rt, &mut opening.req, writer, read).await
+        })),
+    };
+    // Chained, not awaited into a local: a local that receives an await's output has its
+    // slot in this future during that await too, and the turn's result (168 bytes) then sat
+    // beside `drive` in every run's task for the run's whole life. Chained, it lives only
+    // in the second stage, which takes the first's place. It captures the runtime and the
+    // lease, two references, and makes its writer when it runs.
+    let marked = move |mut result: Result<RunOutput, RunError>| async move {
+        let fence = held.fence();
+        // An outcome sent while the turn went on may have failed after the turn's own error
+        // (a model outage, say): the lost outcome is what the run must report.
+        if result.is_err()
+            && !fence.is_lost()
+            && let Err(e) = fence.written().await
+        {
+            result = Err(e.into());
+        }
+        if let Err(e) = &result
+            && ends_the_run(e)
+            && !fence.is_lost()
+        {
+            Box::pin(mark_ended(RunWriter::new(rt.store.as_ref(), fence), ended_status(e))).await;
+        }
+        result
+    };
+    opened.then(move |opened| match opened {
+        Err(e) => Either::Left(Either::Left(std::future::ready(Err(e)))),
+        Ok(Opened::Done(out)) => Either::Left(Either::Right(Box::pin(replayed(events, run_id, *out)))),
+        // Kept boxed: each layer of the turn's future would otherwise hold its own copy.
+        Ok(Opened::Turn { record, state, created }) => {
+            Either::Right(drive(rt, record, state, created, events, interrupt, held, hand_back).then(marked))
+        }
+    })
 }
 
 /// A turn the journal already holds whole (a duplicate request): its events and output.
