@@ -36,7 +36,7 @@ use crate::{
 /// every run's task, waiting on the model. Not an async block either: the open is chained to
 /// the steps, so that what only the open needs (the request, which is dropped once the run is
 /// open) and the locals that carried its outcome keep no slot beside them (an async block
-/// here was 64 bytes more of every run's task).
+/// here made every run's future 72 bytes larger: 832 against 760).
 pub(super) fn turn<'a>(
     rt: &'a Arc<Inner>,
     mut opening: Box<Opening>,
@@ -49,14 +49,15 @@ pub(super) fn turn<'a>(
     let hand_back = opening.req.hand_back;
     let opened = match std::mem::replace(&mut opening.read, Prefetched::Unread) {
         // Most runs: created with their lease, nothing to await. `open`'s future would take a
-        // box of its own (glibc's arena lock, for one past its per-thread cache), for nothing.
+        // box of its own (an allocation and a free), for nothing.
         Prefetched::Created(created) => {
             drop(opening);
             Either::Left(std::future::ready(Ok(Opened::created(created))))
         }
         // Boxed: a future is as large as its largest await, and a run spends its life waiting
         // on the model, so what only briefly runs (opening, dispatching, closing) is kept off
-        // the run's task, which 10,000 runs in flight hold at once. The request goes with it.
+        // the run's task, which 10,000 runs in flight hold at once. The request goes with it;
+        // the box is 928 bytes, within glibc's per-thread cache (requests up to 1,032).
         read => Either::Right(Box::pin(async move {
             let writer = RunWriter::new(rt.store.as_ref(), held.fence());
             open(rt, &mut opening.req, writer, read).await
