@@ -147,8 +147,7 @@ async fn one(url: &str, workers: usize, runs: usize, latency_ms: u64, cap: Durat
     let per_worker = runs.div_ceil(workers);
     let mut procs: Vec<Worker> = (0..workers).map(|_| Worker::start(&schema, latency_ms, runs, per_worker)).collect();
     let client = connect(url).await.expect("a statistics connection");
-    // Polled: whether a run is still running, found through the partial index of running runs
-    // (an index scan drops the entries of rows that left it as it meets them). The count of
+    // Polled: whether any run is still running, which stops at the first it finds. The count of
     // finished runs, polled before, visited every finished row: 55 ms a poll once 10,000 had
     // finished (`EXPLAIN ANALYZE`), server time spent beside the workers' statements. Counted
     // once, at the end.
@@ -167,9 +166,9 @@ async fn one(url: &str, workers: usize, runs: usize, latency_ms: u64, cap: Durat
         }
     }
     let wall = start.elapsed();
-    let finished: i64 = client.query_one(&count, &[]).await.expect("count finished runs").get(0);
-    // Before the workers' backends exit with their CPU time.
+    // Before the workers' backends exit with their CPU time, and before the count below.
     let server_cpu = server_cpu().saturating_sub(cpu_before);
+    let finished: i64 = client.query_one(&count, &[]).await.expect("count finished runs").get(0);
     let reports: Vec<Vec<(String, f64)>> = procs.into_iter().map(Worker::stop).collect();
     // A backend reports its statistics when it exits at the latest.
     tokio::time::sleep(Duration::from_millis(500)).await;
