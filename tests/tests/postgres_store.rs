@@ -322,24 +322,17 @@ async fn the_closing_write_journals_the_last_step_or_nothing() {
     assert_eq!(store.append_steps("r", next.token, vec![step("b")]).await.unwrap(), [2]);
 }
 
-/// A one-call run on PostgreSQL is four statements, each its own request: the lease taken with
-/// the run's row, the model's response with the call's intent, the call's outcome, and the
-/// answer with the run's end and the lease's release. A run of the caller's id with a turn's
-/// input is the same four (it read, then created: six, before 09dc0e3). Counted in the
-/// client's messages on the wire (a proxy between the store and the server), after a first run of each kind prepared the statements. Nothing else
-/// talks to the server meanwhile: no instance id (no lock connection), no workers (no
-/// `LISTEN`), and lease renewals fall due a third of the default TTL after the grant.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_one_call_run_is_four_statements_on_the_wire() {
-    use kuralle::testing::{ScriptedModel, Turn};
+/// A counting proxy in front of `url`'s server and a connection string through it (TLS off, so
+/// the proxy can read the messages), or `None` (after a skip notice) when `url` names no TCP
+/// host.
+async fn through_a_proxy(url: &str, test: &str) -> Option<(kuralle_tests::fault_proxy::FaultProxy, String)> {
     use kuralle_tests::fault_proxy::FaultProxy;
-    let Some(url) = database_url("a_one_call_run_is_four_statements_on_the_wire") else { return };
     let config: tokio_postgres::Config = url.parse().expect("DATABASE_URL parses");
     let host = match config.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
         _ => {
-            eprintln!("skipping a_one_call_run_is_four_statements_on_the_wire: DATABASE_URL names no TCP host");
-            return;
+            eprintln!("skipping {test}: DATABASE_URL names no TCP host");
+            return None;
         }
     };
     let port = config.get_ports().first().copied().unwrap_or(5432);
@@ -359,6 +352,23 @@ async fn a_one_call_run_is_four_statements_on_the_wire() {
     if let Some(password) = config.get_password() {
         through.push_str(&format!(" password={}", quoted(password)));
     }
+    Some((proxy, through))
+}
+
+/// A one-call run on PostgreSQL is four statements, each its own request: the lease taken with
+/// the run's row, the model's response with the call's intent, the call's outcome, and the
+/// answer with the run's end and the lease's release. A run of the caller's id with a turn's
+/// input is the same four (it read, then created: six, before 09dc0e3). Counted in the
+/// client's messages on the wire (a proxy between the store and the server), after a first run of each kind prepared the statements. Nothing else
+/// talks to the server meanwhile: no instance id (no lock connection), no workers (no
+/// `LISTEN`), and lease renewals fall due a third of the default TTL after the grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_call_run_is_four_statements_on_the_wire() {
+    use kuralle::testing::{ScriptedModel, Turn};
+    let Some(url) = database_url("a_one_call_run_is_four_statements_on_the_wire") else { return };
+    let Some((proxy, through)) = through_a_proxy(&url, "a_one_call_run_is_four_statements_on_the_wire").await else {
+        return;
+    };
     let schema = unique_schema("wire");
     let _guard = SchemaGuard { url: url.clone(), schema: schema.clone() };
     // One connection, so the measured runs find every statement the warm-up runs prepared.
@@ -387,4 +397,169 @@ async fn a_one_call_run_is_four_statements_on_the_wire() {
     counted(kuralle::RunRequest::new("go").run_id("first")).await;
     assert_eq!(counted(kuralle::RunRequest::new("go")).await, (4, 4), "a runtime-made id");
     assert_eq!(counted(kuralle::RunRequest::new("go").run_id("second")).await, (4, 4), "a caller's id");
+}
+
+/// Step outcomes of many runs written at once share statements, and each keeps its own outcome:
+/// among 48 runs' outcomes sent together, those whose lease was taken over are fenced, those
+/// naming no running step are refused, two outcomes of one step go in different statements (one
+/// lands, the other finds the step finished), and every other outcome lands. Fewer statements
+/// than outcomes reach the server (counted on the wire by a proxy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_of_many_runs_share_statements_and_keep_their_own_results() {
+    use kuralle::Lease;
+    const TEST: &str = "outcomes_of_many_runs_share_statements_and_keep_their_own_results";
+    let Some(url) = database_url(TEST) else { return };
+    let Some((proxy, through)) = through_a_proxy(&url, TEST).await else { return };
+    let schema = unique_schema("batch");
+    let _guard = SchemaGuard { url: url.clone(), schema: schema.clone() };
+    // Four connections: one batch of outcomes in flight at a time, so the rest gather.
+    let options = PostgresOptions { schema, max_connections: 4, ..PostgresOptions::default() };
+    let store = PostgresStore::connect_with(&through, options).await.unwrap();
+    let ttl = Duration::from_secs(60);
+    let mut leases: Vec<Lease> = Vec::new();
+    for i in 0..48 {
+        let run_id = format!("r{i}");
+        let lease = store.acquire_lease(&run_id, "w", ttl).await.unwrap();
+        store.create_run(run(&run_id, RunStatus::Running, 1), lease.token).await.unwrap();
+        assert_eq!(store.append_steps(&run_id, lease.token, vec![step("k")]).await.unwrap(), vec![0]);
+        if i % 8 == 3 {
+            // Taken over: this lease's token is stale.
+            store.release_lease(&lease).await.unwrap();
+            store.acquire_lease(&run_id, "w2", ttl).await.unwrap();
+        }
+        leases.push(lease);
+    }
+    let outcome = |i: usize| StepOutcome::Finished(json!({ "run": i }).into());
+    // Each run's outcome for its step; run 5 (mod 8) names a step that is not there, run 6 sends
+    // two outcomes of its step.
+    let mut writes: Vec<(usize, u64)> = (0..48).map(|i| (i, if i % 8 == 5 { 7 } else { 0 })).collect();
+    writes.extend((0..48).filter(|i| i % 8 == 6).map(|i| (i, 0)));
+    let before = proxy.stats().pg_statements;
+    let results = futures::future::join_all(writes.iter().map(|&(i, ordinal)| {
+        let (store, lease) = (&store, &leases[i]);
+        async move { store.finish_step(&lease.run_id, lease.token, ordinal, outcome(i), 2_000).await }
+    }))
+    .await;
+    let statements = proxy.stats().pg_statements - before;
+    assert!(statements < writes.len() as u64 / 2, "{} outcomes took {statements} statements", writes.len());
+
+    let mut landed_twice = [0usize; 48];
+    for (&(i, ordinal), result) in writes.iter().zip(&results) {
+        let run_id = format!("r{i}");
+        match i % 8 {
+            3 => assert_eq!(result, &Err(StoreError::Fenced { run_id, token: leases[i].token }), "run {i}"),
+            5 => assert_eq!(result, &Err(StoreError::StepNotRunning { run_id, ordinal }), "run {i}"),
+            6 => match result {
+                Ok(()) => landed_twice[i] += 1,
+                Err(StoreError::StepNotRunning { run_id: r, ordinal: 0 }) if *r == run_id => {}
+                other => panic!("run {i}'s second outcome: {other:?}"),
+            },
+            _ => assert_eq!(result, &Ok(()), "run {i}"),
+        }
+    }
+    for (i, landed_twice) in landed_twice.into_iter().enumerate() {
+        let steps = store.steps(&format!("r{i}")).await.unwrap();
+        let landed = !matches!(i % 8, 3 | 5);
+        let expected = if landed { StepStatus::Finished } else { StepStatus::Running };
+        assert_eq!(steps[0].status, expected, "run {i}");
+        if landed {
+            assert_eq!(steps[0].result.as_ref().expect("a result"), &json!({ "run": i }), "run {i}");
+        }
+        if i % 8 == 6 {
+            assert_eq!(landed_twice, 1, "run {i}: exactly one of its two outcomes lands");
+        }
+    }
+}
+
+/// Journal appends of many runs written at once share statements, and each keeps its own
+/// outcome: a taken-over lease is fenced, a run that was never created is not found, a key the
+/// run already journaled is refused (which sends the others again one by one: they land all
+/// the same), and every other write gets the next ordinals of its own run. A model response
+/// with its calls' intents and plain intents go in the same statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_of_many_runs_share_statements_and_keep_their_own_results() {
+    use kuralle::{FinishedWithIntents, Lease, NewStep, StepKind};
+    const TEST: &str = "appends_of_many_runs_share_statements_and_keep_their_own_results";
+    let Some(url) = database_url(TEST) else { return };
+    let Some((proxy, through)) = through_a_proxy(&url, TEST).await else { return };
+    let schema = unique_schema("batch");
+    let _guard = SchemaGuard { url: url.clone(), schema: schema.clone() };
+    let options = PostgresOptions { schema, max_connections: 4, ..PostgresOptions::default() };
+    let store = PostgresStore::connect_with(&through, options).await.unwrap();
+    let ttl = Duration::from_secs(60);
+    let mut leases: Vec<Lease> = Vec::new();
+    for i in 0..48 {
+        let run_id = format!("r{i}");
+        let lease = store.acquire_lease(&run_id, "w", ttl).await.unwrap();
+        // Run 7 (mod 8) is never created.
+        if i % 8 != 7 {
+            store.create_run(run(&run_id, RunStatus::Running, 1), lease.token).await.unwrap();
+            assert_eq!(store.append_steps(&run_id, lease.token, vec![step("k0")]).await.unwrap(), vec![0]);
+        }
+        if i % 8 == 3 {
+            store.release_lease(&lease).await.unwrap();
+            store.acquire_lease(&run_id, "w2", ttl).await.unwrap();
+        }
+        leases.push(lease);
+    }
+    let model = |i: usize| NewStep {
+        key: format!("m{i}"),
+        kind: StepKind::Model,
+        name: "model".into(),
+        epoch: 0,
+        started_at_ms: 5,
+    };
+    // Even runs: a model response and two intents; odd runs: two intents, the first key
+    // already journaled in run 5 (mod 8).
+    let append = |i: usize| {
+        let (store, lease) = (&store, &leases[i]);
+        async move {
+            let first = if i % 8 == 5 { "k0".to_owned() } else { format!("k{i}-a") };
+            let intents = vec![step(&first), step(&format!("k{i}-b"))];
+            if i.is_multiple_of(2) {
+                let write = FinishedWithIntents {
+                    finished: model(i),
+                    outcome: StepOutcome::Finished(json!({ "text": i }).into()),
+                    finished_at_ms: 6,
+                    intents,
+                };
+                store.append_finished_with_intents(&lease.run_id, lease.token, write).await
+            } else {
+                store.append_steps(&lease.run_id, lease.token, intents).await
+            }
+        }
+    };
+    let before = proxy.stats().pg_statements;
+    let results = futures::future::join_all((0..48).map(append)).await;
+    let statements = proxy.stats().pg_statements - before;
+    // The batches with run 5's refused key are sent again one write at a time.
+    assert!(statements < 48, "48 appends took {statements} statements");
+
+    for (i, result) in results.iter().enumerate() {
+        let run_id = format!("r{i}");
+        match i % 8 {
+            3 => assert_eq!(result, &Err(StoreError::Fenced { run_id, token: leases[i].token }), "run {i}"),
+            5 => assert_eq!(result, &Err(StoreError::DuplicateKey { run_id, key: "k0".into() }), "run {i}"),
+            7 => assert_eq!(result, &Err(StoreError::RunNotFound(run_id)), "run {i}"),
+            _ if i % 2 == 0 => assert_eq!(result, &Ok(vec![1, 2, 3]), "run {i}"),
+            _ => assert_eq!(result, &Ok(vec![1, 2]), "run {i}"),
+        }
+        let steps = store.steps(&format!("r{i}")).await.unwrap();
+        let keys: Vec<&str> = steps.iter().map(|s| s.key.as_str()).collect();
+        let (a, b) = (format!("k{i}-a"), format!("k{i}-b"));
+        match (i % 8, i % 2) {
+            (7, _) => assert!(keys.is_empty(), "run {i}: {keys:?}"),
+            (3 | 5, _) => assert_eq!(keys, ["k0"], "run {i}"),
+            (_, 0) => {
+                assert_eq!(keys, ["k0", format!("m{i}").as_str(), &a, &b], "run {i}");
+                assert_eq!((steps[1].status, steps[2].status), (StepStatus::Finished, StepStatus::Running), "run {i}");
+                assert_eq!(steps[1].result.as_ref().expect("the response"), &json!({ "text": i }), "run {i}");
+                assert_eq!((steps[1].finished_at_ms, steps[2].finished_at_ms), (Some(6), None), "run {i}");
+            }
+            _ => {
+                assert_eq!(keys, ["k0", &a, &b], "run {i}");
+                assert!(steps[1..].iter().all(|s| s.status == StepStatus::Running && s.result.is_none()), "run {i}");
+            }
+        }
+    }
 }

@@ -8,6 +8,7 @@
 //! - [`codec`]: JSON values as JSONB, losslessly; [`errors`]: typed errors.
 //! - [`tls`]: the URL's `sslmode` / `sslrootcert` on rustls, and [`PostgresTls`].
 
+mod batch;
 mod codec;
 mod errors;
 mod instance;
@@ -74,7 +75,10 @@ impl Default for PostgresOptions {
 /// leases in PostgreSQL.
 ///
 /// Each write is one statement and one commit (`synchronous_commit` as the server is
-/// configured; the default is durable). Writes that belong to a run carry the run's fencing
+/// configured; the default is durable). The journal's writes of many runs that are waiting at
+/// the same time (appends, and calls' outcomes) share one: each still carries its own run's
+/// fencing token and gets its own outcome, and a batch holds at most one write of a run, so a
+/// run's writes keep their order. Writes that belong to a run carry the run's fencing
 /// token and are checked in the same statement; lease expiry is computed and compared with the
 /// **database's** clock, never the client's. Values are JSONB. A lost connection, a terminated
 /// backend or a server that is down give a retryable [`StoreError::Unavailable`]; the pool
@@ -114,6 +118,10 @@ struct Inner {
     config: tokio_postgres::Config,
     tls: MakeRustlsConnect,
     listener: notify::Listener,
+    /// Step outcomes waiting to be sent, many runs' in one statement.
+    finishes: batch::Queue<steps::Finish>,
+    /// Journal appends waiting to be sent, many runs' in one statement.
+    appends: batch::Queue<steps::Append>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -190,8 +198,21 @@ impl PostgresStore {
             .build()
             .map_err(|e| StoreError::Corrupt(format!("cannot build the PostgreSQL pool: {e}").into()))?;
         let sql = Sql::new(&schema::quote_ident(&options.schema));
-        let store =
-            Self { inner: Arc::new(Inner { pool, sql, options, config, tls, listener: notify::Listener::default() }) };
+        // A quarter of the pool per kind of batched write leaves the rest to reads, leases and
+        // the runs' rows.
+        let slots = options.max_connections / 4;
+        let store = Self {
+            inner: Arc::new(Inner {
+                pool,
+                sql,
+                options,
+                config,
+                tls,
+                listener: notify::Listener::default(),
+                finishes: batch::Queue::new(slots),
+                appends: batch::Queue::new(slots),
+            }),
+        };
         let mut client = store.client().await.map_err(|fail| fail.error)?;
         schema::migrate(&mut client, &store.inner.options.schema).await?;
         Ok(store)
@@ -271,7 +292,7 @@ impl crate::store::RunStore for PostgresStore {
         fence: u64,
         steps: Vec<crate::store::NewStep>,
     ) -> crate::store::StoreFuture<'a, Vec<u64>> {
-        Box::pin(async move { self.append_fenced(run_id, Some(fence), &steps).await })
+        Box::pin(async move { self.append_fenced(run_id, Some(fence), steps).await })
     }
 
     fn append_finished_with_intents<'a>(

@@ -13,6 +13,18 @@ const FENCE: &str = "fence AS MATERIALIZED (
     ),
     ok AS (SELECT $2::int8 IS NULL OR EXISTS (SELECT 1 FROM fence) AS ok)";
 
+/// The fence prelude of a write of many runs, after a `req` CTE with one row per write
+/// (`run_id`, `token`, and `i`, its position): `fence` share-locks the lease rows whose tokens
+/// match, in `run_id` order (so two batches, or a batch and a renewal, take their common rows in
+/// the same order and cannot deadlock), and `ok` keeps the writes that may go ahead.
+const FENCES: &str = "fence AS MATERIALIZED (
+        SELECT r.i FROM req r
+        JOIN {s}.kuralle_leases l ON l.run_id = r.run_id AND l.token = r.token AND NOT l.released
+        ORDER BY l.run_id
+        FOR SHARE OF l
+    ),
+    ok AS MATERIALIZED (SELECT r.* FROM req r WHERE r.token IS NULL OR r.i IN (SELECT i FROM fence))";
+
 /// The run row's fenced, versioned update (after the fence prelude), shared by `put_run` and
 /// `put_run_release`; `upd` has a row when the run was written.
 const PUT_RUN: &str = "upd AS (
@@ -57,8 +69,10 @@ pub(super) struct Sql {
     pub delete_steps: String,
     pub append_steps: String,
     pub append_finished: String,
+    pub append_many: String,
     pub existing_keys: String,
-    pub finish_step: String,
+    pub journaled_keys: String,
+    pub finish_steps: String,
     pub steps: String,
     pub acquire_lease: String,
     pub acquire_lease_create: String,
@@ -79,7 +93,11 @@ impl Sql {
     /// The statements for the (already quoted) schema `s`.
     pub fn new(s: &str) -> Self {
         let bind = |sql: &str| {
-            sql.replace("{fence}", FENCE).replace("{put_run}", PUT_RUN).replace("{acquire}", ACQUIRE).replace("{s}", s)
+            sql.replace("{fences}", FENCES)
+                .replace("{fence}", FENCE)
+                .replace("{put_run}", PUT_RUN)
+                .replace("{acquire}", ACQUIRE)
+                .replace("{s}", s)
         };
         Self {
             create_run: bind(
@@ -188,16 +206,74 @@ impl Sql {
                 )
                 SELECT (SELECT ok FROM ok), (SELECT first FROM res), (SELECT count(*) FROM ins)",
             ),
+            // `append_steps` and `append_finished` for many runs. One row per write: `$1` run ids,
+            // `$2` tokens, `$3` counts of steps, and for a write whose first step is already
+            // finished `$4` its status, `$5` result, `$6` error, `$7` finish time (`NULL`s
+            // otherwise). One row per step: `$8` its write and `$9` its position in it (both
+            // from 1), `$10` keys, `$11` kinds, `$12` names, `$13` epochs, `$14` start times. One
+            // row back per write, in order: whether its fence let it through, the first ordinal
+            // it reserved (`NULL`: no run), how many steps it inserted. A key already journaled
+            // fails the whole statement (nothing is written).
+            append_many: bind(
+                "WITH req AS MATERIALIZED (
+                    SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::text[], $5::jsonb[], $6::jsonb[],
+                        $7::int8[])
+                        WITH ORDINALITY AS r (run_id, token, count, status, result, error, finished_at, i)
+                ),
+                {fences},
+                res AS (
+                    UPDATE {s}.kuralle_runs AS u SET next_ordinal = u.next_ordinal + ok.count
+                    FROM ok WHERE u.run_id = ok.run_id
+                    RETURNING ok.i, u.next_ordinal - ok.count AS first
+                ),
+                ins AS (
+                    INSERT INTO {s}.kuralle_steps
+                        (run_id, ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at)
+                    SELECT ok.run_id, res.first + st.n - 1, st.key, st.kind, st.name, st.epoch,
+                        CASE WHEN st.n = 1 AND ok.status IS NOT NULL THEN ok.status ELSE 'running' END,
+                        CASE WHEN st.n = 1 THEN ok.result END,
+                        CASE WHEN st.n = 1 THEN ok.error END,
+                        st.started_at,
+                        CASE WHEN st.n = 1 THEN ok.finished_at END
+                    FROM unnest($8::int8[], $9::int8[], $10::text[], $11::text[], $12::text[], $13::int8[],
+                        $14::int8[]) AS st (i, n, key, kind, name, epoch, started_at)
+                    JOIN res ON res.i = st.i
+                    JOIN ok ON ok.i = st.i
+                    RETURNING run_id
+                ),
+                inserted AS (SELECT run_id, count(*) AS n FROM ins GROUP BY run_id)
+                SELECT r.i IN (SELECT i FROM ok), res.first, coalesce(inserted.n, 0)
+                FROM req r
+                LEFT JOIN res ON res.i = r.i
+                LEFT JOIN inserted ON inserted.run_id = r.run_id
+                ORDER BY r.i",
+            ),
             existing_keys: bind("SELECT key FROM {s}.kuralle_steps WHERE run_id = $1 AND key = ANY($2::text[])"),
-            finish_step: bind(
-                "WITH {fence},
+            // `finish_step` for many runs: `$1` run ids, `$2` tokens, `$3` ordinals, `$4` statuses,
+            // `$5` results, `$6` errors, `$7` finish times, pairwise; one row per write, in order:
+            // whether its fence let it through, whether its step was updated, whether its run exists.
+            // Which of the `($1, $2)` pairs (run ids and keys, pairwise) are journaled.
+            journaled_keys: bind(
+                "SELECT s.run_id, s.key FROM {s}.kuralle_steps s
+                 JOIN unnest($1::text[], $2::text[]) AS k (run_id, key) ON s.run_id = k.run_id AND s.key = k.key",
+            ),
+            finish_steps: bind(
+                "WITH req AS MATERIALIZED (
+                    SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::text[], $5::jsonb[], $6::jsonb[],
+                        $7::int8[])
+                        WITH ORDINALITY AS r (run_id, token, ordinal, status, result, error, finished_at, i)
+                ),
+                {fences},
                 upd AS (
-                    UPDATE {s}.kuralle_steps SET status = $4, result = $5, error = $6, finished_at = $7
-                    WHERE run_id = $1 AND ordinal = $3 AND status = 'running' AND (SELECT ok FROM ok)
-                    RETURNING 1
+                    UPDATE {s}.kuralle_steps AS s
+                    SET status = ok.status, result = ok.result, error = ok.error, finished_at = ok.finished_at
+                    FROM ok
+                    WHERE s.run_id = ok.run_id AND s.ordinal = ok.ordinal AND s.status = 'running'
+                    RETURNING ok.i
                 )
-                SELECT (SELECT ok FROM ok), EXISTS (SELECT 1 FROM upd),
-                    EXISTS (SELECT 1 FROM {s}.kuralle_runs WHERE run_id = $1)",
+                SELECT r.i IN (SELECT i FROM ok), r.i IN (SELECT i FROM upd),
+                    EXISTS (SELECT 1 FROM {s}.kuralle_runs x WHERE x.run_id = r.run_id)
+                FROM req r ORDER BY r.i",
             ),
             steps: bind(
                 "SELECT ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at
@@ -231,10 +307,18 @@ impl Sql {
                 ms!("expires_at")
             )),
             // Many leases, one statement: `$1` run ids and `$2` tokens, pairwise. A lease not
-            // returned was taken over or released (fenced).
+            // returned was taken over or released (fenced). The rows are locked in `run_id` order,
+            // as batched writes' fences take them (see `FENCES`): no deadlock between the two.
             renew_leases: bind(concat!(
-                "UPDATE {s}.kuralle_leases AS l SET expires_at = clock_timestamp() + $3::int8 * interval '1 millisecond'
-                 FROM unnest($1::text[], $2::int8[]) AS r(run_id, token)
+                "WITH r AS (
+                    SELECT l.run_id, l.token FROM {s}.kuralle_leases l
+                    JOIN unnest($1::text[], $2::int8[]) AS r(run_id, token) ON l.run_id = r.run_id AND l.token = r.token
+                    WHERE NOT l.released
+                    ORDER BY l.run_id
+                    FOR NO KEY UPDATE OF l
+                )
+                UPDATE {s}.kuralle_leases AS l SET expires_at = clock_timestamp() + $3::int8 * interval '1 millisecond'
+                 FROM r
                  WHERE l.run_id = r.run_id AND l.token = r.token AND NOT l.released
                  RETURNING l.run_id, l.token, ",
                 ms!("l.expires_at")

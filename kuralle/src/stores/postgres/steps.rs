@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 
 use super::PostgresStore;
+use super::batch::{Batched, Queue};
 use super::codec::{decode, encode, to_i64, to_u64};
 use super::errors::{Fail, retrying};
 use super::runs::{fence_param, fenced, get};
@@ -17,17 +18,20 @@ pub(super) type OutcomeColumns = (&'static str, Option<serde_json::Value>, Optio
 pub(super) const KEY_CONSTRAINT: &str = "kuralle_steps_run_id_key_key";
 
 impl PostgresStore {
+    /// Intents, sent with other runs' appends waiting at the same time (see
+    /// [`batch`](super::batch)).
     pub(super) async fn append_fenced(
         &self,
         run_id: &str,
         fence: Option<u64>,
-        steps: &[NewStep],
+        steps: Vec<NewStep>,
     ) -> Result<Vec<u64>, StoreError> {
-        self.append_rows(run_id, fence, steps, None).await
+        self.batched(Append::new(run_id, fence, steps, None)?).await
     }
 
     /// Appends `finished`, already finished with `outcome` at `finished_at_ms`, then the
-    /// intents, in one statement (one commit).
+    /// intents, all or none (one commit, shared with other runs' appends waiting at the same
+    /// time).
     pub(super) async fn append_finished_fenced(
         &self,
         run_id: &str,
@@ -39,7 +43,7 @@ impl PostgresStore {
         steps.push(finished);
         steps.extend(intents);
         let first = self.outcome_columns(&outcome)?;
-        self.append_rows(run_id, fence, &steps, Some((first, finished_at_ms))).await
+        self.batched(Append::new(run_id, fence, steps, Some((first, finished_at_ms)))?).await
     }
 
     /// The `(status, result, error)` columns of `outcome`, after its size check.
@@ -58,21 +62,14 @@ impl PostgresStore {
         })
     }
 
-    /// Inserts `steps` as intents, all or none; with `first_done`, the first is inserted
-    /// already finished with those columns at that time.
-    async fn append_rows(
-        &self,
-        run_id: &str,
-        fence: Option<u64>,
-        steps: &[NewStep],
-        first_done: Option<(OutcomeColumns, i64)>,
-    ) -> Result<Vec<u64>, StoreError> {
-        let fence = fence_param(fence)?;
-        let count = i64::try_from(steps.len()).map_err(|_| StoreError::LimitExceeded("too many steps".into()))?;
+    /// `write` alone, in a statement of its own: after a batch met a key already journaled, this
+    /// tells which write holds it, and which key.
+    async fn append_alone(&self, write: &Append) -> Result<Vec<u64>, StoreError> {
+        let Append { run_id, fence, steps, epochs, first_done } = write;
+        let (run_id, fence, count) = (run_id.as_str(), *fence, write.count());
         let keys: Vec<&str> = steps.iter().map(|s| s.key.as_str()).collect();
         let kinds: Vec<&str> = steps.iter().map(|s| s.kind.as_str()).collect();
         let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
-        let epochs = steps.iter().map(|s| to_i64("step epoch", s.epoch)).collect::<Result<Vec<_>, _>>()?;
         let started: Vec<i64> = steps.iter().map(|s| s.started_at_ms).collect();
         retrying(|| async {
             let client = self.client().await?;
@@ -83,7 +80,7 @@ impl PostgresStore {
             }
             .map_err(Fail::write)?;
             type Param<'p> = &'p (dyn tokio_postgres::types::ToSql + Sync);
-            let mut params: Vec<Param<'_>> = vec![&run_id, &fence, &count, &keys, &kinds, &names, &epochs, &started];
+            let mut params: Vec<Param<'_>> = vec![&run_id, &fence, &count, &keys, &kinds, &names, epochs, &started];
             if let Some(((status, result, error), finished_at_ms)) = &first_done {
                 params.extend::<[Param<'_>; 4]>([status, result, error, finished_at_ms]);
             }
@@ -100,26 +97,13 @@ impl PostgresStore {
                 }
                 Err(e) => return Err(Fail::write(e)),
             };
-            let allowed: bool = get(&row, 0)?;
-            if !allowed {
-                return Err(fenced(run_id, fence).into());
-            }
-            let Some(first) = get::<Option<i64>>(&row, 1)? else {
-                return Err(StoreError::RunNotFound(run_id.to_owned()).into());
-            };
-            let inserted: i64 = get(&row, 2)?;
-            if inserted != count {
-                let message = format!("run `{run_id}`: {inserted} of {count} intents were stored");
-                return Err(StoreError::Corrupt(message.into()).into());
-            }
-            let ordinals = (first..first + count)
-                .map(|ordinal| to_u64("kuralle_runs.next_ordinal", ordinal))
-                .collect::<Result<_, _>>()?;
-            Ok(ordinals)
+            Ok(write.ordinals(get(&row, 0)?, get(&row, 1)?, get(&row, 2)?)?)
         })
         .await
     }
 
+    /// A call's outcome, sent with other runs' outcomes waiting at the same time (see
+    /// [`batch`](super::batch)).
     pub(super) async fn finish_fenced(
         &self,
         run_id: &str,
@@ -129,24 +113,8 @@ impl PostgresStore {
         finished_at_ms: i64,
     ) -> Result<(), StoreError> {
         let fence = fence_param(fence)?;
-        let (status, result, error) = self.outcome_columns(outcome)?;
-        // An ordinal beyond `bigint` names no step.
-        let stored_ordinal = i64::try_from(ordinal).unwrap_or(-1);
-        retrying(|| async {
-            let client = self.client().await?;
-            let stmt = client.prepare_cached(&self.inner.sql.finish_step).await.map_err(Fail::write)?;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
-                [&run_id, &fence, &stored_ordinal, &status, &result, &error, &finished_at_ms];
-            let row = client.query_one(&stmt, &params).await.map_err(Fail::write)?;
-            let (allowed, updated, run_exists): (bool, bool, bool) = (get(&row, 0)?, get(&row, 1)?, get(&row, 2)?);
-            match (allowed, updated, run_exists) {
-                (false, _, _) => Err(fenced(run_id, fence).into()),
-                (true, true, _) => Ok(()),
-                (true, false, false) => Err(StoreError::RunNotFound(run_id.to_owned()).into()),
-                (true, false, true) => Err(StoreError::StepNotRunning { run_id: run_id.to_owned(), ordinal }.into()),
-            }
-        })
-        .await
+        let columns = self.outcome_columns(outcome)?;
+        self.batched(Finish { run_id: run_id.to_owned(), fence, ordinal, columns, finished_at_ms }).await
     }
 
     pub(super) async fn step_rows(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
@@ -181,4 +149,244 @@ fn step_from_row(row: &tokio_postgres::Row) -> Result<StepRecord, StoreError> {
         started_at_ms: get(row, 8)?,
         finished_at_ms: get(row, 9)?,
     })
+}
+
+/// A step's outcome waiting to be written.
+pub(super) struct Finish {
+    run_id: String,
+    fence: Option<i64>,
+    ordinal: u64,
+    columns: OutcomeColumns,
+    finished_at_ms: i64,
+}
+
+impl Batched for Finish {
+    type Output = ();
+
+    fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    fn queue(store: &PostgresStore) -> &Queue<Self> {
+        &store.inner.finishes
+    }
+
+    async fn send(store: &PostgresStore, batch: &[Self]) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+        let run_ids: Vec<&str> = batch.iter().map(|f| f.run_id.as_str()).collect();
+        let tokens: Vec<Option<i64>> = batch.iter().map(|f| f.fence).collect();
+        // An ordinal beyond `bigint` names no step.
+        let ordinals: Vec<i64> = batch.iter().map(|f| i64::try_from(f.ordinal).unwrap_or(-1)).collect();
+        let statuses: Vec<&str> = batch.iter().map(|f| f.columns.0).collect();
+        let results: Vec<Option<&serde_json::Value>> = batch.iter().map(|f| f.columns.1.as_ref()).collect();
+        let errors: Vec<Option<&serde_json::Value>> = batch.iter().map(|f| f.columns.2.as_ref()).collect();
+        let finished: Vec<i64> = batch.iter().map(|f| f.finished_at_ms).collect();
+        let rows = retrying(|| async {
+            let client = store.client().await?;
+            let stmt = client.prepare_cached(&store.inner.sql.finish_steps).await.map_err(Fail::write)?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+                [&run_ids, &tokens, &ordinals, &statuses, &results, &errors, &finished];
+            client.query(&stmt, &params).await.map_err(Fail::write)
+        })
+        .await?;
+        if rows.len() != batch.len() {
+            let message = format!("{} step outcomes were sent and {} answered", batch.len(), rows.len());
+            return Err(StoreError::Corrupt(message.into()));
+        }
+        rows.iter()
+            .zip(batch)
+            .map(|(row, write)| {
+                let (allowed, updated, run_exists): (bool, bool, bool) = (get(row, 0)?, get(row, 1)?, get(row, 2)?);
+                let run_id = &write.run_id;
+                Ok(match (allowed, updated, run_exists) {
+                    (false, _, _) => Err(fenced(run_id, write.fence)),
+                    (true, true, _) => Ok(()),
+                    (true, false, false) => Err(StoreError::RunNotFound(run_id.clone())),
+                    (true, false, true) => {
+                        Err(StoreError::StepNotRunning { run_id: run_id.clone(), ordinal: write.ordinal })
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
+/// Steps waiting to be appended to a run's journal, the first already finished if
+/// `first_done` says how.
+pub(super) struct Append {
+    run_id: String,
+    fence: Option<i64>,
+    steps: Vec<NewStep>,
+    epochs: Vec<i64>,
+    first_done: Option<(OutcomeColumns, i64)>,
+}
+
+impl Append {
+    fn new(
+        run_id: &str,
+        fence: Option<u64>,
+        steps: Vec<NewStep>,
+        first_done: Option<(OutcomeColumns, i64)>,
+    ) -> Result<Self, StoreError> {
+        let fence = fence_param(fence)?;
+        i64::try_from(steps.len()).map_err(|_| StoreError::LimitExceeded("too many steps".into()))?;
+        let epochs = steps.iter().map(|s| to_i64("step epoch", s.epoch)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { run_id: run_id.to_owned(), fence, steps, epochs, first_done })
+    }
+
+    fn count(&self) -> i64 {
+        // Checked in `new`.
+        self.steps.len() as i64
+    }
+
+    /// The ordinals the statement's answer gives this write (whether its fence let it through,
+    /// the first ordinal it reserved, how many rows it inserted), or why it has none.
+    fn ordinals(&self, allowed: bool, first: Option<i64>, inserted: i64) -> Result<Vec<u64>, StoreError> {
+        let (run_id, count) = (&self.run_id, self.count());
+        if !allowed {
+            return Err(fenced(run_id, self.fence));
+        }
+        let Some(first) = first else {
+            return Err(StoreError::RunNotFound(run_id.clone()));
+        };
+        if inserted != count {
+            let message = format!("run `{run_id}`: {inserted} of {count} intents were stored");
+            return Err(StoreError::Corrupt(message.into()));
+        }
+        (first..first + count).map(|ordinal| to_u64("kuralle_runs.next_ordinal", ordinal)).collect()
+    }
+}
+
+impl Batched for Append {
+    type Output = Vec<u64>;
+
+    fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    fn queue(store: &PostgresStore) -> &Queue<Self> {
+        &store.inner.appends
+    }
+
+    async fn send(store: &PostgresStore, batch: &[Self]) -> Result<Vec<Result<Vec<u64>, StoreError>>, StoreError> {
+        let writes: Vec<&Append> = batch.iter().collect();
+        match store.append_many(&writes).await? {
+            Some(outcomes) => Ok(outcomes),
+            None => Ok(store.append_apart(&writes).await),
+        }
+    }
+}
+
+impl PostgresStore {
+    /// `batch` in one statement: one outcome per write, or `None` if a write holds a key its run
+    /// already journaled (nothing was written).
+    async fn append_many(&self, batch: &[&Append]) -> Result<Option<Vec<Result<Vec<u64>, StoreError>>>, StoreError> {
+        let store = self;
+        let run_ids: Vec<&str> = batch.iter().map(|a| a.run_id.as_str()).collect();
+        let tokens: Vec<Option<i64>> = batch.iter().map(|a| a.fence).collect();
+        let counts: Vec<i64> = batch.iter().map(|a| a.count()).collect();
+        let statuses: Vec<Option<&str>> =
+            batch.iter().map(|a| a.first_done.as_ref().map(|((status, _, _), _)| *status)).collect();
+        let results: Vec<Option<&serde_json::Value>> =
+            batch.iter().map(|a| a.first_done.as_ref().and_then(|((_, result, _), _)| result.as_ref())).collect();
+        let errors: Vec<Option<&serde_json::Value>> =
+            batch.iter().map(|a| a.first_done.as_ref().and_then(|((_, _, error), _)| error.as_ref())).collect();
+        let finished: Vec<Option<i64>> = batch.iter().map(|a| a.first_done.as_ref().map(|(_, at)| *at)).collect();
+        // The steps of every write, flattened: `writes` and `positions` (both from 1) say whose
+        // and which.
+        let rows = batch.iter().map(|a| a.steps.len()).sum();
+        let (mut writes, mut positions) = (Vec::<i64>::with_capacity(rows), Vec::<i64>::with_capacity(rows));
+        let (mut keys, mut kinds, mut names) =
+            (Vec::with_capacity(rows), Vec::with_capacity(rows), Vec::with_capacity(rows));
+        let (mut epochs, mut started) = (Vec::<i64>::with_capacity(rows), Vec::<i64>::with_capacity(rows));
+        for (write, a) in (1..).zip(batch) {
+            for ((position, step), epoch) in (1..).zip(&a.steps).zip(&a.epochs) {
+                writes.push(write);
+                positions.push(position);
+                keys.push(step.key.as_str());
+                kinds.push(step.kind.as_str());
+                names.push(step.name.as_str());
+                epochs.push(*epoch);
+                started.push(step.started_at_ms);
+            }
+        }
+        let answer = retrying(|| async {
+            let client = store.client().await?;
+            let stmt = client.prepare_cached(&store.inner.sql.append_many).await.map_err(Fail::write)?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 14] = [
+                &run_ids, &tokens, &counts, &statuses, &results, &errors, &finished, &writes, &positions, &keys,
+                &kinds, &names, &epochs, &started,
+            ];
+            match client.query(&stmt, &params).await {
+                Ok(rows) => Ok(Some(rows)),
+                // The statement rolled back whole; which write holds the key is told below.
+                Err(e) if e.as_db_error().and_then(|db| db.constraint()) == Some(KEY_CONSTRAINT) => Ok(None),
+                Err(e) => Err(Fail::write(e)),
+            }
+        })
+        .await?;
+        let Some(rows) = answer else { return Ok(None) };
+        if rows.len() != batch.len() {
+            let message = format!("{} appends were sent and {} answered", batch.len(), rows.len());
+            return Err(StoreError::Corrupt(message.into()));
+        }
+        let outcomes =
+            rows.iter().zip(batch).map(|(row, write)| Ok(write.ordinals(get(row, 0)?, get(row, 1)?, get(row, 2)?)));
+        Ok(Some(outcomes.collect::<Result<_, StoreError>>()?))
+    }
+
+    /// After `batch` met a key already journaled: the writes holding such a key (or one key
+    /// twice) go alone, each told which key; the others go as a batch again.
+    async fn append_apart(&self, batch: &[&Append]) -> Vec<Result<Vec<u64>, StoreError>> {
+        let journaled = match self.journaled_keys(batch).await {
+            Ok(journaled) => journaled,
+            Err(error) => return batch.iter().map(|_| Err(error.clone())).collect(),
+        };
+        let clashes = |write: &Append| {
+            let mut own = HashSet::new();
+            write
+                .steps
+                .iter()
+                .any(|s| !own.insert(s.key.as_str()) || journaled.contains(&(write.run_id.as_str(), s.key.as_str())))
+        };
+        let (mut alone, again): (Vec<usize>, Vec<usize>) = (0..batch.len()).partition(|&i| clashes(batch[i]));
+        if alone.is_empty() {
+            // A clash no write shows (its key was deleted meanwhile): each alone, which ends it.
+            return futures::future::join_all(batch.iter().map(|write| self.append_alone(write))).await;
+        }
+        let mut outcomes: Vec<Option<Result<Vec<u64>, StoreError>>> = batch.iter().map(|_| None).collect();
+        let rest: Vec<&Append> = again.iter().map(|&i| batch[i]).collect();
+        match self.append_many(&rest).await {
+            Ok(Some(sent)) => again.iter().zip(sent).for_each(|(&i, outcome)| outcomes[i] = Some(outcome)),
+            // It clashed again (another writer of a run): those alone too.
+            Ok(None) => alone.extend(&again),
+            Err(error) => again.iter().for_each(|&i| outcomes[i] = Some(Err(error.clone()))),
+        }
+        let sent = futures::future::join_all(alone.iter().map(|&i| self.append_alone(batch[i]))).await;
+        for (i, outcome) in alone.into_iter().zip(sent) {
+            outcomes[i] = Some(outcome);
+        }
+        outcomes.into_iter().map(|outcome| outcome.expect("every write was sent, alone or again")).collect()
+    }
+
+    /// The `(run, key)` pairs of `batch`'s steps that their runs already journaled.
+    async fn journaled_keys<'b>(&self, batch: &[&'b Append]) -> Result<HashSet<(&'b str, &'b str)>, StoreError> {
+        let pairs: HashSet<(&'b str, &'b str)> =
+            batch.iter().flat_map(|a| a.steps.iter().map(|s| (a.run_id.as_str(), s.key.as_str()))).collect();
+        let (runs, keys): (Vec<&str>, Vec<&str>) = pairs.iter().copied().unzip();
+        let rows = retrying(|| async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(&self.inner.sql.journaled_keys).await.map_err(Fail::read)?;
+            client.query(&stmt, &[&runs, &keys]).await.map_err(Fail::read)
+        })
+        .await?;
+        let mut journaled = HashSet::with_capacity(rows.len());
+        for row in &rows {
+            let (run_id, key): (String, String) = (get(row, 0)?, get(row, 1)?);
+            // The pair as `batch` holds it, to borrow from there (few rows come back: the clashes).
+            if let Some(&pair) = pairs.iter().find(|(r, k)| *r == run_id && *k == key) {
+                journaled.insert(pair);
+            }
+        }
+        Ok(journaled)
+    }
 }
