@@ -4,19 +4,21 @@
 //! A statement's fixed costs on the server (the round trip, executor start-up, the commit) are
 //! most of what a one-row write costs: `pgbench` on the step outcome's statement measured about
 //! 4.5 times the rows a second sent 16 at a time as one statement as sent one by one (see
-//! `docs/performance.md`). So a write that can be batched is queued; if fewer than
-//! [`Queue::slots`] batches of its kind are in flight, the writer spawns a task that takes the
-//! queue and sends it as one statement, and goes on taking until the queue is empty. Under load
-//! every slot is busy and writes gather while they wait: the busier the store, the larger the
-//! batches. An idle store sends a lone write at once, as a batch of one.
+//! `docs/performance.md`). So a write that can be batched is queued; if fewer than the queue's
+//! slots of batches of its kind are in flight, the writer spawns a task that takes the queue and
+//! sends it as one statement, and goes on taking until the queue is empty. Under load every
+//! slot is busy and writes gather while they wait: the busier the store, the larger the batches.
+//! A write that finds itself alone goes in the one-write statement, which costs the server less.
 //!
-//! Each write keeps its own outcome (its run's fence, its own errors); a batch holds at most one
-//! write of a run, so a run's writes keep their order, and no statement updates a row twice.
+//! Each write keeps its own outcome (its run's fence, its own errors). No two writes of a batch
+//! share a [`Batched::key`], so no statement writes a row twice.
 
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use futures::FutureExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use super::PostgresStore;
@@ -25,13 +27,21 @@ use crate::store::StoreError;
 /// The most writes one statement carries.
 const MAX_BATCH: usize = 256;
 
+/// The most bytes of values one statement carries (a write larger than this goes alone): a
+/// PostgreSQL message is at most 1 GiB, and one write's values may be tens of MiB.
+const MAX_BATCH_BYTES: usize = 32 << 20;
+
 /// A write that may share a statement with other runs' writes of its kind.
-pub(super) trait Batched: Sized + Send + 'static {
+pub(super) trait Batched: Sized + Send + Sync + 'static {
     /// What the write returns to its writer.
     type Output: Send + 'static;
 
-    /// The run the write belongs to.
-    fn run_id(&self) -> &str;
+    /// What no two writes of one batch share: the row the write must be alone to change (a
+    /// run, whose ordinals an append reserves; a run's step, which an outcome finishes).
+    fn key(&self) -> (&str, Option<u64>);
+
+    /// About how many bytes of parameters the write sends.
+    fn bytes(&self) -> usize;
 
     /// The store's queue of this kind of write.
     fn queue(store: &PostgresStore) -> &Queue<Self>;
@@ -42,6 +52,10 @@ pub(super) trait Batched: Sized + Send + 'static {
         store: &PostgresStore,
         batch: &[Self],
     ) -> impl Future<Output = Result<Vec<Result<Self::Output, StoreError>>, StoreError>> + Send;
+
+    /// Sends `write` in a statement of its own.
+    fn send_alone(store: &PostgresStore, write: &Self)
+    -> impl Future<Output = Result<Self::Output, StoreError>> + Send;
 }
 
 type Reply<W> = oneshot::Sender<Result<<W as Batched>::Output, StoreError>>;
@@ -68,16 +82,25 @@ impl<W: Batched> Queue<W> {
         self.slots.clone().try_acquire_owned().ok()
     }
 
-    /// The next batch: up to [`MAX_BATCH`] writes in queue order, at most one of a run (a later
-    /// write of a run stays first in line for the next batch).
+    /// The next batch: up to [`MAX_BATCH`] writes and [`MAX_BATCH_BYTES`] (at least one write)
+    /// in queue order, no two with one key (a later write of a key stays first in line for the
+    /// next batch, so writes of one key keep their order).
     fn take(&self) -> Vec<(W, Reply<W>)> {
         let mut pending = self.pending();
         let mut batch = Vec::with_capacity(pending.len().min(MAX_BATCH));
-        let mut runs = HashSet::new();
+        let mut keys = HashSet::new();
         let mut later = VecDeque::new();
+        let mut bytes = 0;
         while batch.len() < MAX_BATCH {
             let Some(entry) = pending.pop_front() else { break };
-            if runs.insert(entry.0.run_id().to_owned()) {
+            let size = entry.0.bytes();
+            if !batch.is_empty() && bytes + size > MAX_BATCH_BYTES {
+                pending.push_front(entry);
+                break;
+            }
+            let (run_id, row) = entry.0.key();
+            if keys.insert((run_id.to_owned(), row)) {
+                bytes += size;
                 batch.push(entry);
             } else {
                 later.push_back(entry);
@@ -102,11 +125,7 @@ impl PostgresStore {
             // dropped with this writer's future.
             tokio::spawn(self.clone().drain::<W>(slot));
         }
-        outcome.await.unwrap_or_else(|_| {
-            Err(StoreError::Unavailable(
-                "the PostgreSQL batch that carried this write ended without an outcome; the write is in doubt".into(),
-            ))
-        })
+        outcome.await.unwrap_or_else(|_| Err(in_doubt("ended without an outcome")))
     }
 
     /// Sends batches of `W` while any are queued, holding `slot`.
@@ -128,20 +147,42 @@ impl PostgresStore {
                 continue;
             }
             let (writes, replies): (Vec<W>, Vec<Reply<W>>) = batch.into_iter().unzip();
-            match W::send(&self, &writes).await {
-                Ok(outcomes) => {
-                    debug_assert_eq!(outcomes.len(), replies.len());
-                    for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                        // A writer that stopped waiting has nothing to hear.
-                        let _ = reply.send(outcome);
-                    }
-                }
-                Err(error) => {
-                    for reply in replies {
-                        let _ = reply.send(Err(error.clone()));
-                    }
-                }
+            // A panic sending one batch fails its writes, not the queue behind it.
+            let outcomes = AssertUnwindSafe(self.send_batch(&writes)).catch_unwind().await;
+            let outcomes = outcomes.unwrap_or_else(|_| writes.iter().map(|_| Err(in_doubt("panicked"))).collect());
+            debug_assert_eq!(outcomes.len(), replies.len());
+            for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                // A writer that stopped waiting has nothing to hear.
+                let _ = reply.send(outcome);
             }
         }
     }
+
+    /// One outcome per write of `writes`: a lone write in its own statement, several in one.
+    async fn send_batch<W: Batched>(&self, writes: &[W]) -> Vec<Result<W::Output, StoreError>> {
+        if let [write] = writes {
+            return vec![W::send_alone(self, write).await];
+        }
+        match W::send(self, writes).await {
+            Ok(outcomes) => outcomes,
+            // The server refused the statement, so nothing of it was written: perhaps for one
+            // write's value (a NUL in a key, a key too long to index), which must not fail the
+            // others. Each alone then, one after another.
+            Err(StoreError::LimitExceeded(_) | StoreError::Corrupt(_)) => {
+                let mut outcomes = Vec::with_capacity(writes.len());
+                for write in writes {
+                    outcomes.push(W::send_alone(self, write).await);
+                }
+                outcomes
+            }
+            // Unavailable (perhaps in doubt) or out of space: what a single write would be told.
+            Err(error) => writes.iter().map(|_| Err(error.clone())).collect(),
+        }
+    }
+}
+
+fn in_doubt(what: &str) -> StoreError {
+    StoreError::Unavailable(
+        format!("the PostgreSQL batch that carried this write {what}; the write is in doubt").into(),
+    )
 }

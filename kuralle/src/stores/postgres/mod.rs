@@ -74,11 +74,11 @@ impl Default for PostgresOptions {
 /// The [`RunStore`](crate::RunStore) for many workers on many machines: runs, journals and
 /// leases in PostgreSQL.
 ///
-/// Each write is one statement and one commit (`synchronous_commit` as the server is
-/// configured; the default is durable). The journal's writes of many runs that are waiting at
-/// the same time (appends, and calls' outcomes) share one: each still carries its own run's
-/// fencing token and gets its own outcome, and a batch holds at most one write of a run, so a
-/// run's writes keep their order. Writes that belong to a run carry the run's fencing
+/// A write commits in one statement (`synchronous_commit` as the server is configured; the
+/// default is durable). The journal's writes of many runs that are waiting at the same time
+/// (appends, and calls' outcomes) share a statement and its commit: each still carries its own
+/// run's fencing token and gets its own outcome (see `docs/operations.md`, "PostgreSQL: many
+/// runs' writes in one statement"). Writes that belong to a run carry the run's fencing
 /// token and are checked in the same statement; lease expiry is computed and compared with the
 /// **database's** clock, never the client's. Values are JSONB. A lost connection, a terminated
 /// backend or a server that is down give a retryable [`StoreError::Unavailable`]; the pool

@@ -15,8 +15,8 @@ const FENCE: &str = "fence AS MATERIALIZED (
 
 /// The fence prelude of a write of many runs, after a `req` CTE with one row per write
 /// (`run_id`, `token`, and `i`, its position): `fence` share-locks the lease rows whose tokens
-/// match, in `run_id` order (so two batches, or a batch and a renewal, take their common rows in
-/// the same order and cannot deadlock), and `ok` keeps the writes that may go ahead.
+/// match, in `run_id` order (as the batched renewal locks its rows, so the two do not deadlock
+/// on each other), and `ok` keeps the writes that may go ahead.
 const FENCES: &str = "fence AS MATERIALIZED (
         SELECT r.i FROM req r
         JOIN {s}.kuralle_leases l ON l.run_id = r.run_id AND l.token = r.token AND NOT l.released
@@ -72,6 +72,7 @@ pub(super) struct Sql {
     pub append_many: String,
     pub existing_keys: String,
     pub journaled_keys: String,
+    pub finish_step: String,
     pub finish_steps: String,
     pub steps: String,
     pub acquire_lease: String,
@@ -249,14 +250,24 @@ impl Sql {
                 ORDER BY r.i",
             ),
             existing_keys: bind("SELECT key FROM {s}.kuralle_steps WHERE run_id = $1 AND key = ANY($2::text[])"),
-            // `finish_step` for many runs: `$1` run ids, `$2` tokens, `$3` ordinals, `$4` statuses,
-            // `$5` results, `$6` errors, `$7` finish times, pairwise; one row per write, in order:
-            // whether its fence let it through, whether its step was updated, whether its run exists.
             // Which of the `($1, $2)` pairs (run ids and keys, pairwise) are journaled.
             journaled_keys: bind(
                 "SELECT s.run_id, s.key FROM {s}.kuralle_steps s
                  JOIN unnest($1::text[], $2::text[]) AS k (run_id, key) ON s.run_id = k.run_id AND s.key = k.key",
             ),
+            finish_step: bind(
+                "WITH {fence},
+                upd AS (
+                    UPDATE {s}.kuralle_steps SET status = $4, result = $5, error = $6, finished_at = $7
+                    WHERE run_id = $1 AND ordinal = $3 AND status = 'running' AND (SELECT ok FROM ok)
+                    RETURNING 1
+                )
+                SELECT (SELECT ok FROM ok), EXISTS (SELECT 1 FROM upd),
+                    EXISTS (SELECT 1 FROM {s}.kuralle_runs WHERE run_id = $1)",
+            ),
+            // `finish_step` for many runs: `$1` run ids, `$2` tokens, `$3` ordinals, `$4` statuses,
+            // `$5` results, `$6` errors, `$7` finish times, pairwise; one row per write, in order:
+            // whether its fence let it through, whether its step was updated, whether its run exists.
             finish_steps: bind(
                 "WITH req AS MATERIALIZED (
                     SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::text[], $5::jsonb[], $6::jsonb[],
@@ -308,7 +319,7 @@ impl Sql {
             )),
             // Many leases, one statement: `$1` run ids and `$2` tokens, pairwise. A lease not
             // returned was taken over or released (fenced). The rows are locked in `run_id` order,
-            // as batched writes' fences take them (see `FENCES`): no deadlock between the two.
+            // as batched writes' fences take them (see `FENCES`): the two do not deadlock.
             renew_leases: bind(concat!(
                 "WITH r AS (
                     SELECT l.run_id, l.token FROM {s}.kuralle_leases l

@@ -26,7 +26,7 @@ impl PostgresStore {
         fence: Option<u64>,
         steps: Vec<NewStep>,
     ) -> Result<Vec<u64>, StoreError> {
-        self.batched(Append::new(run_id, fence, steps, None)?).await
+        self.batched(Append::new(run_id, fence, steps, None, 0)?).await
     }
 
     /// Appends `finished`, already finished with `outcome` at `finished_at_ms`, then the
@@ -43,7 +43,7 @@ impl PostgresStore {
         steps.push(finished);
         steps.extend(intents);
         let first = self.outcome_columns(&outcome)?;
-        self.batched(Append::new(run_id, fence, steps, Some((first, finished_at_ms)))?).await
+        self.batched(Append::new(run_id, fence, steps, Some((first, finished_at_ms)), outcome.text().len())?).await
     }
 
     /// The `(status, result, error)` columns of `outcome`, after its size check.
@@ -65,7 +65,7 @@ impl PostgresStore {
     /// `write` alone, in a statement of its own: after a batch met a key already journaled, this
     /// tells which write holds it, and which key.
     async fn append_alone(&self, write: &Append) -> Result<Vec<u64>, StoreError> {
-        let Append { run_id, fence, steps, epochs, first_done } = write;
+        let Append { run_id, fence, steps, epochs, first_done, .. } = write;
         let (run_id, fence, count) = (run_id.as_str(), *fence, write.count());
         let keys: Vec<&str> = steps.iter().map(|s| s.key.as_str()).collect();
         let kinds: Vec<&str> = steps.iter().map(|s| s.kind.as_str()).collect();
@@ -114,7 +114,8 @@ impl PostgresStore {
     ) -> Result<(), StoreError> {
         let fence = fence_param(fence)?;
         let columns = self.outcome_columns(outcome)?;
-        self.batched(Finish { run_id: run_id.to_owned(), fence, ordinal, columns, finished_at_ms }).await
+        let bytes = run_id.len() + outcome.text().len();
+        self.batched(Finish { run_id: run_id.to_owned(), fence, ordinal, columns, finished_at_ms, bytes }).await
     }
 
     pub(super) async fn step_rows(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
@@ -158,13 +159,51 @@ pub(super) struct Finish {
     ordinal: u64,
     columns: OutcomeColumns,
     finished_at_ms: i64,
+    bytes: usize,
+}
+
+impl Finish {
+    /// The outcome the statement's answer gives this write: whether its fence let it through,
+    /// whether its step was updated, whether its run exists.
+    fn outcome(&self, allowed: bool, updated: bool, run_exists: bool) -> Result<(), StoreError> {
+        let run_id = &self.run_id;
+        match (allowed, updated, run_exists) {
+            (false, _, _) => Err(fenced(run_id, self.fence)),
+            (true, true, _) => Ok(()),
+            (true, false, false) => Err(StoreError::RunNotFound(run_id.clone())),
+            (true, false, true) => Err(StoreError::StepNotRunning { run_id: run_id.clone(), ordinal: self.ordinal }),
+        }
+    }
+
+    /// The ordinal as a parameter: one beyond `bigint` names no step.
+    fn stored_ordinal(&self) -> i64 {
+        i64::try_from(self.ordinal).unwrap_or(-1)
+    }
 }
 
 impl Batched for Finish {
     type Output = ();
 
-    fn run_id(&self) -> &str {
-        &self.run_id
+    fn key(&self) -> (&str, Option<u64>) {
+        (&self.run_id, Some(self.ordinal))
+    }
+
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    async fn send_alone(store: &PostgresStore, write: &Self) -> Result<(), StoreError> {
+        let (run_id, ordinal) = (write.run_id.as_str(), write.stored_ordinal());
+        let (status, result, error) = &write.columns;
+        retrying(|| async {
+            let client = store.client().await?;
+            let stmt = client.prepare_cached(&store.inner.sql.finish_step).await.map_err(Fail::write)?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+                [&run_id, &write.fence, &ordinal, status, result, error, &write.finished_at_ms];
+            let row = client.query_one(&stmt, &params).await.map_err(Fail::write)?;
+            Ok(write.outcome(get(&row, 0)?, get(&row, 1)?, get(&row, 2)?)?)
+        })
+        .await
     }
 
     fn queue(store: &PostgresStore) -> &Queue<Self> {
@@ -174,8 +213,7 @@ impl Batched for Finish {
     async fn send(store: &PostgresStore, batch: &[Self]) -> Result<Vec<Result<(), StoreError>>, StoreError> {
         let run_ids: Vec<&str> = batch.iter().map(|f| f.run_id.as_str()).collect();
         let tokens: Vec<Option<i64>> = batch.iter().map(|f| f.fence).collect();
-        // An ordinal beyond `bigint` names no step.
-        let ordinals: Vec<i64> = batch.iter().map(|f| i64::try_from(f.ordinal).unwrap_or(-1)).collect();
+        let ordinals: Vec<i64> = batch.iter().map(Finish::stored_ordinal).collect();
         let statuses: Vec<&str> = batch.iter().map(|f| f.columns.0).collect();
         let results: Vec<Option<&serde_json::Value>> = batch.iter().map(|f| f.columns.1.as_ref()).collect();
         let errors: Vec<Option<&serde_json::Value>> = batch.iter().map(|f| f.columns.2.as_ref()).collect();
@@ -192,21 +230,7 @@ impl Batched for Finish {
             let message = format!("{} step outcomes were sent and {} answered", batch.len(), rows.len());
             return Err(StoreError::Corrupt(message.into()));
         }
-        rows.iter()
-            .zip(batch)
-            .map(|(row, write)| {
-                let (allowed, updated, run_exists): (bool, bool, bool) = (get(row, 0)?, get(row, 1)?, get(row, 2)?);
-                let run_id = &write.run_id;
-                Ok(match (allowed, updated, run_exists) {
-                    (false, _, _) => Err(fenced(run_id, write.fence)),
-                    (true, true, _) => Ok(()),
-                    (true, false, false) => Err(StoreError::RunNotFound(run_id.clone())),
-                    (true, false, true) => {
-                        Err(StoreError::StepNotRunning { run_id: run_id.clone(), ordinal: write.ordinal })
-                    }
-                })
-            })
-            .collect()
+        rows.iter().zip(batch).map(|(row, write)| Ok(write.outcome(get(row, 0)?, get(row, 1)?, get(row, 2)?))).collect()
     }
 }
 
@@ -218,19 +242,23 @@ pub(super) struct Append {
     steps: Vec<NewStep>,
     epochs: Vec<i64>,
     first_done: Option<(OutcomeColumns, i64)>,
+    bytes: usize,
 }
 
 impl Append {
+    /// `outcome_bytes`: the length of the first step's outcome's text, if it has one.
     fn new(
         run_id: &str,
         fence: Option<u64>,
         steps: Vec<NewStep>,
         first_done: Option<(OutcomeColumns, i64)>,
+        outcome_bytes: usize,
     ) -> Result<Self, StoreError> {
         let fence = fence_param(fence)?;
         i64::try_from(steps.len()).map_err(|_| StoreError::LimitExceeded("too many steps".into()))?;
         let epochs = steps.iter().map(|s| to_i64("step epoch", s.epoch)).collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { run_id: run_id.to_owned(), fence, steps, epochs, first_done })
+        let bytes = run_id.len() + outcome_bytes + steps.iter().map(|s| s.key.len() + s.name.len() + 32).sum::<usize>();
+        Ok(Self { run_id: run_id.to_owned(), fence, steps, epochs, first_done, bytes })
     }
 
     fn count(&self) -> i64 {
@@ -259,8 +287,16 @@ impl Append {
 impl Batched for Append {
     type Output = Vec<u64>;
 
-    fn run_id(&self) -> &str {
-        &self.run_id
+    fn key(&self) -> (&str, Option<u64>) {
+        (&self.run_id, None)
+    }
+
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    async fn send_alone(store: &PostgresStore, write: &Self) -> Result<Vec<u64>, StoreError> {
+        store.append_alone(write).await
     }
 
     fn queue(store: &PostgresStore) -> &Queue<Self> {
@@ -351,7 +387,7 @@ impl PostgresStore {
         let (mut alone, again): (Vec<usize>, Vec<usize>) = (0..batch.len()).partition(|&i| clashes(batch[i]));
         if alone.is_empty() {
             // A clash no write shows (its key was deleted meanwhile): each alone, which ends it.
-            return futures::future::join_all(batch.iter().map(|write| self.append_alone(write))).await;
+            return self.each_alone(batch.to_vec()).await;
         }
         let mut outcomes: Vec<Option<Result<Vec<u64>, StoreError>>> = batch.iter().map(|_| None).collect();
         let rest: Vec<&Append> = again.iter().map(|&i| batch[i]).collect();
@@ -361,11 +397,20 @@ impl PostgresStore {
             Ok(None) => alone.extend(&again),
             Err(error) => again.iter().for_each(|&i| outcomes[i] = Some(Err(error.clone()))),
         }
-        let sent = futures::future::join_all(alone.iter().map(|&i| self.append_alone(batch[i]))).await;
+        let sent = self.each_alone(alone.iter().map(|&i| batch[i]).collect()).await;
         for (i, outcome) in alone.into_iter().zip(sent) {
             outcomes[i] = Some(outcome);
         }
         outcomes.into_iter().map(|outcome| outcome.expect("every write was sent, alone or again")).collect()
+    }
+
+    /// `writes` each in a statement of its own, a few at a time (not the whole pool).
+    async fn each_alone(&self, writes: Vec<&Append>) -> Vec<Result<Vec<u64>, StoreError>> {
+        let mut outcomes = Vec::with_capacity(writes.len());
+        for few in writes.chunks(4) {
+            outcomes.extend(futures::future::join_all(few.iter().map(|write| self.append_alone(write))).await);
+        }
+        outcomes
     }
 
     /// The `(run, key)` pairs of `batch`'s steps that their runs already journaled.
