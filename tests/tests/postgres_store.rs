@@ -421,7 +421,9 @@ async fn outcomes_of_many_runs_share_statements_and_keep_their_own_results() {
         let run_id = format!("r{i}");
         let lease = store.acquire_lease(&run_id, "w", ttl).await.unwrap();
         store.create_run(run(&run_id, RunStatus::Running, 1), lease.token).await.unwrap();
-        assert_eq!(store.append_steps(&run_id, lease.token, vec![step("k")]).await.unwrap(), vec![0]);
+        // Run 2 (mod 8) has two calls in flight, whose outcomes come together.
+        let intents = if i % 8 == 2 { vec![step("k"), step("k2")] } else { vec![step("k")] };
+        store.append_steps(&run_id, lease.token, intents).await.unwrap();
         if i % 8 == 3 {
             // Taken over: this lease's token is stale.
             store.release_lease(&lease).await.unwrap();
@@ -431,9 +433,10 @@ async fn outcomes_of_many_runs_share_statements_and_keep_their_own_results() {
     }
     let outcome = |i: usize| StepOutcome::Finished(json!({ "run": i }).into());
     // Each run's outcome for its step; run 5 (mod 8) names a step that is not there, run 6 sends
-    // two outcomes of its step.
+    // two outcomes of its step, run 2 one for each of its two steps (which may share a batch).
     let mut writes: Vec<(usize, u64)> = (0..48).map(|i| (i, if i % 8 == 5 { 7 } else { 0 })).collect();
     writes.extend((0..48).filter(|i| i % 8 == 6).map(|i| (i, 0)));
+    writes.extend((0..48).filter(|i| i % 8 == 2).map(|i| (i, 1)));
     let before = proxy.stats().pg_statements;
     let results = futures::future::join_all(writes.iter().map(|&(i, ordinal)| {
         let (store, lease) = (&store, &leases[i]);
@@ -467,6 +470,9 @@ async fn outcomes_of_many_runs_share_statements_and_keep_their_own_results() {
         }
         if i % 8 == 6 {
             assert_eq!(landed_twice, 1, "run {i}: exactly one of its two outcomes lands");
+        }
+        if i % 8 == 2 {
+            assert_eq!(steps[1].status, StepStatus::Finished, "run {i}'s second step");
         }
     }
 }

@@ -47,15 +47,38 @@ pub(super) trait Batched: Sized + Send + Sync + 'static {
     fn queue(store: &PostgresStore) -> &Queue<Self>;
 
     /// Sends `batch` as one statement (retrying as a single write would): one outcome per
-    /// write, in order, or the failure of the whole statement.
+    /// write, in order, or why there is none.
     fn send(
         store: &PostgresStore,
         batch: &[Self],
-    ) -> impl Future<Output = Result<Vec<Result<Self::Output, StoreError>>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Result<Self::Output, StoreError>>, Unsent>> + Send;
 
     /// Sends `write` in a statement of its own.
     fn send_alone(store: &PostgresStore, write: &Self)
     -> impl Future<Output = Result<Self::Output, StoreError>> + Send;
+}
+
+/// Why a batch has no outcome for each write.
+pub(super) enum Unsent {
+    /// The server refused the statement for a value in it, so nothing of it was written:
+    /// perhaps one write's (a NUL in a key, a key too long to index), which must not fail the
+    /// others.
+    Refused(StoreError),
+    /// What a single write would be told (unavailable, in doubt, out of space, an answer that
+    /// cannot be read): every write of the batch is.
+    Failed(StoreError),
+}
+
+impl From<StoreError> for Unsent {
+    fn from(error: StoreError) -> Self {
+        Self::Failed(error)
+    }
+}
+
+/// Whether the server refused a statement for a value in it (SQLSTATE classes 22, data
+/// exception; 23, integrity constraint; 54, program limit): it did not run.
+pub(super) fn refused(error: &tokio_postgres::Error) -> bool {
+    error.as_db_error().is_some_and(|db| matches!(&db.code().code()[..2], "22" | "23" | "54"))
 }
 
 type Reply<W> = oneshot::Sender<Result<<W as Batched>::Output, StoreError>>;
@@ -83,8 +106,9 @@ impl<W: Batched> Queue<W> {
     }
 
     /// The next batch: up to [`MAX_BATCH`] writes and [`MAX_BATCH_BYTES`] (at least one write)
-    /// in queue order, no two with one key (a later write of a key stays first in line for the
-    /// next batch, so writes of one key keep their order).
+    /// in queue order, no two with one key (a later write of a key stays in line, ahead of the
+    /// writes queued after it, for a later batch; with more than one slot that batch may
+    /// commit first: writes of one key are ordered only as their writer awaits them).
     fn take(&self) -> Vec<(W, Reply<W>)> {
         let mut pending = self.pending();
         let mut batch = Vec::with_capacity(pending.len().min(MAX_BATCH));
@@ -165,18 +189,16 @@ impl PostgresStore {
         }
         match W::send(self, writes).await {
             Ok(outcomes) => outcomes,
-            // The server refused the statement, so nothing of it was written: perhaps for one
-            // write's value (a NUL in a key, a key too long to index), which must not fail the
-            // others. Each alone then, one after another.
-            Err(StoreError::LimitExceeded(_) | StoreError::Corrupt(_)) => {
+            // Each alone then, one after another, so only the write at fault fails.
+            Err(Unsent::Refused(error)) => {
+                tracing::debug!(%error, writes = writes.len(), "PostgreSQL refused a batch; sending its writes one by one");
                 let mut outcomes = Vec::with_capacity(writes.len());
                 for write in writes {
                     outcomes.push(W::send_alone(self, write).await);
                 }
                 outcomes
             }
-            // Unavailable (perhaps in doubt) or out of space: what a single write would be told.
-            Err(error) => writes.iter().map(|_| Err(error.clone())).collect(),
+            Err(Unsent::Failed(error)) => writes.iter().map(|_| Err(error.clone())).collect(),
         }
     }
 }

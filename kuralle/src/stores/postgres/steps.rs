@@ -3,9 +3,9 @@
 use std::collections::HashSet;
 
 use super::PostgresStore;
-use super::batch::{Batched, Queue};
+use super::batch::{Batched, Queue, Unsent, refused};
 use super::codec::{decode, encode, to_i64, to_u64};
-use super::errors::{Fail, retrying};
+use super::errors::{self, Fail, retrying};
 use super::runs::{fence_param, fenced, get};
 use crate::store::{FinishedWithIntents, NewStep, StepKind, StepOutcome, StepRecord, StepStatus};
 use crate::stores::check_len;
@@ -210,7 +210,7 @@ impl Batched for Finish {
         &store.inner.finishes
     }
 
-    async fn send(store: &PostgresStore, batch: &[Self]) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+    async fn send(store: &PostgresStore, batch: &[Self]) -> Result<Vec<Result<(), StoreError>>, Unsent> {
         let run_ids: Vec<&str> = batch.iter().map(|f| f.run_id.as_str()).collect();
         let tokens: Vec<Option<i64>> = batch.iter().map(|f| f.fence).collect();
         let ordinals: Vec<i64> = batch.iter().map(Finish::stored_ordinal).collect();
@@ -223,14 +223,21 @@ impl Batched for Finish {
             let stmt = client.prepare_cached(&store.inner.sql.finish_steps).await.map_err(Fail::write)?;
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
                 [&run_ids, &tokens, &ordinals, &statuses, &results, &errors, &finished];
-            client.query(&stmt, &params).await.map_err(Fail::write)
+            match client.query(&stmt, &params).await {
+                Ok(rows) => Ok(Ok(rows)),
+                Err(e) if refused(&e) => Ok(Err(errors::map(e))),
+                Err(e) => Err(Fail::write(e)),
+            }
         })
-        .await?;
+        .await?
+        .map_err(Unsent::Refused)?;
         if rows.len() != batch.len() {
             let message = format!("{} step outcomes were sent and {} answered", batch.len(), rows.len());
-            return Err(StoreError::Corrupt(message.into()));
+            return Err(StoreError::Corrupt(message.into()).into());
         }
-        rows.iter().zip(batch).map(|(row, write)| Ok(write.outcome(get(row, 0)?, get(row, 1)?, get(row, 2)?))).collect()
+        let outcomes =
+            rows.iter().zip(batch).map(|(row, write)| Ok(write.outcome(get(row, 0)?, get(row, 1)?, get(row, 2)?)));
+        Ok(outcomes.collect::<Result<_, StoreError>>()?)
     }
 }
 
@@ -303,7 +310,7 @@ impl Batched for Append {
         &store.inner.appends
     }
 
-    async fn send(store: &PostgresStore, batch: &[Self]) -> Result<Vec<Result<Vec<u64>, StoreError>>, StoreError> {
+    async fn send(store: &PostgresStore, batch: &[Self]) -> Result<Vec<Result<Vec<u64>, StoreError>>, Unsent> {
         let writes: Vec<&Append> = batch.iter().collect();
         match store.append_many(&writes).await? {
             Some(outcomes) => Ok(outcomes),
@@ -315,7 +322,7 @@ impl Batched for Append {
 impl PostgresStore {
     /// `batch` in one statement: one outcome per write, or `None` if a write holds a key its run
     /// already journaled (nothing was written).
-    async fn append_many(&self, batch: &[&Append]) -> Result<Option<Vec<Result<Vec<u64>, StoreError>>>, StoreError> {
+    async fn append_many(&self, batch: &[&Append]) -> Result<Option<Vec<Result<Vec<u64>, StoreError>>>, Unsent> {
         let store = self;
         let run_ids: Vec<&str> = batch.iter().map(|a| a.run_id.as_str()).collect();
         let tokens: Vec<Option<i64>> = batch.iter().map(|a| a.fence).collect();
@@ -353,17 +360,19 @@ impl PostgresStore {
                 &kinds, &names, &epochs, &started,
             ];
             match client.query(&stmt, &params).await {
-                Ok(rows) => Ok(Some(rows)),
+                Ok(rows) => Ok(Ok(Some(rows))),
                 // The statement rolled back whole; which write holds the key is told below.
-                Err(e) if e.as_db_error().and_then(|db| db.constraint()) == Some(KEY_CONSTRAINT) => Ok(None),
+                Err(e) if e.as_db_error().and_then(|db| db.constraint()) == Some(KEY_CONSTRAINT) => Ok(Ok(None)),
+                Err(e) if refused(&e) => Ok(Err(errors::map(e))),
                 Err(e) => Err(Fail::write(e)),
             }
         })
-        .await?;
+        .await?
+        .map_err(Unsent::Refused)?;
         let Some(rows) = answer else { return Ok(None) };
         if rows.len() != batch.len() {
             let message = format!("{} appends were sent and {} answered", batch.len(), rows.len());
-            return Err(StoreError::Corrupt(message.into()));
+            return Err(StoreError::Corrupt(message.into()).into());
         }
         let outcomes =
             rows.iter().zip(batch).map(|(row, write)| Ok(write.ordinals(get(row, 0)?, get(row, 1)?, get(row, 2)?)));
@@ -393,9 +402,10 @@ impl PostgresStore {
         let rest: Vec<&Append> = again.iter().map(|&i| batch[i]).collect();
         match self.append_many(&rest).await {
             Ok(Some(sent)) => again.iter().zip(sent).for_each(|(&i, outcome)| outcomes[i] = Some(outcome)),
-            // It clashed again (another writer of a run): those alone too.
-            Ok(None) => alone.extend(&again),
-            Err(error) => again.iter().for_each(|&i| outcomes[i] = Some(Err(error.clone()))),
+            // It clashed again (another writer of a run), or the server refused a value in it:
+            // those alone too.
+            Ok(None) | Err(Unsent::Refused(_)) => alone.extend(&again),
+            Err(Unsent::Failed(error)) => again.iter().for_each(|&i| outcomes[i] = Some(Err(error.clone()))),
         }
         let sent = self.each_alone(alone.iter().map(|&i| batch[i]).collect()).await;
         for (i, outcome) in alone.into_iter().zip(sent) {
