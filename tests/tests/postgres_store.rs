@@ -399,6 +399,18 @@ async fn a_one_call_run_is_four_statements_on_the_wire() {
     assert_eq!(counted(kuralle::RunRequest::new("go").run_id("second")).await, (4, 4), "a caller's id");
 }
 
+/// A store on a fresh schema behind a counting proxy, with four connections: one batch of a
+/// kind in flight at a time, so the writes sent beside it gather. `None` after a skip notice.
+async fn batching_store(test: &str) -> Option<(kuralle_tests::fault_proxy::FaultProxy, PostgresStore, SchemaGuard)> {
+    let url = database_url(test)?;
+    let (proxy, through) = through_a_proxy(&url, test).await?;
+    let schema = unique_schema("batch");
+    let guard = SchemaGuard { url, schema: schema.clone() };
+    let options = PostgresOptions { schema, max_connections: 4, ..PostgresOptions::default() };
+    let store = PostgresStore::connect_with(&through, options).await.unwrap();
+    Some((proxy, store, guard))
+}
+
 /// Step outcomes of many runs written at once share statements, and each keeps its own outcome:
 /// among 48 runs' outcomes sent together, those whose lease was taken over are fenced, those
 /// naming no running step are refused, two outcomes of one step go in different statements (one
@@ -408,13 +420,7 @@ async fn a_one_call_run_is_four_statements_on_the_wire() {
 async fn outcomes_of_many_runs_share_statements_and_keep_their_own_results() {
     use kuralle::Lease;
     const TEST: &str = "outcomes_of_many_runs_share_statements_and_keep_their_own_results";
-    let Some(url) = database_url(TEST) else { return };
-    let Some((proxy, through)) = through_a_proxy(&url, TEST).await else { return };
-    let schema = unique_schema("batch");
-    let _guard = SchemaGuard { url: url.clone(), schema: schema.clone() };
-    // Four connections: one batch of outcomes in flight at a time, so the rest gather.
-    let options = PostgresOptions { schema, max_connections: 4, ..PostgresOptions::default() };
-    let store = PostgresStore::connect_with(&through, options).await.unwrap();
+    let Some((proxy, store, _guard)) = batching_store(TEST).await else { return };
     let ttl = Duration::from_secs(60);
     let mut leases: Vec<Lease> = Vec::new();
     for i in 0..48 {
@@ -487,12 +493,7 @@ async fn outcomes_of_many_runs_share_statements_and_keep_their_own_results() {
 async fn appends_of_many_runs_share_statements_and_keep_their_own_results() {
     use kuralle::{FinishedWithIntents, Lease, NewStep, StepKind};
     const TEST: &str = "appends_of_many_runs_share_statements_and_keep_their_own_results";
-    let Some(url) = database_url(TEST) else { return };
-    let Some((proxy, through)) = through_a_proxy(&url, TEST).await else { return };
-    let schema = unique_schema("batch");
-    let _guard = SchemaGuard { url: url.clone(), schema: schema.clone() };
-    let options = PostgresOptions { schema, max_connections: 4, ..PostgresOptions::default() };
-    let store = PostgresStore::connect_with(&through, options).await.unwrap();
+    let Some((proxy, store, _guard)) = batching_store(TEST).await else { return };
     let ttl = Duration::from_secs(60);
     let mut leases: Vec<Lease> = Vec::new();
     for i in 0..48 {
