@@ -4,6 +4,7 @@
 //! - [`sql`]: the statements; every write of a run checks the run's fencing token in the same
 //!   statement, under a share lock on the lease row.
 //! - [`runs`], [`steps`], [`leases`], [`queue`]: the operations.
+//! - [`batch`]: the journal's writes of many runs gathered into one statement.
 //! - [`notify`]: `LISTEN/NOTIFY` wake-up hints for idle workers.
 //! - [`codec`]: JSON values as JSONB, losslessly; [`errors`]: typed errors.
 //! - [`tls`]: the URL's `sslmode` / `sslrootcert` on rustls, and [`PostgresTls`].
