@@ -21,7 +21,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures::FutureExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
 use super::PostgresStore;
+use super::errors::{self, Fail, retrying};
+use super::steps::KEY_CONSTRAINT;
 use crate::store::StoreError;
 
 /// The most writes one statement carries.
@@ -64,6 +69,8 @@ pub(super) enum Unsent {
     /// perhaps one write's (a NUL in a key, a key too long to index), which must not fail the
     /// others.
     Refused(StoreError),
+    /// A write holds a key its run already journaled, or one key twice: nothing was written.
+    Clash,
     /// What a single write would be told (unavailable, in doubt, out of space, an answer that
     /// cannot be read): every write of the batch is.
     Failed(StoreError),
@@ -75,10 +82,18 @@ impl From<StoreError> for Unsent {
     }
 }
 
-/// Whether the server refused a statement for a value in it (SQLSTATE classes 22, data
-/// exception; 23, integrity constraint; 54, program limit): it did not run.
-pub(super) fn refused(error: &tokio_postgres::Error) -> bool {
-    error.as_db_error().is_some_and(|db| matches!(&db.code().code()[..2], "22" | "23" | "54"))
+/// Why the server refused a statement, if it refused it for what it holds (it did not run):
+/// the journal's unique key, or a value (SQLSTATE classes 22, data exception; 23, integrity
+/// constraint; 54, program limit).
+fn refusal(error: tokio_postgres::Error) -> Result<Unsent, tokio_postgres::Error> {
+    let Some(db) = error.as_db_error() else { return Err(error) };
+    if db.constraint() == Some(KEY_CONSTRAINT) {
+        return Ok(Unsent::Clash);
+    }
+    match &db.code().code()[..2] {
+        "22" | "23" | "54" => Ok(Unsent::Refused(errors::map(error))),
+        _ => Err(error),
+    }
 }
 
 type Reply<W> = oneshot::Sender<Result<<W as Batched>::Output, StoreError>>;
@@ -192,14 +207,46 @@ impl PostgresStore {
             // Each alone then, one after another, so only the write at fault fails.
             Err(Unsent::Refused(error)) => {
                 tracing::debug!(%error, writes = writes.len(), "PostgreSQL refused a batch; sending its writes one by one");
-                let mut outcomes = Vec::with_capacity(writes.len());
-                for write in writes {
-                    outcomes.push(W::send_alone(self, write).await);
-                }
-                outcomes
+                self.send_each(writes).await
             }
+            Err(Unsent::Clash) => self.send_each(writes).await,
             Err(Unsent::Failed(error)) => writes.iter().map(|_| Err(error.clone())).collect(),
         }
+    }
+}
+
+impl PostgresStore {
+    /// Each of `writes` in a statement of its own, one after another.
+    async fn send_each<W: Batched>(&self, writes: &[W]) -> Vec<Result<W::Output, StoreError>> {
+        let mut outcomes = Vec::with_capacity(writes.len());
+        for write in writes {
+            outcomes.push(W::send_alone(self, write).await);
+        }
+        outcomes
+    }
+
+    /// Runs a batch's statement `sql` (retrying as a single write would) and checks that it
+    /// answered one row per write of `writes`.
+    pub(super) async fn query_batch(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        writes: usize,
+    ) -> Result<Vec<Row>, Unsent> {
+        let rows = retrying(|| async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(sql).await.map_err(Fail::write)?;
+            match client.query(&stmt, params).await {
+                Ok(rows) => Ok(Ok(rows)),
+                Err(e) => refusal(e).map(Err).map_err(Fail::write),
+            }
+        })
+        .await??;
+        if rows.len() != writes {
+            let message = format!("{writes} batched writes were sent and {} answered", rows.len());
+            return Err(StoreError::Corrupt(message.into()).into());
+        }
+        Ok(rows)
     }
 }
 

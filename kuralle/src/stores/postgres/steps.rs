@@ -3,9 +3,9 @@
 use std::collections::HashSet;
 
 use super::PostgresStore;
-use super::batch::{Batched, Queue, Unsent, refused};
+use super::batch::{Batched, Queue, Unsent};
 use super::codec::{decode, encode, to_i64, to_u64};
-use super::errors::{self, Fail, retrying};
+use super::errors::{Fail, retrying};
 use super::runs::{fence_param, fenced, get};
 use crate::store::{FinishedWithIntents, NewStep, StepKind, StepOutcome, StepRecord, StepStatus};
 use crate::stores::check_len;
@@ -218,23 +218,9 @@ impl Batched for Finish {
         let results: Vec<Option<&serde_json::Value>> = batch.iter().map(|f| f.columns.1.as_ref()).collect();
         let errors: Vec<Option<&serde_json::Value>> = batch.iter().map(|f| f.columns.2.as_ref()).collect();
         let finished: Vec<i64> = batch.iter().map(|f| f.finished_at_ms).collect();
-        let rows = retrying(|| async {
-            let client = store.client().await?;
-            let stmt = client.prepare_cached(&store.inner.sql.finish_steps).await.map_err(Fail::write)?;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
-                [&run_ids, &tokens, &ordinals, &statuses, &results, &errors, &finished];
-            match client.query(&stmt, &params).await {
-                Ok(rows) => Ok(Ok(rows)),
-                Err(e) if refused(&e) => Ok(Err(errors::map(e))),
-                Err(e) => Err(Fail::write(e)),
-            }
-        })
-        .await?
-        .map_err(Unsent::Refused)?;
-        if rows.len() != batch.len() {
-            let message = format!("{} step outcomes were sent and {} answered", batch.len(), rows.len());
-            return Err(StoreError::Corrupt(message.into()).into());
-        }
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+            [&run_ids, &tokens, &ordinals, &statuses, &results, &errors, &finished];
+        let rows = store.query_batch(&store.inner.sql.finish_steps, &params, batch.len()).await?;
         let outcomes =
             rows.iter().zip(batch).map(|(row, write)| Ok(write.outcome(get(row, 0)?, get(row, 1)?, get(row, 2)?)));
         Ok(outcomes.collect::<Result<_, StoreError>>()?)
@@ -312,18 +298,17 @@ impl Batched for Append {
 
     async fn send(store: &PostgresStore, batch: &[Self]) -> Result<Vec<Result<Vec<u64>, StoreError>>, Unsent> {
         let writes: Vec<&Append> = batch.iter().collect();
-        match store.append_many(&writes).await? {
-            Some(outcomes) => Ok(outcomes),
-            None => Ok(store.append_apart(&writes).await),
+        match store.append_many(&writes).await {
+            Err(Unsent::Clash) => Ok(store.append_apart(&writes).await),
+            sent => sent,
         }
     }
 }
 
 impl PostgresStore {
-    /// `batch` in one statement: one outcome per write, or `None` if a write holds a key its run
-    /// already journaled (nothing was written).
-    async fn append_many(&self, batch: &[&Append]) -> Result<Option<Vec<Result<Vec<u64>, StoreError>>>, Unsent> {
-        let store = self;
+    /// `batch` in one statement: one outcome per write, or why there is none ([`Unsent::Clash`]
+    /// if a write holds a key its run already journaled).
+    async fn append_many(&self, batch: &[&Append]) -> Result<Vec<Result<Vec<u64>, StoreError>>, Unsent> {
         let run_ids: Vec<&str> = batch.iter().map(|a| a.run_id.as_str()).collect();
         let tokens: Vec<Option<i64>> = batch.iter().map(|a| a.fence).collect();
         let counts: Vec<i64> = batch.iter().map(|a| a.count()).collect();
@@ -352,31 +337,14 @@ impl PostgresStore {
                 started.push(step.started_at_ms);
             }
         }
-        let answer = retrying(|| async {
-            let client = store.client().await?;
-            let stmt = client.prepare_cached(&store.inner.sql.append_many).await.map_err(Fail::write)?;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 14] = [
-                &run_ids, &tokens, &counts, &statuses, &results, &errors, &finished, &writes, &positions, &keys,
-                &kinds, &names, &epochs, &started,
-            ];
-            match client.query(&stmt, &params).await {
-                Ok(rows) => Ok(Ok(Some(rows))),
-                // The statement rolled back whole; which write holds the key is told below.
-                Err(e) if e.as_db_error().and_then(|db| db.constraint()) == Some(KEY_CONSTRAINT) => Ok(Ok(None)),
-                Err(e) if refused(&e) => Ok(Err(errors::map(e))),
-                Err(e) => Err(Fail::write(e)),
-            }
-        })
-        .await?
-        .map_err(Unsent::Refused)?;
-        let Some(rows) = answer else { return Ok(None) };
-        if rows.len() != batch.len() {
-            let message = format!("{} appends were sent and {} answered", batch.len(), rows.len());
-            return Err(StoreError::Corrupt(message.into()).into());
-        }
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 14] = [
+            &run_ids, &tokens, &counts, &statuses, &results, &errors, &finished, &writes, &positions, &keys, &kinds,
+            &names, &epochs, &started,
+        ];
+        let rows = self.query_batch(&self.inner.sql.append_many, &params, batch.len()).await?;
         let outcomes =
             rows.iter().zip(batch).map(|(row, write)| Ok(write.ordinals(get(row, 0)?, get(row, 1)?, get(row, 2)?)));
-        Ok(Some(outcomes.collect::<Result<_, StoreError>>()?))
+        Ok(outcomes.collect::<Result<_, StoreError>>()?)
     }
 
     /// After `batch` met a key already journaled: the writes holding such a key (or one key
@@ -401,10 +369,10 @@ impl PostgresStore {
         let mut outcomes: Vec<Option<Result<Vec<u64>, StoreError>>> = batch.iter().map(|_| None).collect();
         let rest: Vec<&Append> = again.iter().map(|&i| batch[i]).collect();
         match self.append_many(&rest).await {
-            Ok(Some(sent)) => again.iter().zip(sent).for_each(|(&i, outcome)| outcomes[i] = Some(outcome)),
+            Ok(sent) => again.iter().zip(sent).for_each(|(&i, outcome)| outcomes[i] = Some(outcome)),
             // It clashed again (another writer of a run), or the server refused a value in it:
             // those alone too.
-            Ok(None) | Err(Unsent::Refused(_)) => alone.extend(&again),
+            Err(Unsent::Clash | Unsent::Refused(_)) => alone.extend(&again),
             Err(Unsent::Failed(error)) => again.iter().for_each(|&i| outcomes[i] = Some(Err(error.clone()))),
         }
         let sent = self.each_alone(alone.iter().map(|&i| batch[i]).collect()).await;
