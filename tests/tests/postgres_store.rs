@@ -609,3 +609,87 @@ async fn a_write_the_server_refuses_fails_alone_in_its_batch() {
         }
     }
 }
+
+/// Turns' closes of many runs written at once share statements, and each keeps its own outcome
+/// as a close alone would: a taken-over lease is fenced, a stale version is a conflict, a run
+/// that was never created is not found, and every other close lands with its last step at its
+/// run's next ordinal and its lease released. Then a close whose last step's key its run
+/// already journaled is refused among closes that land (the store sends that batch's closes
+/// one by one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closes_of_many_runs_share_statements_and_keep_their_own_results() {
+    use kuralle::{FinishedStep, Lease, NewStep, RunRecord, StepKind};
+    const TEST: &str = "closes_of_many_runs_share_statements_and_keep_their_own_results";
+    let Some((proxy, store, _guard)) = batching_store(TEST).await else { return };
+    let ttl = Duration::from_secs(60);
+    let last = |key: &str, i: usize| FinishedStep {
+        step: NewStep { started_at_ms: 7, ..NewStep::new(key, StepKind::Model, "model") },
+        outcome: StepOutcome::Finished(json!({ "text": format!("done {i}") }).into()),
+        finished_at_ms: 9,
+    };
+    let done = |i: usize| RunRecord {
+        updated_at_ms: 2,
+        state: json!({ "closed": i }).into(),
+        ..run(&format!("r{i}"), RunStatus::Finished, 1)
+    };
+    let mut leases: Vec<Lease> = Vec::new();
+    for i in 0..64 {
+        let run_id = format!("r{i}");
+        let lease = store.acquire_lease(&run_id, "w", ttl).await.unwrap();
+        // Run 4 (mod 8) is never created.
+        if i % 8 != 4 {
+            store.create_run(run(&run_id, RunStatus::Running, 1), lease.token).await.unwrap();
+            store.append_steps(&run_id, lease.token, vec![step("a")]).await.unwrap();
+        }
+        if i % 8 == 1 {
+            // Taken over: this lease's token is stale.
+            store.release_lease(&lease).await.unwrap();
+            store.acquire_lease(&run_id, "w2", ttl).await.unwrap();
+        }
+        leases.push(lease);
+    }
+    let closing = |i: usize| {
+        // Run 2 (mod 8) closes a version it does not hold.
+        let record = if i % 8 == 2 { RunRecord { version: 3, ..done(i) } } else { done(i) };
+        // In the second half, run 3 (mod 8)'s last step has a key the run already journaled.
+        let key = if i >= 32 && i % 8 == 3 { "a" } else { "m" };
+        store.put_run_and_release_after(last(key, i), record, leases[i].token)
+    };
+    let before = proxy.stats().pg_statements;
+    let first = futures::future::join_all((0..32).map(closing)).await;
+    let statements = proxy.stats().pg_statements - before;
+    // Alone, 32 statements and a read of the version for each of the 8 refused (9 seen batched:
+    // the batches and those reads).
+    assert!(statements < 16, "32 closes took {statements} statements");
+    let second = futures::future::join_all((32..64).map(closing)).await;
+
+    for (i, result) in first.iter().chain(&second).enumerate() {
+        let run_id = format!("r{i}");
+        let expected = match i % 8 {
+            1 => Err(StoreError::Fenced { run_id: run_id.clone(), token: leases[i].token }),
+            2 => Err(StoreError::VersionConflict { run_id: run_id.clone(), expected: 3, actual: 0 }),
+            3 if i >= 32 => Err(StoreError::DuplicateKey { run_id: run_id.clone(), key: "a".into() }),
+            4 => Err(StoreError::RunNotFound(run_id.clone())),
+            _ => Ok((1, true)),
+        };
+        assert_eq!(result, &expected, "run {i}");
+        if i % 8 == 4 {
+            continue;
+        }
+        let steps = store.steps(&run_id).await.unwrap();
+        let row = store.get_run(&run_id).await.unwrap().unwrap();
+        if expected.is_ok() {
+            assert_eq!(row, RunRecord { version: 1, ..done(i) }, "run {i}");
+            let (ordinals, keys): (Vec<u64>, Vec<&str>) = steps.iter().map(|s| (s.ordinal, s.key.as_str())).unzip();
+            assert_eq!((ordinals, keys), (vec![0, 1], vec!["a", "m"]), "run {i}");
+            assert_eq!(steps[1].result.as_ref().expect("a result"), &json!({ "text": format!("done {i}") }));
+            assert_eq!(store.current_lease(&run_id).await.unwrap(), None, "run {i}: released");
+        } else {
+            assert_eq!((row.version, row.status, steps.len()), (0, RunStatus::Running, 1), "run {i}: as it was");
+            if i % 8 != 1 {
+                let held = store.current_lease(&run_id).await.unwrap().map(|l| l.token);
+                assert_eq!(held, Some(leases[i].token), "run {i}: still held");
+            }
+        }
+    }
+}

@@ -4,12 +4,14 @@
 //! - [`sql`]: the statements; every write of a run checks the run's fencing token in the same
 //!   statement, under a share lock on the lease row.
 //! - [`runs`], [`steps`], [`leases`], [`queue`]: the operations.
-//! - [`batch`]: the journal's writes of many runs gathered into one statement.
+//! - [`batch`]: the journal's writes of many runs gathered into one statement; [`close`]: a
+//!   turn's close (run row, last step, lease released), alone or batched too.
 //! - [`notify`]: `LISTEN/NOTIFY` wake-up hints for idle workers.
 //! - [`codec`]: JSON values as JSONB, losslessly; [`errors`]: typed errors.
 //! - [`tls`]: the URL's `sslmode` / `sslrootcert` on rustls, and [`PostgresTls`].
 
 mod batch;
+mod close;
 mod codec;
 mod errors;
 mod instance;
@@ -123,6 +125,8 @@ struct Inner {
     finishes: batch::Queue<steps::Finish>,
     /// Journal appends waiting to be sent, many runs' in one statement.
     appends: batch::Queue<steps::Append>,
+    /// Turns' closes waiting to be sent, many runs' in one statement.
+    closes: batch::Queue<close::Close>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -212,6 +216,8 @@ impl PostgresStore {
                 listener: notify::Listener::default(),
                 finishes: batch::Queue::new(slots),
                 appends: batch::Queue::new(slots),
+                // A run closes once where it appends three times or more: half as many.
+                closes: batch::Queue::new(slots / 2),
             }),
         };
         let mut client = store.client().await.map_err(|fail| fail.error)?;
@@ -273,7 +279,7 @@ impl crate::store::RunStore for PostgresStore {
         run: crate::store::RunRecord,
         fence: u64,
     ) -> crate::store::StoreFuture<'_, (u64, bool)> {
-        Box::pin(async move { self.put_run_release_after(&last, &run, fence).await })
+        Box::pin(self.put_run_release_after(last, run, fence))
     }
 
     fn list_runs(

@@ -5,9 +5,8 @@ use tokio_postgres::Row;
 use super::PostgresStore;
 use super::codec::{decode, encode, to_i64, to_u64};
 use super::errors::{Fail, retrying};
-use super::steps::KEY_CONSTRAINT;
 use crate::store::StoreError;
-use crate::store::{FinishedStep, RunFilter, RunRecord, RunStatus, RunSummary};
+use crate::store::{RunFilter, RunRecord, RunStatus, RunSummary};
 use crate::stores::check_len;
 
 impl PostgresStore {
@@ -88,73 +87,13 @@ impl PostgresStore {
                 let released = release && get::<bool>(&row, 2)?;
                 return Ok((to_u64("kuralle_runs.version", next)?, released));
             }
-            Err(self.refused(&client, run).await)
-        })
-        .await
-    }
-
-    /// `put_run_statement` with the lease released, after `last` appended finished at the
-    /// run's next ordinal, in one statement (one commit).
-    pub(super) async fn put_run_release_after(
-        &self,
-        last: &FinishedStep,
-        run: &RunRecord,
-        fence: u64,
-    ) -> Result<(u64, bool), StoreError> {
-        let fence = fence_param(Some(fence))?;
-        let Put { epoch, expected, next, state, status } = self.put_of(run)?;
-        let (step_status, result, error) = self.outcome_columns(&last.outcome)?;
-        let step = &last.step;
-        let (kind, step_epoch) = (step.kind.as_str(), to_i64("step epoch", step.epoch)?);
-        retrying(|| async {
-            let client = self.client().await?;
-            let stmt = client.prepare_cached(&self.inner.sql.put_run_release_after).await.map_err(Fail::write)?;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 18] = [
-                &run.run_id,
-                &fence,
-                &run.agent_id,
-                &status,
-                &epoch,
-                &next,
-                &state,
-                &run.updated_at_ms,
-                &expected,
-                &step.key,
-                &kind,
-                &step.name,
-                &step_epoch,
-                &step_status,
-                &result,
-                &error,
-                &step.started_at_ms,
-                &last.finished_at_ms,
-            ];
-            let row = match client.query_one(&stmt, &params).await {
-                Ok(row) => row,
-                // The statement rolled back whole: the run is as it was.
-                Err(e) if e.as_db_error().and_then(|db| db.constraint()) == Some(KEY_CONSTRAINT) => {
-                    return Err(StoreError::DuplicateKey { run_id: run.run_id.clone(), key: step.key.clone() }.into());
-                }
-                Err(e) => return Err(Fail::write(e)),
-            };
-            let (allowed, updated): (bool, bool) = (get(&row, 0)?, get(&row, 1)?);
-            if !allowed {
-                return Err(fenced(&run.run_id, fence).into());
-            }
-            if updated {
-                if !get::<bool>(&row, 3)? {
-                    let message = format!("run `{}`: its closing step was not stored", run.run_id);
-                    return Err(StoreError::Corrupt(message.into()).into());
-                }
-                return Ok((to_u64("kuralle_runs.version", next)?, get::<bool>(&row, 2)?));
-            }
-            Err(self.refused(&client, run).await)
+            Err(self.refused(&client, &run.run_id, run.version).await)
         })
         .await
     }
 
     /// `run`'s columns for a compare-and-swap write, its size checked.
-    fn put_of(&self, run: &RunRecord) -> Result<Put, StoreError> {
+    pub(super) fn put_of(&self, run: &RunRecord) -> Result<Put, StoreError> {
         let expected = to_i64("run version", run.version)?;
         let next = expected
             .checked_add(1)
@@ -169,22 +108,34 @@ impl PostgresStore {
         })
     }
 
-    /// Why a fenced-in write of `run` updated no row: the run is gone, or its version moved.
-    /// Read anew: the statement's snapshot may predate the winning writer.
-    async fn refused(&self, client: &deadpool_postgres::Object, run: &RunRecord) -> Fail {
+    /// Why a fenced-in write of run `run_id` at version `expected` updated no row: the run is
+    /// gone, or its version moved. Read anew: the statement's snapshot may predate the winning
+    /// writer.
+    pub(super) async fn refused(&self, client: &deadpool_postgres::Object, run_id: &str, expected: u64) -> Fail {
         let stmt = match client.prepare_cached(&self.inner.sql.run_version).await {
             Ok(stmt) => stmt,
             Err(e) => return Fail::read(e),
         };
-        match client.query_opt(&stmt, &[&run.run_id]).await {
+        match client.query_opt(&stmt, &[&run_id]).await {
             Err(e) => Fail::read(e),
-            Ok(None) => StoreError::RunNotFound(run.run_id.clone()).into(),
+            Ok(None) => StoreError::RunNotFound(run_id.to_owned()).into(),
             Ok(Some(row)) => match get::<i64>(&row, 0).and_then(|v| to_u64("kuralle_runs.version", v)) {
-                Ok(actual) => {
-                    StoreError::VersionConflict { run_id: run.run_id.clone(), expected: run.version, actual }.into()
-                }
+                Ok(actual) => StoreError::VersionConflict { run_id: run_id.to_owned(), expected, actual }.into(),
                 Err(e) => e.into(),
             },
+        }
+    }
+
+    /// [`refused`](Self::refused) on a connection of its own, retried as a read is.
+    pub(super) async fn why_refused(&self, run_id: &str, expected: u64) -> StoreError {
+        let read = retrying(|| async {
+            let client = self.client().await?;
+            Err::<std::convert::Infallible, _>(self.refused(&client, run_id, expected).await)
+        })
+        .await;
+        match read {
+            Ok(never) => match never {},
+            Err(error) => error,
         }
     }
 
@@ -265,12 +216,12 @@ fn run_from_row(row: &Row) -> Result<RunRecord, StoreError> {
 
 /// A run's columns as `put_run` and the closing write bind them: `expected` is the version the
 /// write compares, `next` the one it writes.
-struct Put {
-    epoch: i64,
-    expected: i64,
-    next: i64,
-    state: serde_json::Value,
-    status: &'static str,
+pub(super) struct Put {
+    pub epoch: i64,
+    pub expected: i64,
+    pub next: i64,
+    pub state: serde_json::Value,
+    pub status: &'static str,
 }
 
 /// Column `index` of `row`, typed.

@@ -63,6 +63,7 @@ pub(super) struct Sql {
     pub put_run: String,
     pub put_run_release: String,
     pub put_run_release_after: String,
+    pub close_many: String,
     pub run_version: String,
     pub list_runs: String,
     pub delete_run: String,
@@ -157,6 +158,48 @@ impl Sql {
                 )
                 SELECT (SELECT ok FROM ok), EXISTS (SELECT 1 FROM upd), EXISTS (SELECT 1 FROM rel),
                     EXISTS (SELECT 1 FROM ins)",
+            ),
+            // `put_run_release_after` for many runs, one row of each parameter per write: `$1` run
+            // ids, `$2` tokens, `$3` agents, `$4` statuses, `$5` epochs, `$6` new versions, `$7`
+            // states, `$8` update times, `$9` versions compared; the last step's `$10` key, `$11`
+            // kind, `$12` name, `$13` epoch, `$14` status, `$15` result, `$16` error, `$17` start
+            // and `$18` finish times. One row back per write, in order: whether its fence let it
+            // through, whether its run was written, whether its lease was released, whether its
+            // step was stored. A key already journaled fails the whole statement.
+            close_many: bind(
+                "WITH req AS MATERIALIZED (
+                    SELECT * FROM unnest($1::text[], $2::int8[], $3::text[], $4::text[], $5::int8[], $6::int8[],
+                        $7::jsonb[], $8::int8[], $9::int8[], $10::text[], $11::text[], $12::text[], $13::int8[],
+                        $14::text[], $15::jsonb[], $16::jsonb[], $17::int8[], $18::int8[])
+                        WITH ORDINALITY AS r (run_id, token, agent_id, status, epoch, version, state, updated_at,
+                            expected, key, kind, name, step_epoch, step_status, result, error, started_at,
+                            finished_at, i)
+                ),
+                {fences},
+                upd AS (
+                    UPDATE {s}.kuralle_runs AS u
+                    SET agent_id = ok.agent_id, status = ok.status, epoch = ok.epoch, version = ok.version,
+                        state = ok.state, updated_at = ok.updated_at, next_ordinal = u.next_ordinal + 1
+                    FROM ok WHERE u.run_id = ok.run_id AND u.version = ok.expected
+                    RETURNING ok.i, u.next_ordinal - 1 AS ordinal
+                ),
+                ins AS (
+                    INSERT INTO {s}.kuralle_steps
+                        (run_id, ordinal, key, kind, name, epoch, status, result, error, started_at, finished_at)
+                    SELECT ok.run_id, upd.ordinal, ok.key, ok.kind, ok.name, ok.step_epoch, ok.step_status,
+                        ok.result, ok.error, ok.started_at, ok.finished_at
+                    FROM upd JOIN ok ON ok.i = upd.i
+                    RETURNING run_id
+                ),
+                rel AS (
+                    UPDATE {s}.kuralle_leases AS l SET released = true
+                    FROM upd JOIN ok ON ok.i = upd.i
+                    WHERE l.run_id = ok.run_id AND l.token = ok.token AND NOT l.released
+                    RETURNING ok.i
+                )
+                SELECT r.i IN (SELECT i FROM ok), r.i IN (SELECT i FROM upd), r.i IN (SELECT i FROM rel),
+                    r.run_id IN (SELECT run_id FROM ins)
+                FROM req r ORDER BY r.i",
             ),
             run_version: bind("SELECT version FROM {s}.kuralle_runs WHERE run_id = $1"),
             list_runs: bind(
