@@ -79,7 +79,7 @@ impl Default for PostgresOptions {
 ///
 /// A write commits in one statement (`synchronous_commit` as the server is configured; the
 /// default is durable). The journal's writes of many runs that are waiting at the same time
-/// (appends, and calls' outcomes) share a statement and its commit: each still carries its own
+/// (appends, calls' outcomes, turns' closes) share a statement and its commit: each still carries its own
 /// run's fencing token and gets its own outcome (see `docs/operations.md`, "PostgreSQL: many
 /// runs' writes in one statement"). Writes that belong to a run carry the run's fencing
 /// token and are checked in the same statement; lease expiry is computed and compared with the
