@@ -36,6 +36,9 @@ const MAX_BATCH: usize = 256;
 /// PostgreSQL message is at most 1 GiB, and one write's values may be tens of MiB.
 const MAX_BATCH_BYTES: usize = 32 << 20;
 
+/// How many writes of a batch the server refused go at once when they are sent one by one.
+const SENT_APART: usize = 4;
+
 /// A write that may share a statement with other runs' writes of its kind.
 pub(super) trait Batched: Sized + Send + Sync + 'static {
     /// What the write returns to its writer.
@@ -216,11 +219,17 @@ impl PostgresStore {
 }
 
 impl PostgresStore {
-    /// Each of `writes` in a statement of its own, one after another.
-    async fn send_each<W: Batched>(&self, writes: &[W]) -> Vec<Result<W::Output, StoreError>> {
+    /// Each of `writes` in a statement of its own, [`SENT_APART`] at a time: a batch of 256
+    /// one after another would keep its writers waiting for 256 round trips, and all at once
+    /// would take the whole pool.
+    pub(super) async fn send_each<'w, W: Batched>(
+        &self,
+        writes: impl IntoIterator<Item = &'w W>,
+    ) -> Vec<Result<W::Output, StoreError>> {
+        let writes: Vec<&W> = writes.into_iter().collect();
         let mut outcomes = Vec::with_capacity(writes.len());
-        for write in writes {
-            outcomes.push(W::send_alone(self, write).await);
+        for few in writes.chunks(SENT_APART) {
+            outcomes.extend(futures::future::join_all(few.iter().map(|write| W::send_alone(self, write))).await);
         }
         outcomes
     }

@@ -6,7 +6,7 @@ use super::PostgresStore;
 use super::batch::{Batched, Queue, Unsent};
 use super::codec::{to_i64, to_u64};
 use super::errors::{Fail, retrying};
-use super::runs::{Put, fence_param, fenced, get};
+use super::runs::{Put, fenced, get};
 use super::steps::{KEY_CONSTRAINT, OutcomeColumns};
 use crate::store::{FinishedStep, RunRecord, StoreError};
 
@@ -46,7 +46,7 @@ pub(super) struct Close {
 
 impl Close {
     fn new(store: &PostgresStore, last: FinishedStep, run: RunRecord, fence: u64) -> Result<Self, StoreError> {
-        let fence = fence_param(Some(fence))?.unwrap_or_default();
+        let fence = to_i64("lease token", fence)?;
         let put = store.put_of(&run)?;
         let outcome = store.outcome_columns(&last.outcome)?;
         let FinishedStep { step, outcome: text, finished_at_ms } = last;
@@ -78,7 +78,7 @@ impl Close {
     /// What the statement's answer gives this write (whether its fence let it through,
     /// whether the run was written, whether the lease was released, whether the step was
     /// stored): the new version and whether the lease was released, `None` when the run was
-    /// not written (see [`PostgresStore::refused`] for why), or the error.
+    /// not written (see [`Close::refusal`] for why), or the error.
     fn outcome(
         &self,
         allowed: bool,
@@ -97,6 +97,14 @@ impl Close {
             return Err(StoreError::Corrupt(message.into()));
         }
         Ok(Some((to_u64("kuralle_runs.version", self.put.next)?, released)))
+    }
+
+    /// Why this close, not written, was refused: its run is gone, or (at `version`) moved on.
+    fn refusal(&self, version: Option<u64>) -> StoreError {
+        match version {
+            None => StoreError::RunNotFound(self.run_id.clone()),
+            Some(actual) => StoreError::VersionConflict { run_id: self.run_id.clone(), expected: self.version, actual },
+        }
     }
 }
 
@@ -200,15 +208,25 @@ impl Batched for Close {
         let rows = store.query_batch(&store.inner.sql.close_many, &params, batch.len()).await?;
         let mut outcomes = Vec::with_capacity(batch.len());
         for (row, write) in rows.iter().zip(batch) {
-            let outcome = write.outcome(get(row, 0)?, get(row, 1)?, get(row, 2)?, get(row, 3)?);
-            outcomes.push(match outcome {
-                Ok(Some(written)) => Ok(written),
-                // Rare (the runtime closes only a run whose version it holds): read why, as a
-                // single write does.
-                Ok(None) => Err(store.why_refused(&write.run_id, write.version).await),
-                Err(error) => Err(error),
-            });
+            outcomes.push(write.outcome(get(row, 0)?, get(row, 1)?, get(row, 2)?, get(row, 3)?));
         }
-        Ok(outcomes)
+        // Rare (the runtime closes only a run whose version it holds): why, read for all of
+        // them at once, so that the closes that landed are not kept waiting.
+        let refused: Vec<&str> = outcomes
+            .iter()
+            .zip(batch)
+            .filter(|(outcome, _)| matches!(outcome, Ok(None)))
+            .map(|(_, write)| write.run_id.as_str())
+            .collect();
+        let versions = if refused.is_empty() { Ok(Default::default()) } else { store.run_versions(&refused).await };
+        let outcomes = outcomes.into_iter().zip(batch).map(|(outcome, write)| match outcome {
+            Ok(Some(written)) => Ok(written),
+            Ok(None) => match &versions {
+                Ok(versions) => Err(write.refusal(versions.get(&write.run_id).copied())),
+                Err(error) => Err(error.clone()),
+            },
+            Err(error) => Err(error),
+        });
+        Ok(outcomes.collect())
     }
 }

@@ -79,9 +79,9 @@ impl Default for PostgresOptions {
 ///
 /// A write commits in one statement (`synchronous_commit` as the server is configured; the
 /// default is durable). The journal's writes of many runs that are waiting at the same time
-/// (appends, calls' outcomes, turns' closes) share a statement and its commit: each still carries its own
-/// run's fencing token and gets its own outcome (see `docs/operations.md`, "PostgreSQL: many
-/// runs' writes in one statement"). Writes that belong to a run carry the run's fencing
+/// (appends, calls' outcomes, turns' closes) share a statement and its commit: each still
+/// carries its own run's fencing token and gets its own outcome (see `docs/operations.md`,
+/// "PostgreSQL: many runs' writes in one statement"). Writes that belong to a run carry the run's fencing
 /// token and are checked in the same statement; lease expiry is computed and compared with the
 /// **database's** clock, never the client's. Values are JSONB. A lost connection, a terminated
 /// backend or a server that is down give a retryable [`StoreError::Unavailable`]; the pool
@@ -216,7 +216,9 @@ impl PostgresStore {
                 listener: notify::Listener::default(),
                 finishes: batch::Queue::new(slots),
                 appends: batch::Queue::new(slots),
-                // A run closes once where it appends three times or more: half as many.
+                // A run closes once where it appends and finishes three times each: closes
+                // gather into batches with fewer slots, and each slot in flight holds a
+                // connection the turns' writes and reads could use.
                 closes: batch::Queue::new(slots / 2),
             }),
         };

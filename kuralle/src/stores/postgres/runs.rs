@@ -1,5 +1,7 @@
 //! Run rows: create, read, compare-and-swap, list, delete.
 
+use std::collections::HashMap;
+
 use tokio_postgres::Row;
 
 use super::PostgresStore;
@@ -126,17 +128,16 @@ impl PostgresStore {
         }
     }
 
-    /// [`refused`](Self::refused) on a connection of its own, retried as a read is.
-    pub(super) async fn why_refused(&self, run_id: &str, expected: u64) -> StoreError {
-        let read = retrying(|| async {
+    /// The versions of those of `run_ids` that exist (why fenced-in writes of them updated no
+    /// row, as [`refused`](Self::refused) reads for one).
+    pub(super) async fn run_versions(&self, run_ids: &[&str]) -> Result<HashMap<String, u64>, StoreError> {
+        let rows = retrying(|| async {
             let client = self.client().await?;
-            Err::<std::convert::Infallible, _>(self.refused(&client, run_id, expected).await)
+            let stmt = client.prepare_cached(&self.inner.sql.run_versions).await.map_err(Fail::read)?;
+            client.query(&stmt, &[&run_ids]).await.map_err(Fail::read)
         })
-        .await;
-        match read {
-            Ok(never) => match never {},
-            Err(error) => error,
-        }
+        .await?;
+        rows.iter().map(|row| Ok((get(row, 0)?, to_u64("kuralle_runs.version", get(row, 1)?)?))).collect()
     }
 
     pub(super) async fn list_run_rows(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {

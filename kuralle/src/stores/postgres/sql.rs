@@ -65,6 +65,7 @@ pub(super) struct Sql {
     pub put_run_release_after: String,
     pub close_many: String,
     pub run_version: String,
+    pub run_versions: String,
     pub list_runs: String,
     pub delete_run: String,
     pub delete_steps: String,
@@ -202,6 +203,7 @@ impl Sql {
                 FROM req r ORDER BY r.i",
             ),
             run_version: bind("SELECT version FROM {s}.kuralle_runs WHERE run_id = $1"),
+            run_versions: bind("SELECT run_id, version FROM {s}.kuralle_runs WHERE run_id = ANY($1::text[])"),
             list_runs: bind(
                 "SELECT run_id, agent_id, status, updated_at FROM {s}.kuralle_runs
                  WHERE $1::text IS NULL OR status = $1

@@ -364,7 +364,7 @@ impl PostgresStore {
         let (mut alone, again): (Vec<usize>, Vec<usize>) = (0..batch.len()).partition(|&i| clashes(batch[i]));
         if alone.is_empty() {
             // A clash no write shows (its key was deleted meanwhile): each alone, which ends it.
-            return self.each_alone(batch.to_vec()).await;
+            return self.send_each(batch.iter().copied()).await;
         }
         let mut outcomes: Vec<Option<Result<Vec<u64>, StoreError>>> = batch.iter().map(|_| None).collect();
         let rest: Vec<&Append> = again.iter().map(|&i| batch[i]).collect();
@@ -375,20 +375,11 @@ impl PostgresStore {
             Err(Unsent::Clash | Unsent::Refused(_)) => alone.extend(&again),
             Err(Unsent::Failed(error)) => again.iter().for_each(|&i| outcomes[i] = Some(Err(error.clone()))),
         }
-        let sent = self.each_alone(alone.iter().map(|&i| batch[i]).collect()).await;
+        let sent = self.send_each(alone.iter().map(|&i| batch[i])).await;
         for (i, outcome) in alone.into_iter().zip(sent) {
             outcomes[i] = Some(outcome);
         }
         outcomes.into_iter().map(|outcome| outcome.expect("every write was sent, alone or again")).collect()
-    }
-
-    /// `writes` each in a statement of its own, a few at a time (not the whole pool).
-    async fn each_alone(&self, writes: Vec<&Append>) -> Vec<Result<Vec<u64>, StoreError>> {
-        let mut outcomes = Vec::with_capacity(writes.len());
-        for few in writes.chunks(4) {
-            outcomes.extend(futures::future::join_all(few.iter().map(|write| self.append_alone(write))).await);
-        }
-        outcomes
     }
 
     /// The `(run, key)` pairs of `batch`'s steps that their runs already journaled.
