@@ -657,12 +657,15 @@ async fn closes_of_many_runs_share_statements_and_keep_their_own_results() {
         let key = if i >= 32 && i % 8 == 3 { "a" } else { "m" };
         store.put_run_and_release_after(last(key, i), record, leases[i].token)
     };
+    // Each message waits a little at the proxy, so the closes queue behind the first batch
+    // (the store's one slot for closes) and go in the next: two batches, each with at most one
+    // read of why its refused closes were refused. Alone, 32 statements and 8 such reads.
+    proxy.set(kuralle_tests::fault_proxy::Mode::Latency(Duration::from_millis(20)));
     let before = proxy.stats().pg_statements;
     let first = futures::future::join_all((0..32).map(closing)).await;
     let statements = proxy.stats().pg_statements - before;
-    // Alone, 32 statements and a read of the version for each of the 8 refused (2–4 seen
-    // batched: the batches, then one read for the refused closes of each).
-    assert!(statements < 12, "32 closes took {statements} statements");
+    proxy.set(kuralle_tests::fault_proxy::Mode::Pass);
+    assert!(statements <= 4, "32 closes took {statements} statements");
     let second = futures::future::join_all((32..64).map(closing)).await;
 
     for (i, result) in first.iter().chain(&second).enumerate() {

@@ -207,7 +207,7 @@ impl PostgresStore {
         }
         match W::send(self, writes).await {
             Ok(outcomes) => outcomes,
-            // Each alone then, one after another, so only the write at fault fails.
+            // Each alone then, so only the write at fault fails.
             Err(Unsent::Refused(error)) => {
                 tracing::debug!(%error, writes = writes.len(), "PostgreSQL refused a batch; sending its writes one by one");
                 self.send_each(writes).await
@@ -221,7 +221,7 @@ impl PostgresStore {
 impl PostgresStore {
     /// Each of `writes` in a statement of its own, [`SENT_APART`] at a time: a batch of 256
     /// one after another would keep its writers waiting for 256 round trips, and all at once
-    /// would take the whole pool.
+    /// would ask the pool for 256 connections.
     pub(super) async fn send_each<'w, W: Batched>(
         &self,
         writes: impl IntoIterator<Item = &'w W>,

@@ -210,8 +210,8 @@ impl Batched for Close {
         for (row, write) in rows.iter().zip(batch) {
             outcomes.push(write.outcome(get(row, 0)?, get(row, 1)?, get(row, 2)?, get(row, 3)?));
         }
-        // Rare (the runtime closes only a run whose version it holds): why, read for all of
-        // them at once, so that the closes that landed are not kept waiting.
+        // Rare (the runtime closes only a run whose version it holds): why, read once for all
+        // of them; the closes that landed wait for that one read (not one a refused close).
         let refused: Vec<&str> = outcomes
             .iter()
             .zip(batch)

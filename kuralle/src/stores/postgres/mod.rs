@@ -81,9 +81,9 @@ impl Default for PostgresOptions {
 /// default is durable). The journal's writes of many runs that are waiting at the same time
 /// (appends, calls' outcomes, turns' closes) share a statement and its commit: each still
 /// carries its own run's fencing token and gets its own outcome (see `docs/operations.md`,
-/// "PostgreSQL: many runs' writes in one statement"). Writes that belong to a run carry the run's fencing
-/// token and are checked in the same statement; lease expiry is computed and compared with the
-/// **database's** clock, never the client's. Values are JSONB. A lost connection, a terminated
+/// "PostgreSQL: many runs' writes in one statement"). Writes that belong to a run carry the
+/// run's fencing token and are checked in the same statement; lease expiry is computed and
+/// compared with the **database's** clock, never the client's. Values are JSONB. A lost connection, a terminated
 /// backend or a server that is down give a retryable [`StoreError::Unavailable`]; the pool
 /// replaces broken connections by itself. A refused TLS handshake ([`StoreError::Tls`]) or
 /// connection ([`StoreError::AccessDenied`]) is not retryable, in `connect` as later.
@@ -218,7 +218,8 @@ impl PostgresStore {
                 appends: batch::Queue::new(slots),
                 // A run closes once where it appends and finishes three times each: closes
                 // gather into batches with fewer slots, and each slot in flight holds a
-                // connection the turns' writes and reads could use.
+                // connection (four, sending a refused batch's writes one by one) the turns'
+                // writes and reads could use.
                 closes: batch::Queue::new(slots / 2),
             }),
         };
