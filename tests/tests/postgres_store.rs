@@ -399,6 +399,45 @@ async fn a_one_call_run_is_four_statements_on_the_wire() {
     assert_eq!(counted(kuralle::RunRequest::new("go").run_id("second")).await, (4, 4), "a caller's id");
 }
 
+/// A submitted run on PostgreSQL is three statements, each its own request: the lease taken
+/// with the run's row, the lease released, and the hint to idle workers (five before: the
+/// lease, a read of the run, its creation). A run of the caller's id with a turn's input is the
+/// same three. Counted on the wire as above, after a first submission of each kind prepared
+/// the statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submitted_run_is_three_statements_on_the_wire() {
+    use kuralle::testing::ScriptedModel;
+    const TEST: &str = "a_submitted_run_is_three_statements_on_the_wire";
+    let Some(url) = database_url(TEST) else { return };
+    let Some((proxy, through)) = through_a_proxy(&url, TEST).await else { return };
+    let schema = unique_schema("submit");
+    let _guard = SchemaGuard { url: url.clone(), schema: schema.clone() };
+    let options = PostgresOptions { schema, max_connections: 1, ..PostgresOptions::default() };
+    let store = PostgresStore::connect_with(&through, options).await.unwrap();
+    let rt = kuralle::Runtime::builder()
+        .agent(kuralle::AgentDef::new("a", "x"))
+        .model(ScriptedModel::new([]))
+        .store(store)
+        .build()
+        .unwrap();
+    let counted = |request: kuralle::RunRequest| {
+        let (rt, proxy) = (&rt, &proxy);
+        async move {
+            let before = proxy.stats();
+            let run_id = rt.submit(request).await.unwrap();
+            let after = proxy.stats();
+            let run = rt.get_run(&run_id).await.unwrap().expect("the submitted run");
+            assert_eq!(run.status, RunStatus::Running, "runnable");
+            assert_eq!(rt.store().current_lease(&run_id).await.unwrap(), None, "no lease: a worker claims it");
+            (after.pg_statements - before.pg_statements, after.pg_requests - before.pg_requests)
+        }
+    };
+    counted(kuralle::RunRequest::new("go")).await;
+    counted(kuralle::RunRequest::new("go").run_id("first")).await;
+    assert_eq!(counted(kuralle::RunRequest::new("go")).await, (3, 3), "a runtime-made id");
+    assert_eq!(counted(kuralle::RunRequest::new("go").run_id("second")).await, (3, 3), "a caller's id");
+}
+
 /// A store on a fresh schema behind a counting proxy, with four connections: one batch of a
 /// kind in flight at a time, so the writes sent beside it gather. `None` after a skip notice.
 async fn batching_store(test: &str) -> Option<(kuralle_tests::fault_proxy::FaultProxy, PostgresStore, SchemaGuard)> {

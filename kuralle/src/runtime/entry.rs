@@ -273,13 +273,18 @@ async fn cancelled(rt: &Inner, run_id: &str) -> Option<RunOutput> {
 /// turn of an existing one, in status `running` with no lease, so that a worker claims it.
 /// Returns the run id. A request whose idempotency key the run already processed changes
 /// nothing.
+///
+/// The lease is taken as a turn takes it ([`take_lease`]): a new run is created in the same
+/// request, so a submission is three requests to the store (the lease with the run, the
+/// release, the hint to workers), where reading, then creating, made it five.
 pub(super) async fn submit(rt: &Inner, mut req: RunRequest) -> Result<String, RunError> {
-    let run_id = req.run_id.clone().unwrap_or_else(crate::store::new_run_id);
+    let read = if req.run_id.is_none() { Prefetched::New } else { Prefetched::Unread };
+    let run_id = req.run_id.take().unwrap_or_else(crate::store::new_run_id);
     rt.claim_instance().await?;
-    let ((lease, run), _) =
-        lease::acquire_reading(rt.store.as_ref(), &rt.owner_id(), &run_id, rt.lease_ttl, req.wait_for_lease).await?;
+    let mut opening = Opening { req, read };
+    let (lease, _) = take_lease(rt, &rt.owner_id(), &run_id, &mut opening, true).await?;
     let fence = Fence::new(&lease, CancellationToken::new());
-    let read = Prefetched::Read(run.map(Box::new));
+    let Opening { mut req, read } = opening;
     let opened = fence.settle(open(rt, &mut req, RunWriter::new(rt.store.as_ref(), &fence), read).await.map(|_| ()));
     if !fence.is_lost() {
         let _ = rt.store.release_lease(&lease).await;
