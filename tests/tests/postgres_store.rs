@@ -427,7 +427,8 @@ async fn a_submitted_run_is_three_statements_on_the_wire() {
             let run_id = rt.submit(request).await.unwrap();
             let after = proxy.stats();
             let run = rt.get_run(&run_id).await.unwrap().expect("the submitted run");
-            assert_eq!(run.status, RunStatus::Running, "runnable");
+            assert_eq!((run.status, run.agent_id.as_str()), (RunStatus::Running, "a"), "runnable");
+            assert_eq!(run.state.to_value()["turn_input"], json!("go"), "the turn's input, for the worker");
             assert_eq!(rt.store().current_lease(&run_id).await.unwrap(), None, "no lease: a worker claims it");
             (after.pg_statements - before.pg_statements, after.pg_requests - before.pg_requests)
         }

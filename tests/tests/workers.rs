@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kuralle::stores::MemoryStore;
 use kuralle::{
-    AgentDef, Decision, RunRequest, RunStatus, RunStore, Runtime, WorkerOptions,
+    AgentDef, Decision, RunError, RunRequest, RunStatus, RunStore, Runtime, WorkerOptions,
     testing::{ScriptedModel, Turn},
 };
 use kuralle_tests::serving::Serving;
@@ -395,4 +395,23 @@ async fn an_intent_whose_answer_was_lost_runs_its_at_most_once_call_once() {
     let call = steps.iter().find(|s| s.name == "refund").expect("the call is journaled");
     assert_eq!(call.status, kuralle::StepStatus::Finished, "{call:?}");
     assert_eq!(steps.iter().filter(|s| s.name == "refund").count(), 1, "one intent, not two");
+}
+
+/// A submission the runtime refuses records nothing and leaves no lease: an unknown agent, for
+/// a run the runtime names (refused before its lease is taken) and for a caller's id (refused
+/// once the run is read missing); a resume of no run.
+#[tokio::test]
+async fn a_refused_submission_records_nothing() {
+    let store: Arc<dyn RunStore> = Arc::new(MemoryStore::new());
+    let runtime = runtime(Arc::clone(&store), counting_tool("t", &Arc::new(AtomicUsize::new(0))));
+    let unknown = runtime.submit(RunRequest::new("go").agent("nobody")).await.unwrap_err();
+    assert!(matches!(unknown, RunError::UnknownAgent { ref id, .. } if id == "nobody"), "{unknown:?}");
+    let named = runtime.submit(RunRequest::new("go").agent("nobody").run_id("r1")).await.unwrap_err();
+    assert!(matches!(named, RunError::UnknownAgent { .. }), "{named:?}");
+    let resumed = runtime.submit(kuralle::ResumeRequest::new("r2")).await.unwrap_err();
+    assert!(matches!(resumed, RunError::RunNotFound(ref id) if id == "r2"), "{resumed:?}");
+    assert!(store.list_runs(Default::default()).await.unwrap().is_empty(), "no run recorded");
+    for run_id in ["r1", "r2"] {
+        assert_eq!(store.current_lease(run_id).await.unwrap(), None, "{run_id}: no lease left");
+    }
 }

@@ -274,9 +274,11 @@ async fn cancelled(rt: &Inner, run_id: &str) -> Option<RunOutput> {
 /// Returns the run id. A request whose idempotency key the run already processed changes
 /// nothing.
 ///
-/// The lease is taken as a turn takes it ([`take_lease`]): a new run is created in the same
-/// request, so a submission is three requests to the store (the lease with the run, the
-/// release, the hint to workers), where reading, then creating, made it five.
+/// The lease is taken as a turn takes it ([`take_lease`]): a new run (one the runtime names,
+/// or a caller's with a turn's input) is created in the same request, so on PostgreSQL a new
+/// run's submission is three requests (the lease with the run, the release, the hint to
+/// workers) where reading, then creating, made it five. As for `run`, if that request's answer
+/// is lost the run may exist with its lease held: a worker claims it once the lease expires.
 pub(super) async fn submit(rt: &Inner, mut req: RunRequest) -> Result<String, RunError> {
     let read = if req.run_id.is_none() { Prefetched::New } else { Prefetched::Unread };
     let run_id = req.run_id.take().unwrap_or_else(crate::store::new_run_id);

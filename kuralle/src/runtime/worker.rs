@@ -117,7 +117,9 @@ impl Runtime {
     /// # Errors
     /// [`RunError::Busy`] when another caller owns the run right now;
     /// [`RunError::TurnInProgress`] when the run's current turn (with other input) is
-    /// unfinished; [`RunError::UnknownAgent`]; [`RunError::Store`] when the store fails.
+    /// unfinished; [`RunError::RunNotFound`] for a request without input naming no run;
+    /// [`RunError::UnknownAgent`]; [`RunError::Config`] for a dollar cap on an unpriced model;
+    /// [`RunError::Store`] when the store fails. A refused request records nothing.
     pub async fn submit(&self, request: impl Into<RunRequest>) -> Result<String, RunError> {
         let run_id = entry::submit(&self.inner, request.into()).await?;
         self.inner.wake.notify_one();
