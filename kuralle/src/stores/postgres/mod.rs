@@ -83,10 +83,11 @@ impl Default for PostgresOptions {
 /// carries its own run's fencing token and gets its own outcome (see `docs/operations.md`,
 /// "PostgreSQL: many runs' writes in one statement"). Writes that belong to a run carry the
 /// run's fencing token and are checked in the same statement; lease expiry is computed and
-/// compared with the **database's** clock, never the client's. Values are JSONB. A lost connection, a terminated
-/// backend or a server that is down give a retryable [`StoreError::Unavailable`]; the pool
-/// replaces broken connections by itself. A refused TLS handshake ([`StoreError::Tls`]) or
-/// connection ([`StoreError::AccessDenied`]) is not retryable, in `connect` as later.
+/// compared with the **database's** clock, never the client's. Values are JSONB. A lost
+/// connection, a terminated backend or a server that is down give a retryable
+/// [`StoreError::Unavailable`]; the pool replaces broken connections by itself. A refused TLS
+/// handshake ([`StoreError::Tls`]) or connection ([`StoreError::AccessDenied`]) is not
+/// retryable, in `connect` as later.
 ///
 /// It also keeps the work queue of [`Runtime::serve`](crate::Runtime::serve): claiming runnable
 /// runs is one statement (`FOR UPDATE SKIP LOCKED` on the lease rows) that grants their leases,
