@@ -19,7 +19,9 @@
 //!   `/proc`, every `postgres` process of this machine) and the workers';
 //! - added latency per turn p50 / p99 (request to next request, less the model's latency),
 //!   the worst worker's;
-//! - leases renewed, and the renewal requests that carried them.
+//! - leases renewed, and the renewal requests that carried them;
+//! - runs submitted a second before the clock starts (one submitting runtime, 32 `submit`
+//!   calls in flight at a time).
 //!
 //! The schema of each configuration is dropped after it. The server is shared: its counters
 //! include other sessions' work while the bench runs (note the load).
@@ -111,6 +113,8 @@ async fn server_counters(client: &tokio_postgres::Client) -> (i64, i64) {
 }
 
 struct Row {
+    /// How long submitting the runs took, before the clock.
+    submitted: Duration,
     workers: usize,
     runs: usize,
     latency_ms: u64,
@@ -136,11 +140,13 @@ async fn one(url: &str, workers: usize, runs: usize, latency_ms: u64, cap: Durat
         Arc::new(PostgresStore::connect_with(url, options).await.expect("the bench store connects"));
     // Submitted before the clock starts: the runs wait, runnable, for the workers.
     let submitter = runtime(store, Turns::new(0, Duration::ZERO));
+    let submitting = Instant::now();
     let submitted = futures::stream::iter(0..runs)
         .map(|i| submitter.submit(RunRequest::new(format!("run {i}"))))
         .buffer_unordered(32)
         .collect::<Vec<_>>()
         .await;
+    let submitted_in = submitting.elapsed();
     for s in submitted {
         s.expect("the run is submitted");
     }
@@ -177,6 +183,7 @@ async fn one(url: &str, workers: usize, runs: usize, latency_ms: u64, cap: Durat
     let sum = |k: &str| reports.iter().map(|r| field(r, k)).sum::<f64>();
     let max = |k: &str| reports.iter().map(|r| field(r, k)).fold(0.0, f64::max);
     Row {
+        submitted: submitted_in,
         workers,
         runs,
         latency_ms,
@@ -205,7 +212,7 @@ fn print_row(r: &Row) {
         String::new()
     };
     println!(
-        "| {} | {} | {} ms | {:.2} s{done} | {:.2}× | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} / {:.1} ms | {} / {} |",
+        "| {} | {} | {} ms | {:.2} s{done} | {:.2}× | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} / {:.1} ms | {} / {} | {:.0} |",
         r.workers,
         r.runs,
         r.latency_ms,
@@ -223,6 +230,7 @@ fn print_row(r: &Row) {
         r.p99_us / 1e3,
         r.renewals,
         r.renewal_requests,
+        r.runs as f64 / r.submitted.as_secs_f64(),
     );
 }
 
@@ -244,9 +252,9 @@ async fn main() {
          each run {CALLS} one-call turns and an answer"
     );
     println!(
-        "| workers | runs | model latency | wall | wall / ideal | runs/s | journal writes/s | journaled calls/s per worker | store writes/s | server transactions (reads included) per store write | WAL flushes per transaction | server CPU (cores) | workers' CPU (cores) | added latency per turn p50 / p99 | leases renewed / renewal requests |"
+        "| workers | runs | model latency | wall | wall / ideal | runs/s | journal writes/s | journaled calls/s per worker | store writes/s | server transactions (reads included) per store write | WAL flushes per transaction | server CPU (cores) | workers' CPU (cores) | added latency per turn p50 / p99 | leases renewed / renewal requests | runs submitted/s |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for latency in &latencies {
         for n in &runs {
             for w in &workers {
