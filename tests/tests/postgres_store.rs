@@ -365,15 +365,11 @@ async fn through_a_proxy(url: &str, test: &str) -> Option<(kuralle_tests::fault_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_call_run_is_four_statements_on_the_wire() {
     use kuralle::testing::{ScriptedModel, Turn};
-    let Some(url) = database_url("a_one_call_run_is_four_statements_on_the_wire") else { return };
-    let Some((proxy, through)) = through_a_proxy(&url, "a_one_call_run_is_four_statements_on_the_wire").await else {
+    // One connection, so the measured runs find every statement the warm-up runs prepared.
+    let Some((proxy, store, _guard)) = proxied_store("a_one_call_run_is_four_statements_on_the_wire", "wire", 1).await
+    else {
         return;
     };
-    let schema = unique_schema("wire");
-    let _guard = SchemaGuard { url: url.clone(), schema: schema.clone() };
-    // One connection, so the measured runs find every statement the warm-up runs prepared.
-    let options = PostgresOptions { schema, max_connections: 1, ..PostgresOptions::default() };
-    let store = PostgresStore::connect_with(&through, options).await.unwrap();
     let model = ScriptedModel::by_transcript([Turn::tool_calls([("c1", "echo", r#"{"x":1}"#)]), Turn::text("Done.")]);
     let rt = kuralle::Runtime::builder()
         .agent(kuralle::AgentDef::new("a", "x").tool(kuralle_tests::echo_tool("echo")))
@@ -408,12 +404,7 @@ async fn a_one_call_run_is_four_statements_on_the_wire() {
 async fn a_submitted_run_is_three_statements_on_the_wire() {
     use kuralle::testing::ScriptedModel;
     const TEST: &str = "a_submitted_run_is_three_statements_on_the_wire";
-    let Some(url) = database_url(TEST) else { return };
-    let Some((proxy, through)) = through_a_proxy(&url, TEST).await else { return };
-    let schema = unique_schema("submit");
-    let _guard = SchemaGuard { url: url.clone(), schema: schema.clone() };
-    let options = PostgresOptions { schema, max_connections: 1, ..PostgresOptions::default() };
-    let store = PostgresStore::connect_with(&through, options).await.unwrap();
+    let Some((proxy, store, _guard)) = proxied_store(TEST, "submit", 1).await else { return };
     let rt = kuralle::Runtime::builder()
         .agent(kuralle::AgentDef::new("a", "x"))
         .model(ScriptedModel::new([]))
@@ -439,16 +430,26 @@ async fn a_submitted_run_is_three_statements_on_the_wire() {
     assert_eq!(counted(kuralle::RunRequest::new("go").run_id("second")).await, (3, 3), "a caller's id");
 }
 
-/// A store on a fresh schema behind a counting proxy, with four connections: one batch of a
-/// kind in flight at a time, so the writes sent beside it gather. `None` after a skip notice.
-async fn batching_store(test: &str) -> Option<(kuralle_tests::fault_proxy::FaultProxy, PostgresStore, SchemaGuard)> {
+/// A store on a fresh schema (its name starting with `prefix`) behind a counting proxy, with
+/// `max_connections`. `None` after a skip notice.
+async fn proxied_store(
+    test: &str,
+    prefix: &str,
+    max_connections: usize,
+) -> Option<(kuralle_tests::fault_proxy::FaultProxy, PostgresStore, SchemaGuard)> {
     let url = database_url(test)?;
     let (proxy, through) = through_a_proxy(&url, test).await?;
-    let schema = unique_schema("batch");
+    let schema = unique_schema(prefix);
     let guard = SchemaGuard { url, schema: schema.clone() };
-    let options = PostgresOptions { schema, max_connections: 4, ..PostgresOptions::default() };
+    let options = PostgresOptions { schema, max_connections, ..PostgresOptions::default() };
     let store = PostgresStore::connect_with(&through, options).await.unwrap();
     Some((proxy, store, guard))
+}
+
+/// A store behind a counting proxy with four connections: one batch of a kind in flight at a
+/// time, so the writes sent beside it gather. `None` after a skip notice.
+async fn batching_store(test: &str) -> Option<(kuralle_tests::fault_proxy::FaultProxy, PostgresStore, SchemaGuard)> {
+    proxied_store(test, "batch", 4).await
 }
 
 /// Step outcomes of many runs written at once share statements, and each keeps its own outcome:
