@@ -6,7 +6,7 @@ use super::PostgresStore;
 use super::batch::{Batched, Queue, Unsent};
 use super::codec::{to_i64, to_u64};
 use super::errors::{Fail, retrying};
-use super::runs::{Put, fenced, get};
+use super::runs::{Put, fenced, get, not_written};
 use super::steps::{KEY_CONSTRAINT, OutcomeColumns};
 use crate::store::{FinishedStep, RunRecord, StoreError};
 
@@ -78,7 +78,7 @@ impl Close {
     /// What the statement's answer gives this write (whether its fence let it through,
     /// whether the run was written, whether the lease was released, whether the step was
     /// stored): the new version and whether the lease was released, `None` when the run was
-    /// not written (see [`Close::refusal`] for why), or the error.
+    /// not written (see [`not_written`] for why), or the error.
     fn outcome(
         &self,
         allowed: bool,
@@ -97,14 +97,6 @@ impl Close {
             return Err(StoreError::Corrupt(message.into()));
         }
         Ok(Some((to_u64("kuralle_runs.version", self.put.next)?, released)))
-    }
-
-    /// Why this close, not written, was refused: its run is gone, or (at `version`) moved on.
-    fn refusal(&self, version: Option<u64>) -> StoreError {
-        match version {
-            None => StoreError::RunNotFound(self.run_id.clone()),
-            Some(actual) => StoreError::VersionConflict { run_id: self.run_id.clone(), expected: self.version, actual },
-        }
     }
 }
 
@@ -222,7 +214,7 @@ impl Batched for Close {
         let outcomes = outcomes.into_iter().zip(batch).map(|(outcome, write)| match outcome {
             Ok(Some(written)) => Ok(written),
             Ok(None) => match &versions {
-                Ok(versions) => Err(write.refusal(versions.get(&write.run_id).copied())),
+                Ok(versions) => Err(not_written(&write.run_id, write.version, versions.get(&write.run_id).copied())),
                 Err(error) => Err(error.clone()),
             },
             Err(error) => Err(error),

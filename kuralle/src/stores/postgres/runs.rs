@@ -120,9 +120,9 @@ impl PostgresStore {
         };
         match client.query_opt(&stmt, &[&run_id]).await {
             Err(e) => Fail::read(e),
-            Ok(None) => StoreError::RunNotFound(run_id.to_owned()).into(),
+            Ok(None) => not_written(run_id, expected, None).into(),
             Ok(Some(row)) => match get::<i64>(&row, 0).and_then(|v| to_u64("kuralle_runs.version", v)) {
-                Ok(actual) => StoreError::VersionConflict { run_id: run_id.to_owned(), expected, actual }.into(),
+                Ok(actual) => not_written(run_id, expected, Some(actual)).into(),
                 Err(e) => e.into(),
             },
         }
@@ -223,6 +223,15 @@ pub(super) struct Put {
     pub next: i64,
     pub state: serde_json::Value,
     pub status: &'static str,
+}
+
+/// Why a fenced-in write of run `run_id` at version `expected` updated no row, from the run's
+/// `version` read after it: the run is gone, or its version moved.
+pub(super) fn not_written(run_id: &str, expected: u64, version: Option<u64>) -> StoreError {
+    match version {
+        None => StoreError::RunNotFound(run_id.to_owned()),
+        Some(actual) => StoreError::VersionConflict { run_id: run_id.to_owned(), expected, actual },
+    }
 }
 
 /// Column `index` of `row`, typed.
