@@ -355,6 +355,20 @@ async fn through_a_proxy(url: &str, test: &str) -> Option<(kuralle_tests::fault_
     Some((proxy, through))
 }
 
+/// What `work` (started only once the count has begun: a run starts when `run` is called, not
+/// when its handle is awaited) gives, and how many statements and requests the store sent while
+/// it ran, counted at `proxy` (which has seen the store's messages before, so it reads them).
+async fn on_the_wire<W: std::future::IntoFuture>(
+    proxy: &kuralle_tests::fault_proxy::FaultProxy,
+    work: impl FnOnce() -> W,
+) -> (W::Output, (u64, u64)) {
+    let before = proxy.stats();
+    assert!(before.pg_statements > 0, "the proxy sees the store's messages: {before:?}");
+    let out = work().await;
+    let after = proxy.stats();
+    (out, (after.pg_statements - before.pg_statements, after.pg_requests - before.pg_requests))
+}
+
 /// A one-call run on PostgreSQL is four statements, each its own request: the lease taken with
 /// the run's row, the model's response with the call's intent, the call's outcome, and the
 /// answer with the run's end and the lease's release. A run of the caller's id with a turn's
@@ -381,12 +395,10 @@ async fn a_one_call_run_is_four_statements_on_the_wire() {
     let counted = |request: kuralle::RunRequest| {
         let (rt, proxy) = (&rt, &proxy);
         async move {
-            let before = proxy.stats();
-            let out = rt.run(request).await.unwrap();
+            let (out, counts) = on_the_wire(proxy, || rt.run(request)).await;
+            let out = out.unwrap();
             assert_eq!((out.status, out.text.as_str()), (RunStatus::Finished, "Done."));
-            let after = proxy.stats();
-            assert!(before.pg_statements > 0, "the proxy sees the store's messages: {before:?}");
-            (after.pg_statements - before.pg_statements, after.pg_requests - before.pg_requests)
+            counts
         }
     };
     counted(kuralle::RunRequest::new("go")).await;
@@ -414,14 +426,13 @@ async fn a_submitted_run_is_three_statements_on_the_wire() {
     let counted = |request: kuralle::RunRequest| {
         let (rt, proxy) = (&rt, &proxy);
         async move {
-            let before = proxy.stats();
-            let run_id = rt.submit(request).await.unwrap();
-            let after = proxy.stats();
+            let (run_id, counts) = on_the_wire(proxy, || rt.submit(request)).await;
+            let run_id = run_id.unwrap();
             let run = rt.get_run(&run_id).await.unwrap().expect("the submitted run");
             assert_eq!((run.status, run.agent_id.as_str()), (RunStatus::Running, "a"), "runnable");
             assert_eq!(run.state.to_value()["turn_input"], json!("go"), "the turn's input, for the worker");
             assert_eq!(rt.store().current_lease(&run_id).await.unwrap(), None, "no lease: a worker claims it");
-            (after.pg_statements - before.pg_statements, after.pg_requests - before.pg_requests)
+            counts
         }
     };
     counted(kuralle::RunRequest::new("go")).await;
